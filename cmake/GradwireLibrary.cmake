@@ -1,0 +1,35 @@
+# gradwire_add_library(<folder> SOURCES ... DEPS ...)
+#   Declares the layer library gradwire_<folder> (alias gradwire::<folder>) whose public
+#   headers live in <folder>/include/gradwire/<folder>/, and installs it.
+function(gradwire_add_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(gradwire_${name} ${ARG_SOURCES})
+  add_library(gradwire::${name} ALIAS gradwire_${name})
+  target_include_directories(gradwire_${name} PUBLIC
+    $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+    PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+  target_link_libraries(gradwire_${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  install(TARGETS gradwire_${name} EXPORT gradwireTargets
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(DIRECTORY include/gradwire DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+endfunction()
+
+# gradwire_add_tests(<folder> SOURCES ... DEPS ...)
+#   One GoogleTest binary per layer; each *_test.cc file is one unit; every test case is
+#   registered with CTest. Tests run from the source tree root so test data paths are stable.
+function(gradwire_add_tests name)
+  if(NOT GRADWIRE_BUILD_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_executable(gradwire_${name}_tests ${ARG_SOURCES})
+  target_link_libraries(gradwire_${name}_tests PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(gradwire_${name}_tests PRIVATE
+    GRADWIRE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  gtest_discover_tests(gradwire_${name}_tests
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS ${name} TIMEOUT 300)
+endfunction()

@@ -1,0 +1,56 @@
+// Storage: a reference-counted, device-tagged byte buffer shared by tensors and views.
+//
+// Contract
+//   - Owned through std::shared_ptr; every view of a tensor shares one Storage.
+//   - Allocate() returns uninitialised, 64-byte aligned memory from the device's allocator.
+//   - Wrap() adopts memory owned elsewhere (a receive buffer, a mapped segment) and calls
+//     the deleter exactly once when the last reference goes.
+//   - version() counts in-place writes (kernels::*InPlace bump it). Autograd records it
+//     when it saves a tensor and refuses to run backward if it changed.
+//   - Thread safety: the buffer is not synchronised; the version counter is atomic.
+#ifndef GRADWIRE_TENSOR_STORAGE_H_
+#define GRADWIRE_TENSOR_STORAGE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "gradwire/tensor/device.h"
+
+namespace gw {
+
+class Storage {
+ public:
+  using Deleter = std::function<void(void*)>;
+
+  // REQUIRES: device is a device this build has an allocator for (today: the CPU).
+  static std::shared_ptr<Storage> Allocate(size_t nbytes, Device device = kCPU);
+  static std::shared_ptr<Storage> Wrap(void* data, size_t nbytes, Device device, Deleter deleter);
+
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage();
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void BumpVersion() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  Storage(void* data, size_t nbytes, Device device, Deleter deleter)
+      : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
+
+  void* data_;
+  size_t nbytes_;
+  Device device_;
+  Deleter deleter_;
+  std::atomic<uint64_t> version_{0};
+};
+
+}  // namespace gw
+
+#endif  // GRADWIRE_TENSOR_STORAGE_H_
