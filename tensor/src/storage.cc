@@ -1,33 +1,20 @@
 #include "gradwire/tensor/storage.h"
 
-#include <cstdlib>
-#include <new>
-
-#include "absl/strings/str_cat.h"
+#include "gradwire/tensor/allocator.h"
 #include "gradwire/tensor/error.h"
 
 namespace gw {
-namespace {
-
-constexpr size_t kAlignment = 64;
-
-void* CpuAllocate(size_t nbytes) {
-  if (nbytes == 0) return nullptr;
-  const size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* p = std::aligned_alloc(kAlignment, rounded);
-  if (p == nullptr) {
-    throw Error(absl::StrCat("Storage::Allocate: out of memory allocating ", nbytes, " bytes"));
-  }
-  return p;
-}
-
-}  // namespace
 
 std::shared_ptr<Storage> Storage::Allocate(size_t nbytes, Device device) {
   GW_CHECK(device.type == DeviceType::kCPU, "Storage::Allocate", "no allocator for device ",
            device.ToString());
-  void* p = CpuAllocate(nbytes);
-  return std::shared_ptr<Storage>(new Storage(p, nbytes, device, [](void* q) { std::free(q); }));
+  return Allocate(nbytes, CachingCpuAllocator::Default());
+}
+
+std::shared_ptr<Storage> Storage::Allocate(size_t nbytes, Allocator& allocator) {
+  void* p = allocator.Allocate(nbytes);
+  return std::shared_ptr<Storage>(new Storage(
+      p, nbytes, allocator.device(), [&allocator, nbytes](void* q) { allocator.Free(q, nbytes); }));
 }
 
 std::shared_ptr<Storage> Storage::Wrap(void* data, size_t nbytes, Device device,

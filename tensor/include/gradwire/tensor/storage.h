@@ -2,7 +2,8 @@
 //
 // Contract
 //   - Owned through std::shared_ptr; every view of a tensor shares one Storage.
-//   - Allocate() returns uninitialised, 64-byte aligned memory from the device's allocator.
+//   - Allocate() returns uninitialised, 64-byte aligned memory from an Allocator
+//     (allocator.h); large CPU blocks are recycled by a bounded cache.
 //   - Wrap() adopts memory owned elsewhere (a receive buffer, a mapped segment) and calls
 //     the deleter exactly once when the last reference goes.
 //   - version() counts in-place writes (kernels::*InPlace bump it). Autograd records it
@@ -21,12 +22,17 @@
 
 namespace gw {
 
+class Allocator;
+
 class Storage {
  public:
   using Deleter = std::function<void(void*)>;
 
-  // REQUIRES: device is a device this build has an allocator for (today: the CPU).
+  // REQUIRES: device is a device this build has an allocator for (today: the CPU, served
+  // by CachingCpuAllocator::Default()).
   static std::shared_ptr<Storage> Allocate(size_t nbytes, Device device = kCPU);
+  // REQUIRES: `allocator` outlives the storage.
+  static std::shared_ptr<Storage> Allocate(size_t nbytes, Allocator& allocator);
   static std::shared_ptr<Storage> Wrap(void* data, size_t nbytes, Device device, Deleter deleter);
 
   Storage(const Storage&) = delete;

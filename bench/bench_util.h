@@ -1,0 +1,49 @@
+// Shared helpers for gradwire's benchmark programs: timing, medians and the one-line
+// result format of ../shared/BENCHMARKS.md:
+//   workload=<name> impl=<impl> metric=<name> value=<number> unit=<unit>
+#ifndef GRADWIRE_BENCH_BENCH_UTIL_H_
+#define GRADWIRE_BENCH_BENCH_UTIL_H_
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace gw::bench {
+
+inline double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The q-quantile (0..1) of `samples` (nearest rank).
+inline double Quantile(std::vector<double> samples, double q) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  const size_t i = std::min(samples.size() - 1, static_cast<size_t>(q * static_cast<double>(samples.size())));
+  return samples[i];
+}
+
+inline void Report(const std::string& workload, const std::string& metric, double value,
+                   const std::string& unit) {
+  std::printf("workload=%s impl=gradwire metric=%s value=%.6g unit=%s\n", workload.c_str(),
+              metric.c_str(), value, unit.c_str());
+  std::fflush(stdout);
+}
+
+// Runs fn() warmup + iters times and returns the timed durations in milliseconds.
+template <typename Fn>
+std::vector<double> TimeMs(int warmup, int iters, Fn&& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    const double t0 = NowSeconds();
+    fn();
+    ms.push_back((NowSeconds() - t0) * 1e3);
+  }
+  return ms;
+}
+
+}  // namespace gw::bench
+
+#endif  // GRADWIRE_BENCH_BENCH_UTIL_H_

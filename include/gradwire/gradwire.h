@@ -1,0 +1,21 @@
+// gradwire: the umbrella header. Include this to get the whole public API.
+#ifndef GRADWIRE_GRADWIRE_H_
+#define GRADWIRE_GRADWIRE_H_
+
+#include "gradwire/tensor/tensor.h"        // Tensor, Generator, DType, Error
+#include "gradwire/tensor/kernels.h"       // gw::kernels: math without autograd
+#include "gradwire/autograd/functions.h"   // differentiable math and operators
+#include "gradwire/autograd/engine.h"      // Backward, Grad, GraphTask
+#include "gradwire/autograd/grad_mode.h"   // NoGradGuard
+#include "gradwire/nn/module.h"            // Module
+#include "gradwire/nn/layers.h"            // Linear, ReLU, Tanh, Sigmoid, Dropout, Sequential
+#include "gradwire/nn/embedding.h"         // Embedding, EmbeddingBag
+#include "gradwire/nn/loss.h"              // CrossEntropyLoss, MseLoss, Accuracy
+#include "gradwire/nn/serialize.h"         // SaveTensors, LoadTensors
+#include "gradwire/optim/functional.h"     // Sgd, Adam, AdamW, Adagrad, Update
+#include "gradwire/optim/optimizer.h"      // Optimizer
+#include "gradwire/data/fashion_mnist.h"   // LoadFashionMnist
+#include "gradwire/data/loader.h"          // DataLoader
+#include "gradwire/data/progress.h"        // ProgressBar
+
+#endif  // GRADWIRE_GRADWIRE_H_

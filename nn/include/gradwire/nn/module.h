@@ -1,0 +1,91 @@
+// Module: a named tree of parameters, buffers and submodules with a forward function.
+//
+// Contract
+//   - Parameters are leaf tensors with requires_grad; buffers are state that is saved
+//     but not trained. Names are dotted paths through the tree ("0.weight").
+//   - Modules are held by std::shared_ptr and registered by name in their parent; a
+//     module may be shared by several parents (its parameters then appear under each).
+//   - Forward(x) is the single-tensor forward used by Sequential; modules with other
+//     signatures (EmbeddingBag) add their own overloads.
+//   - StateDict/LoadStateDict copy values in place, so optimizers and references to the
+//     parameter tensors stay valid. Save/Load use the named-tensor file of serialize.h.
+//   - Thread safety: concurrent Forward calls are safe for modules without mutable state
+//     (all but Dropout in training mode); mutation (training, loading) needs exclusion.
+#ifndef GRADWIRE_NN_MODULE_H_
+#define GRADWIRE_NN_MODULE_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gradwire/tensor/tensor.h"
+
+namespace gw::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual Tensor Forward(const Tensor& input);
+
+  const std::string& type_name() const { return type_name_; }
+  // "Linear(in_features=4, out_features=2, bias=true)"; containers print their children.
+  virtual std::string ToString() const;
+
+  NamedTensors NamedParameters(bool recurse = true) const;
+  std::vector<Tensor> Parameters(bool recurse = true) const;
+  NamedTensors NamedBuffers(bool recurse = true) const;
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
+    return children_;
+  }
+  int64_t NumParameters() const;
+
+  void Train(bool on = true);
+  void Eval() { Train(false); }
+  bool is_training() const { return training_; }
+  // Sets every parameter's gradient to undefined.
+  void ZeroGrad();
+
+  // Parameters and buffers, by dotted name.
+  NamedTensors StateDict() const;
+  // Copies `state` into the parameters and buffers. With `strict`, missing or unexpected
+  // names are an error. Shape or dtype mismatches are always an error. On error nothing
+  // has been modified.
+  absl::Status LoadStateDict(const NamedTensors& state, bool strict = true);
+  absl::Status Save(const std::string& path) const;
+  absl::Status Load(const std::string& path, bool strict = true);
+
+ protected:
+  // REQUIRES: `name` is unique among this module's parameters, buffers and children.
+  Tensor RegisterParameter(const std::string& name, Tensor value, bool requires_grad = true);
+  Tensor RegisterBuffer(const std::string& name, Tensor value);
+  template <typename M>
+  std::shared_ptr<M> RegisterModule(const std::string& name, std::shared_ptr<M> module) {
+    RegisterChild(name, module);
+    return module;
+  }
+  // Extra text inside the parentheses of ToString().
+  virtual std::string ExtraRepr() const { return ""; }
+
+ private:
+  void RegisterChild(const std::string& name, std::shared_ptr<Module> module);
+  void CheckNewName(const std::string& name) const;
+  void Collect(const std::string& prefix, bool recurse, bool buffers, NamedTensors* out) const;
+
+  std::string type_name_;
+  bool training_ = true;
+  NamedTensors parameters_;
+  NamedTensors buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+}  // namespace gw::nn
+
+#endif  // GRADWIRE_NN_MODULE_H_

@@ -1,0 +1,118 @@
+// Functional optimizers: one update of one parameter as a pure function of
+// (parameter, gradient, per-parameter state, hyper-parameters).
+//
+// Contract
+//   - What it is: the update rules of PyTorch 1.13's torch.optim (single-tensor
+//     implementation) for SGD, Adam, AdamW and Adagrad, written so that anything that owns
+//     a parameter (the local Optimizer, a parameter server holding a shard, the
+//     DistributedOptimizer's owners) can apply them without an optimizer object.
+//   - Update() writes the new value into `param` in place (bumping its storage version)
+//     and updates `state`; it records no autograd history (it runs under NoGradGuard).
+//     It is deterministic: the same inputs give bit-identical outputs.
+//   - State: ParamState::buffers is created lazily by the first Update() and uses the
+//     names of PyTorch's state_dict: "momentum_buffer" (SGD with momentum), "exp_avg",
+//     "exp_avg_sq", "max_exp_avg_sq" (Adam/AdamW; the last only with amsgrad), "sum"
+//     (Adagrad). Buffers are contiguous and have the parameter's shape and dtype.
+//     ParamState::step counts the updates applied (for SGD too, which PyTorch does not
+//     store). A fresh (default) ParamState means "no update applied yet".
+//   - Performance: contiguous float32/float64 tensors are updated by one fused pass
+//     over raw pointers per step (param, grad and the buffers are each read and written
+//     at most once). Non-contiguous params and grads are handled through contiguous
+//     copies, which costs extra passes.
+//   - Thread safety: Update() touches only its arguments. Concurrent calls on distinct
+//     (param, state) pairs are safe; the same param or state needs external
+//     synchronisation. No global state.
+//   - REQUIRES (checked, gw::Error whose message starts with the optimizer's Name()):
+//       * param and grad are defined CPU tensors with a floating dtype;
+//       * grad has param's shape and dtype (the message names both shapes/dtypes);
+//       * buffers already in `state` have param's shape and dtype;
+//       * hyper-parameters are in PyTorch's valid ranges (see Validate()).
+#ifndef GRADWIRE_OPTIM_FUNCTIONAL_H_
+#define GRADWIRE_OPTIM_FUNCTIONAL_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+
+#include "gradwire/tensor/tensor.h"
+
+namespace gw::optim {
+
+// torch.optim.SGD. The first step with momentum initialises the buffer to the
+// (maximize-negated, weight-decayed) gradient itself, without dampening.
+// Nesterov requires momentum > 0 and dampening == 0.
+struct Sgd {
+  double lr = 0.01;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+  bool maximize = false;
+};
+
+// torch.optim.Adam: weight_decay is L2 regularisation added to the gradient.
+struct Adam {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+// torch.optim.AdamW: decoupled weight decay, param *= 1 - lr * weight_decay.
+struct AdamW {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+// torch.optim.Adagrad: lr / (1 + (step - 1) * lr_decay), accumulator starting at
+// initial_accumulator_value.
+struct Adagrad {
+  double lr = 1e-2;
+  double lr_decay = 0;
+  double weight_decay = 0;
+  double initial_accumulator_value = 0;
+  double eps = 1e-10;
+  bool maximize = false;
+};
+
+using OptimizerConfig = std::variant<Sgd, Adam, AdamW, Adagrad>;
+
+// "SGD", "Adam", "AdamW" or "Adagrad" (PyTorch's class names).
+std::string Name(const OptimizerConfig& config);
+
+// The learning rate of any config; SetLearningRate replaces it in place.
+double LearningRate(const OptimizerConfig& config);
+void SetLearningRate(OptimizerConfig& config, double lr);
+
+// Throws gw::Error (naming the optimizer and the field) when a hyper-parameter is out
+// of the range PyTorch accepts: negative lr/momentum/weight_decay/eps/lr_decay/
+// initial_accumulator_value, betas outside [0, 1), Nesterov without momentum or with
+// dampening.
+void Validate(const OptimizerConfig& config);
+
+// Per-parameter state; buffers named as in PyTorch's state_dict ("momentum_buffer",
+// "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "sum").
+struct ParamState {
+  int64_t step = 0;
+  std::map<std::string, Tensor> buffers;
+};
+
+// Applies one update in place to `param` (bumping its storage version), under
+// NoGradGuard, and advances `state`.
+// REQUIRES: grad has param's shape and dtype (checked, gw::Error naming the optimizer
+// and both shapes); see the Contract above for the rest.
+void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& grad,
+            ParamState& state);
+
+}  // namespace gw::optim
+
+#endif  // GRADWIRE_OPTIM_FUNCTIONAL_H_

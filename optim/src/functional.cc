@@ -1,0 +1,351 @@
+// Functional optimizers: fused single-pass update loops, one per (dtype, option set).
+//
+// Each loop body follows the order of operations of torch/optim/*.py
+// (_single_tensor_*) in PyTorch 1.13, with scalars converted to the element type as
+// PyTorch's CPU kernels do, so float64 results agree to rounding. Boolean options are
+// template parameters (see WithBools) so the loops carry no branches and vectorise.
+#include "gradwire/optim/functional.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "gradwire/autograd/grad_mode.h"
+#include "gradwire/tensor/kernels.h"
+
+namespace gw::optim {
+namespace {
+
+template <typename... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+
+constexpr std::string_view kMomentumBuffer = "momentum_buffer";
+constexpr std::string_view kExpAvg = "exp_avg";
+constexpr std::string_view kExpAvgSq = "exp_avg_sq";
+constexpr std::string_view kMaxExpAvgSq = "max_exp_avg_sq";
+constexpr std::string_view kSum = "sum";
+
+// Calls f.template operator()<T>() with T the element type of a floating dtype.
+template <typename F>
+void WithFloatType(std::string_view op, DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: f.template operator()<float>(); return;
+    case DType::kFloat64: f.template operator()<double>(); return;
+    default: internal::Fail(op, "expected a float32 or float64 parameter, got ", DTypeName(dtype));
+  }
+}
+
+// Calls f.template operator()<b0, b1, ...>() with the runtime bools as template
+// arguments, turning option flags into compile-time constants.
+template <bool... kKnown, typename F>
+void WithBools(F&& f) {
+  f.template operator()<kKnown...>();
+}
+template <bool... kKnown, typename F, typename... Rest>
+void WithBools(F&& f, bool next, Rest... rest) {
+  if (next) {
+    WithBools<kKnown..., true>(std::forward<F>(f), rest...);
+  } else {
+    WithBools<kKnown..., false>(std::forward<F>(f), rest...);
+  }
+}
+
+// torch.maximum semantics: NaN in either operand propagates.
+template <typename T>
+inline T NanMax(T a, T b) {
+  return (b > a || b != b) ? b : a;
+}
+
+// ---- fused loops (n elements, all pointers contiguous and non-overlapping) ----
+
+// SGD. kFirst: the momentum buffer does not exist yet and is set to the gradient.
+template <typename T, bool kWeightDecay, bool kMomentum, bool kFirst, bool kNesterov>
+void SgdLoop(int64_t n, T* __restrict p, const T* __restrict g, T* __restrict buf, T grad_sign,
+             T lr, T weight_decay, T momentum, T one_minus_dampening) {
+  for (int64_t i = 0; i < n; ++i) {
+    T d = g[i] * grad_sign;
+    if constexpr (kWeightDecay) d = d + weight_decay * p[i];
+    if constexpr (kMomentum) {
+      T b;
+      if constexpr (kFirst) {
+        b = d;
+      } else {
+        b = buf[i] * momentum + one_minus_dampening * d;
+      }
+      buf[i] = b;
+      if constexpr (kNesterov) {
+        d = d + momentum * b;
+      } else {
+        d = b;
+      }
+    }
+    p[i] = p[i] - lr * d;
+  }
+}
+
+// Adam and AdamW. param_scale is 1 - lr * weight_decay for AdamW and 1 for Adam
+// (multiplying by 1 is exact); kWeightDecay is Adam's L2 term on the gradient.
+template <typename T, bool kWeightDecay, bool kAmsgrad>
+void AdamLoop(int64_t n, T* __restrict p, const T* __restrict g, T* __restrict exp_avg,
+              T* __restrict exp_avg_sq, T* __restrict max_exp_avg_sq, T grad_sign, T weight_decay,
+              T param_scale, T beta1, T one_minus_beta1, T beta2, T one_minus_beta2,
+              T bias_correction2_sqrt, T eps, T neg_step_size) {
+  for (int64_t i = 0; i < n; ++i) {
+    T param = p[i];
+    T grad = g[i] * grad_sign;
+    if constexpr (kWeightDecay) grad = grad + weight_decay * param;
+    param = param * param_scale;
+    const T m = exp_avg[i] * beta1 + one_minus_beta1 * grad;
+    const T v = exp_avg_sq[i] * beta2 + one_minus_beta2 * grad * grad;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    T denom;
+    if constexpr (kAmsgrad) {
+      const T v_max = NanMax(max_exp_avg_sq[i], v);
+      max_exp_avg_sq[i] = v_max;
+      denom = std::sqrt(v_max) / bias_correction2_sqrt + eps;
+    } else {
+      denom = std::sqrt(v) / bias_correction2_sqrt + eps;
+    }
+    p[i] = param + neg_step_size * (m / denom);
+  }
+}
+
+template <typename T, bool kWeightDecay>
+void AdagradLoop(int64_t n, T* __restrict p, const T* __restrict g, T* __restrict sum, T grad_sign,
+                 T weight_decay, T eps, T neg_clr) {
+  for (int64_t i = 0; i < n; ++i) {
+    T grad = g[i] * grad_sign;
+    if constexpr (kWeightDecay) grad = grad + weight_decay * p[i];
+    const T s = sum[i] + grad * grad;
+    sum[i] = s;
+    const T std_dev = std::sqrt(s) + eps;
+    p[i] = p[i] + neg_clr * (grad / std_dev);
+  }
+}
+
+// ---- state buffers ----
+
+// Every buffer already in `state` must match the parameter; non-contiguous ones (e.g.
+// restored from elsewhere) are replaced by contiguous copies.
+void CheckBuffers(const std::string& op, const Tensor& param, ParamState& state) {
+  for (auto& [name, buffer] : state.buffers) {
+    GW_CHECK(buffer.defined(), op, "state buffer '", name, "' is undefined");
+    GW_CHECK(buffer.sizes() == param.sizes() && buffer.dtype() == param.dtype(), op,
+             "state buffer '", name, "' is ", DTypeName(buffer.dtype()), " ",
+             ShapeToString(buffer.sizes()), " but the param is ", DTypeName(param.dtype()), " ",
+             ShapeToString(param.sizes()));
+    GW_CHECK(buffer.device() == param.device(), op, "state buffer '", name, "' is on ",
+             buffer.device().ToString(), " but the param is on ", param.device().ToString());
+    if (!buffer.is_contiguous()) buffer = kernels::Clone(buffer);
+  }
+}
+
+// Returns the buffer `name`, creating it filled with `init` when absent.
+Tensor Buffer(ParamState& state, std::string_view name, const Tensor& param, double init) {
+  auto it = state.buffers.find(std::string(name));
+  if (it == state.buffers.end()) {
+    it = state.buffers.emplace(std::string(name), Tensor::Full(param.sizes(), init, param.dtype()))
+             .first;
+  }
+  return it->second;
+}
+
+// ---- per-optimizer steps on contiguous `param` and `grad` ----
+
+void Step(const Sgd& c, const Tensor& param, const Tensor& grad, ParamState& state) {
+  const bool use_momentum = c.momentum != 0;
+  Tensor buf;
+  bool first = false;
+  if (use_momentum) {
+    auto it = state.buffers.find(std::string(kMomentumBuffer));
+    first = it == state.buffers.end();
+    if (first) {
+      // Written by the loop (buf = gradient) before it is read.
+      buf = Tensor::Empty(param.sizes(), param.dtype());
+      state.buffers.emplace(std::string(kMomentumBuffer), buf);
+    } else {
+      buf = it->second;
+    }
+  }
+  ++state.step;
+  WithFloatType("SGD", param.dtype(), [&]<typename T>() {
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* b = use_momentum ? buf.data<T>() : nullptr;
+    WithBools(
+        [&]<bool kWeightDecay, bool kMomentum, bool kFirst, bool kNesterov>() {
+          SgdLoop<T, kWeightDecay, kMomentum, kFirst, kNesterov>(
+              param.numel(), p, g, b, static_cast<T>(c.maximize ? -1 : 1), static_cast<T>(c.lr),
+              static_cast<T>(c.weight_decay), static_cast<T>(c.momentum),
+              static_cast<T>(1 - c.dampening));
+        },
+        c.weight_decay != 0, use_momentum, first, use_momentum && c.nesterov);
+  });
+}
+
+// Shared by Adam (decoupled = false) and AdamW (decoupled = true).
+template <typename Config>
+void AdamStep(std::string_view op, const Config& c, bool decoupled, const Tensor& param,
+              const Tensor& grad, ParamState& state) {
+  Tensor exp_avg = Buffer(state, kExpAvg, param, 0);
+  Tensor exp_avg_sq = Buffer(state, kExpAvgSq, param, 0);
+  Tensor max_exp_avg_sq;
+  if (c.amsgrad) max_exp_avg_sq = Buffer(state, kMaxExpAvgSq, param, 0);
+  const int64_t step = ++state.step;
+
+  const double bias_correction1 = 1 - std::pow(c.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(c.beta2, static_cast<double>(step));
+  const double step_size = c.lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  const double param_scale = decoupled ? 1 - c.lr * c.weight_decay : 1;
+  const bool l2 = !decoupled && c.weight_decay != 0;
+
+  WithFloatType(op, param.dtype(), [&]<typename T>() {
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* m = exp_avg.data<T>();
+    T* v = exp_avg_sq.data<T>();
+    T* v_max = c.amsgrad ? max_exp_avg_sq.data<T>() : nullptr;
+    WithBools(
+        [&]<bool kWeightDecay, bool kAmsgrad>() {
+          AdamLoop<T, kWeightDecay, kAmsgrad>(
+              param.numel(), p, g, m, v, v_max, static_cast<T>(c.maximize ? -1 : 1),
+              static_cast<T>(c.weight_decay), static_cast<T>(param_scale), static_cast<T>(c.beta1),
+              static_cast<T>(1 - c.beta1), static_cast<T>(c.beta2), static_cast<T>(1 - c.beta2),
+              static_cast<T>(bias_correction2_sqrt), static_cast<T>(c.eps),
+              static_cast<T>(-step_size));
+        },
+        l2, c.amsgrad);
+  });
+}
+
+void Step(const Adam& c, const Tensor& param, const Tensor& grad, ParamState& state) {
+  AdamStep("Adam", c, /*decoupled=*/false, param, grad, state);
+}
+
+void Step(const AdamW& c, const Tensor& param, const Tensor& grad, ParamState& state) {
+  AdamStep("AdamW", c, /*decoupled=*/true, param, grad, state);
+}
+
+void Step(const Adagrad& c, const Tensor& param, const Tensor& grad, ParamState& state) {
+  Tensor sum = Buffer(state, kSum, param, c.initial_accumulator_value);
+  const int64_t step = ++state.step;
+  const double clr = c.lr / (1 + static_cast<double>(step - 1) * c.lr_decay);
+  WithFloatType("Adagrad", param.dtype(), [&]<typename T>() {
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* s = sum.data<T>();
+    WithBools(
+        [&]<bool kWeightDecay>() {
+          AdagradLoop<T, kWeightDecay>(param.numel(), p, g, s, static_cast<T>(c.maximize ? -1 : 1),
+                                       static_cast<T>(c.weight_decay), static_cast<T>(c.eps),
+                                       static_cast<T>(-clr));
+        },
+        c.weight_decay != 0);
+  });
+}
+
+bool SharesStorage(const Tensor& a, const Tensor& b) { return a.storage() == b.storage(); }
+
+}  // namespace
+
+std::string Name(const OptimizerConfig& config) {
+  return std::visit(Overloaded{
+                        [](const Sgd&) { return std::string("SGD"); },
+                        [](const Adam&) { return std::string("Adam"); },
+                        [](const AdamW&) { return std::string("AdamW"); },
+                        [](const Adagrad&) { return std::string("Adagrad"); },
+                    },
+                    config);
+}
+
+double LearningRate(const OptimizerConfig& config) {
+  return std::visit([](const auto& c) { return c.lr; }, config);
+}
+
+void SetLearningRate(OptimizerConfig& config, double lr) {
+  std::visit([lr](auto& c) { c.lr = lr; }, config);
+}
+
+void Validate(const OptimizerConfig& config) {
+  const std::string op = Name(config);
+  // Written as !(x >= 0) so NaN is rejected too.
+  auto non_negative = [&op](double value, std::string_view field) {
+    GW_CHECK(value >= 0, op, "invalid ", field, " ", value, " (must be >= 0)");
+  };
+  auto beta = [&op](double value, std::string_view field) {
+    GW_CHECK(value >= 0 && value < 1, op, "invalid ", field, " ", value, " (must be in [0, 1))");
+  };
+  auto adam_like = [&](const auto& c) {
+    non_negative(c.lr, "lr");
+    non_negative(c.eps, "eps");
+    beta(c.beta1, "beta1");
+    beta(c.beta2, "beta2");
+    non_negative(c.weight_decay, "weight_decay");
+  };
+  std::visit(Overloaded{
+                 [&](const Sgd& c) {
+                   non_negative(c.lr, "lr");
+                   non_negative(c.momentum, "momentum");
+                   non_negative(c.weight_decay, "weight_decay");
+                   GW_CHECK(!std::isnan(c.dampening), op, "invalid dampening nan");
+                   GW_CHECK(!c.nesterov || (c.momentum > 0 && c.dampening == 0), op,
+                            "Nesterov momentum requires a momentum and zero dampening (momentum ",
+                            c.momentum, ", dampening ", c.dampening, ")");
+                 },
+                 [&](const Adam& c) { adam_like(c); },
+                 [&](const AdamW& c) { adam_like(c); },
+                 [&](const Adagrad& c) {
+                   non_negative(c.lr, "lr");
+                   non_negative(c.lr_decay, "lr_decay");
+                   non_negative(c.weight_decay, "weight_decay");
+                   non_negative(c.initial_accumulator_value, "initial_accumulator_value");
+                   non_negative(c.eps, "eps");
+                 },
+             },
+             config);
+}
+
+void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& grad,
+            ParamState& state) {
+  Validate(config);
+  const std::string op = Name(config);
+  GW_CHECK(param.defined(), op, "param is undefined");
+  GW_CHECK(grad.defined(), op, "grad is undefined for param ", DTypeName(param.dtype()), " ",
+           ShapeToString(param.sizes()));
+  GW_CHECK(param.device().type == DeviceType::kCPU && grad.device().type == DeviceType::kCPU, op,
+           "param on ", param.device().ToString(), " and grad on ", grad.device().ToString(),
+           " but functional optimizers run on the CPU");
+  GW_CHECK(IsFloating(param.dtype()), op, "param must be float32 or float64, got ",
+           DTypeName(param.dtype()), " ", ShapeToString(param.sizes()));
+  GW_CHECK(grad.sizes() == param.sizes(), op, "grad shape ", ShapeToString(grad.sizes()),
+           " does not match param shape ", ShapeToString(param.sizes()));
+  GW_CHECK(grad.dtype() == param.dtype(), op, "grad dtype ", DTypeName(grad.dtype()), " ",
+           ShapeToString(grad.sizes()), " does not match param dtype ", DTypeName(param.dtype()),
+           " ", ShapeToString(param.sizes()));
+  CheckBuffers(op, param, state);
+
+  autograd::NoGradGuard no_grad;
+  // The loops need contiguous operands that do not overlap each other.
+  const bool in_place = param.is_contiguous();
+  const Tensor work = in_place ? param : kernels::Clone(param);
+  Tensor g = kernels::Contiguous(grad);
+  bool aliased = SharesStorage(g, work);
+  for (const auto& [name, buffer] : state.buffers) aliased = aliased || SharesStorage(g, buffer);
+  if (aliased) g = kernels::Clone(g);
+
+  std::visit([&](const auto& c) { Step(c, work, g, state); }, config);
+
+  if (in_place) {
+    param.storage()->BumpVersion();
+  } else {
+    kernels::CopyInPlace(param, work);  // bumps the version
+  }
+}
+
+}  // namespace gw::optim
