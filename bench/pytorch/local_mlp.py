@@ -12,6 +12,17 @@ import time
 import torch
 
 
+def blas_core():
+    """The kernel family OpenBLAS selected, if torch uses OpenBLAS."""
+    try:
+        import ctypes
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except OSError:
+        return "not OpenBLAS"
+
+
 def main():
     quick = "--quick" in sys.argv
     warmup, iters = (3, 10) if quick else (10, 50)
@@ -32,7 +43,8 @@ def main():
         loss.backward()
         opt.step()
 
-    print(f"local_mlp: {warmup} warm-up + {iters} timed steps", file=sys.stderr)
+    print(f"local_mlp: {warmup} warm-up + {iters} timed steps (torch {torch.__version__}, "
+          f"BLAS core {blas_core()})", file=sys.stderr)
     for _ in range(warmup):
         step()
     ms = []
