@@ -18,6 +18,8 @@ struct Case {
   bool positive = false;  // inputs drawn from (0.5, 2) instead of N(0, 1)
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 std::vector<Case> Cases() {
   const Tensor idx = Tensor::FromVector<int64_t>({2, 0, 2, 1});
   return {

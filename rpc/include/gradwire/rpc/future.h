@@ -1,0 +1,219 @@
+// Future<T> / Promise<T>: the result of an asynchronous operation, or its error.
+//
+// Contract
+//   - A Promise is completed exactly once with an absl::StatusOr<T>; later attempts are
+//     ignored and reported by returning false (errors "stick": the first one wins).
+//   - Wait(deadline) blocks until the value is there or the deadline passes (then it
+//     returns DEADLINE_EXCEEDED and the future stays pending). Every wait has a deadline;
+//     the default is InfiniteFuture only for callers that have their own bound.
+//   - Then(fn) registers fn(const absl::StatusOr<T>&) and returns a Future of its result
+//     (fn may return U, absl::StatusOr<U> or Future<U>). fn always runs on the promise's
+//     Executor, never inline in Then() and never while a lock is held. If fn throws, the
+//     returned future fails with INTERNAL carrying the exception's message.
+//   - Futures are cheap shared handles; all methods are thread-safe.
+#ifndef GRADWIRE_RPC_FUTURE_H_
+#define GRADWIRE_RPC_FUTURE_H_
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gradwire/rpc/executor.h"
+
+namespace gw {
+
+template <typename T>
+class Future;
+template <typename T>
+class Promise;
+
+namespace internal {
+
+template <typename T>
+struct FutureState {
+  explicit FutureState(rpc::Executor* e) : executor(e) {}
+  rpc::Executor* const executor;
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::StatusOr<T> result ABSL_GUARDED_BY(mu) = absl::UnknownError("pending");
+  std::vector<std::function<void()>> callbacks ABSL_GUARDED_BY(mu);
+};
+
+template <typename U>
+struct IsFuture : std::false_type {};
+template <typename U>
+struct IsFuture<Future<U>> : std::true_type {
+  using Inner = U;
+};
+template <typename U>
+struct IsStatusOr : std::false_type {};
+template <typename U>
+struct IsStatusOr<absl::StatusOr<U>> : std::true_type {
+  using Inner = U;
+};
+
+// The value type of the Future returned by Then(fn) where fn returns R.
+template <typename R>
+struct ThenResult {
+  using type = R;
+};
+template <typename U>
+struct ThenResult<Future<U>> {
+  using type = U;
+};
+template <typename U>
+struct ThenResult<absl::StatusOr<U>> {
+  using type = U;
+};
+template <>
+struct ThenResult<void> {
+  using type = bool;
+};
+template <>
+struct ThenResult<absl::Status> {
+  using type = bool;
+};
+
+}  // namespace internal
+
+template <typename T>
+class Future {
+ public:
+  Future() = default;
+
+  bool valid() const { return state_ != nullptr; }
+  bool IsReady() const {
+    absl::MutexLock lock(&state_->mu);
+    return state_->done;
+  }
+
+  // OK when ready (whatever the result), DEADLINE_EXCEEDED if still pending at deadline.
+  absl::Status Wait(absl::Time deadline) const {
+    absl::MutexLock lock(&state_->mu);
+    auto ready = [s = state_.get()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->done; };
+    if (!state_->mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+      return absl::DeadlineExceededError("Future::Wait: deadline passed before the result arrived");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status WaitFor(absl::Duration timeout) const { return Wait(absl::Now() + timeout); }
+
+  // Waits (bounded) and returns the result, or DEADLINE_EXCEEDED.
+  absl::StatusOr<T> Get(absl::Duration timeout = absl::InfiniteDuration()) const {
+    if (absl::Status s = Wait(absl::Now() + timeout); !s.ok()) return s;
+    absl::MutexLock lock(&state_->mu);
+    return state_->result;
+  }
+
+  // The status of a completed future (UNKNOWN "pending" before).
+  absl::Status status() const {
+    absl::MutexLock lock(&state_->mu);
+    return state_->done ? state_->result.status() : absl::UnknownError("pending");
+  }
+
+  template <typename F>
+  auto Then(F fn) const -> Future<typename internal::ThenResult<
+      std::invoke_result_t<F, const absl::StatusOr<T>&>>::type>;
+
+  rpc::Executor* executor() const { return state_->executor; }
+
+ private:
+  friend class Promise<T>;
+  explicit Future(std::shared_ptr<internal::FutureState<T>> s) : state_(std::move(s)) {}
+  // Runs cb on the executor once the result is there.
+  void OnReady(std::function<void()> cb) const {
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (!state_->done) {
+        state_->callbacks.push_back(std::move(cb));
+        return;
+      }
+    }
+    if (!state_->executor->Post(cb)) cb();  // executor gone: run rather than lose it
+  }
+  const absl::StatusOr<T>& ResultRef() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return state_->result;  // REQUIRES done (then immutable)
+  }
+
+  std::shared_ptr<internal::FutureState<T>> state_;
+};
+
+template <typename T>
+class Promise {
+ public:
+  // REQUIRES: `executor` outlives every callback registered on the future.
+  explicit Promise(rpc::Executor& executor)
+      : state_(std::make_shared<internal::FutureState<T>>(&executor)) {}
+
+  Future<T> future() const { return Future<T>(state_); }
+
+  // Completes the future; returns false if it was already completed.
+  bool Set(absl::StatusOr<T> result) const {
+    std::vector<std::function<void()>> callbacks;
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (state_->done) return false;
+      state_->result = std::move(result);
+      state_->done = true;
+      callbacks.swap(state_->callbacks);
+    }
+    for (auto& cb : callbacks) {
+      if (!state_->executor->Post(cb)) cb();
+    }
+    return true;
+  }
+  bool SetError(absl::Status s) const { return Set(std::move(s)); }
+
+ private:
+  std::shared_ptr<internal::FutureState<T>> state_;
+};
+
+// A future that is already complete.
+template <typename T>
+Future<T> MakeReadyFuture(rpc::Executor& executor, absl::StatusOr<T> result) {
+  Promise<T> p(executor);
+  p.Set(std::move(result));
+  return p.future();
+}
+
+template <typename T>
+template <typename F>
+auto Future<T>::Then(F fn) const -> Future<typename internal::ThenResult<
+    std::invoke_result_t<F, const absl::StatusOr<T>&>>::type> {
+  using R = std::invoke_result_t<F, const absl::StatusOr<T>&>;
+  using U = typename internal::ThenResult<R>::type;
+  Promise<U> next(*state_->executor);
+  Future<T> self = *this;
+  OnReady([self, next, fn = std::move(fn)]() mutable {
+    const absl::StatusOr<T>& in = self.ResultRef();
+    try {
+      if constexpr (std::is_void_v<R>) {
+        fn(in);
+        next.Set(true);
+      } else if constexpr (std::is_same_v<R, absl::Status>) {
+        absl::Status s = fn(in);
+        next.Set(s.ok() ? absl::StatusOr<bool>(true) : absl::StatusOr<bool>(s));
+      } else if constexpr (internal::IsFuture<R>::value) {
+        Future<U> inner = fn(in);
+        inner.OnReady([inner, next] { next.Set(inner.ResultRef()); });
+      } else {
+        next.Set(fn(in));
+      }
+    } catch (const std::exception& e) {
+      next.Set(absl::InternalError(std::string("callback threw: ") + e.what()));
+    }
+  });
+  return next.future();
+}
+
+}  // namespace gw
+
+#endif  // GRADWIRE_RPC_FUTURE_H_

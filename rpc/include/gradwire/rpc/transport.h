@@ -1,0 +1,76 @@
+// Transport and Connection: moving Messages between processes.
+//
+// Contract
+//   - A Transport listens for and dials Connections; each backend (tcp today) lives in
+//     rpc/src/transport/<name>/ and passes the conformance suite in
+//     rpc/tests/transport_test.cc.
+//   - Connection::Send queues a message and writes it in order with the connection's
+//     other messages; the tensors' bytes are written from their own storage
+//     (scatter-gather), and on_sent reports the outcome exactly once. Send may write on
+//     the calling thread when the socket has room (no thread hop on the hot path).
+//   - Incoming messages are delivered to ConnectionCallbacks::on_message on a transport
+//     I/O thread, in order; callbacks must not block. on_close runs exactly once, after
+//     the last on_message, with the reason (peer closed, reset, malformed frame, local
+//     Close); every pending send then fails with that reason.
+//   - A malformed frame closes only that connection, with a DATA_LOSS reason naming the
+//     peer; the process and its other connections carry on.
+//   - Shutdown() closes the listener and every connection and joins the I/O threads.
+//     REQUIRES: Connections do not outlive the Transport that made them.
+//     Thread-safe.
+#ifndef GRADWIRE_RPC_TRANSPORT_H_
+#define GRADWIRE_RPC_TRANSPORT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gradwire/rpc/frame.h"
+
+namespace gw::rpc {
+
+class Connection;
+
+struct ConnectionCallbacks {
+  std::function<void(const std::shared_ptr<Connection>&, Message)> on_message;
+  std::function<void(const std::shared_ptr<Connection>&, const absl::Status&)> on_close;
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  virtual void Send(Message message, std::function<void(absl::Status)> on_sent = nullptr) = 0;
+  virtual void Close(absl::Status reason) = 0;
+  // "host:port" of the other end.
+  virtual std::string peer() const = 0;
+  virtual bool closed() const = 0;
+};
+
+struct TransportOptions {
+  FrameLimits limits;
+  int io_threads = 1;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+  // Starts accepting on `host` (port chosen by the OS); returns the dialable address.
+  // Accepted connections report through `callbacks`.
+  virtual absl::StatusOr<std::string> Listen(const std::string& host,
+                                             ConnectionCallbacks callbacks) = 0;
+  // Dials `address`, retrying until `deadline` while the peer is not yet listening.
+  virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address,
+                                                              ConnectionCallbacks callbacks,
+                                                              absl::Time deadline) = 0;
+  virtual void Shutdown() = 0;
+};
+
+// Transports by name: "tcp".
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& name,
+                                                         TransportOptions options = {});
+
+}  // namespace gw::rpc
+
+#endif  // GRADWIRE_RPC_TRANSPORT_H_

@@ -1,0 +1,430 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace gw::rpc {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using Strand = asio::strand<asio::io_context::executor_type>;
+
+constexpr size_t kStagingBytes = 64 << 10;
+constexpr size_t kDirectReadBytes = 64 << 10;
+constexpr int kMaxIov = 64;
+
+absl::StatusOr<tcp::endpoint> ParseAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("bad address '", address, "' (expected host:port)"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  boost::system::error_code ec;
+  asio::ip::address ip = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  if (ec) {
+    asio::io_context io;
+    tcp::resolver resolver(io);
+    auto results = resolver.resolve(host, std::to_string(port), ec);
+    if (ec || results.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot resolve host '", host, "': ", ec.message()));
+    }
+    return results.begin()->endpoint();
+  }
+  return tcp::endpoint(ip, static_cast<uint16_t>(port));
+}
+
+std::string EndpointString(const tcp::endpoint& ep) {
+  return ep.address().is_v6() ? absl::StrCat("[", ep.address().to_string(), "]:", ep.port())
+                              : absl::StrCat(ep.address().to_string(), ":", ep.port());
+}
+
+class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
+ public:
+  TcpConnection(asio::io_context& io, tcp::socket socket, ConnectionCallbacks callbacks,
+                FrameLimits limits)
+      : strand_(asio::make_strand(io)), socket_(std::move(socket)),
+        callbacks_(std::move(callbacks)), limits_(limits), decoder_(limits),
+        staging_(kStagingBytes) {
+    boost::system::error_code ec;
+    socket_.set_option(tcp::no_delay(true), ec);
+    socket_.non_blocking(true, ec);
+    fd_ = socket_.native_handle();
+    auto ep = socket_.remote_endpoint(ec);
+    peer_ = ec ? "unknown peer" : EndpointString(ep);
+  }
+
+  void Start() {
+    asio::post(strand_, [self = shared_from_this()] { self->ReadMore(); });
+  }
+
+  void Send(Message message, std::function<void(absl::Status)> on_sent) override {
+    absl::StatusOr<EncodedFrame> frame = EncodeFrame(message, limits_);
+    if (!frame.ok()) {
+      if (on_sent) on_sent(frame.status());
+      return;
+    }
+    Pending w{std::move(*frame), 0, std::move(on_sent)};
+    absl::Status result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) {
+        result = close_reason_;
+      } else if (io_writing_ || !queue_.empty()) {
+        queue_.push_back(std::move(w));
+        return;
+      } else {
+        switch (TryWrite(w)) {
+          case WriteResult::kDone:
+            result = absl::OkStatus();
+            break;
+          case WriteResult::kBlocked:
+            queue_.push_back(std::move(w));
+            io_writing_ = true;
+            asio::post(strand_, [self = shared_from_this()] { self->WaitWritable(); });
+            return;
+          case WriteResult::kError:
+            result = absl::UnavailableError(absl::StrCat("send to ", peer_, " failed: ",
+                                                         std::strerror(errno)));
+            Close(result);
+            break;
+        }
+      }
+    }
+    if (w.on_sent) w.on_sent(result);
+  }
+
+  void Close(absl::Status reason) override {
+    asio::post(strand_, [self = shared_from_this(), reason] { self->CloseOnStrand(reason); });
+  }
+
+  std::string peer() const override { return peer_; }
+  bool closed() const override {
+    absl::MutexLock lock(&mu_);
+    return closed_;
+  }
+
+ private:
+  struct Pending {
+    EncodedFrame frame;
+    size_t offset;  // bytes of the frame already written
+    std::function<void(absl::Status)> on_sent;
+  };
+  enum class WriteResult { kDone, kBlocked, kError };
+
+  // Writes as much of w as the socket takes without blocking.
+  WriteResult TryWrite(Pending& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t total = w.frame.total_bytes();
+    while (w.offset < total) {
+      iovec iov[kMaxIov];
+      int n = 0;
+      size_t skip = w.offset;
+      auto add = [&](const char* p, size_t len) {
+        if (n == kMaxIov || len == 0) return;
+        if (skip >= len) {
+          skip -= len;
+          return;
+        }
+        iov[n++] = {const_cast<char*>(p + skip), len - skip};
+        skip = 0;
+      };
+      add(w.frame.prefix.data(), w.frame.prefix.size());
+      for (const auto& s : w.frame.spans) add(s.data(), s.size());
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      const ssize_t sent = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return WriteResult::kBlocked;
+        return WriteResult::kError;
+      }
+      w.offset += static_cast<size_t>(sent);
+    }
+    return WriteResult::kDone;
+  }
+
+  // On the strand: waits until the socket is writable, then drains the queue.
+  void WaitWritable() {
+    socket_.async_wait(tcp::socket::wait_write,
+                       asio::bind_executor(strand_, [self = shared_from_this()](
+                                                        const boost::system::error_code& ec) {
+                         self->OnWritable(ec);
+                       }));
+  }
+
+  void OnWritable(const boost::system::error_code& ec) {
+    std::vector<std::function<void(absl::Status)>> done;
+    bool again = false;
+    absl::Status error;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      if (ec) {
+        error = absl::UnavailableError(absl::StrCat("send to ", peer_, " failed: ", ec.message()));
+      } else {
+        while (!queue_.empty()) {
+          WriteResult r = TryWrite(queue_.front());
+          if (r == WriteResult::kDone) {
+            done.push_back(std::move(queue_.front().on_sent));
+            queue_.pop_front();
+          } else if (r == WriteResult::kBlocked) {
+            again = true;
+            break;
+          } else {
+            error = absl::UnavailableError(absl::StrCat("send to ", peer_, " failed: ",
+                                                        std::strerror(errno)));
+            break;
+          }
+        }
+        io_writing_ = again;
+      }
+    }
+    for (auto& cb : done) {
+      if (cb) cb(absl::OkStatus());
+    }
+    if (!error.ok()) {
+      CloseOnStrand(error);
+    } else if (again) {
+      WaitWritable();
+    }
+  }
+
+  void ReadMore() {
+    if (closed()) return;
+    auto self = shared_from_this();
+    if (decoder_.payload_remaining() >= kDirectReadBytes) {
+      absl::Span<char> dst = decoder_.NextBuffer();
+      socket_.async_read_some(asio::buffer(dst.data(), dst.size()),
+                              asio::bind_executor(strand_, [self](const boost::system::error_code& ec, size_t n) {
+                                self->OnRead(ec, n, /*direct=*/true);
+                              }));
+    } else {
+      socket_.async_read_some(asio::buffer(staging_),
+                              asio::bind_executor(strand_, [self](const boost::system::error_code& ec, size_t n) {
+                                self->OnRead(ec, n, /*direct=*/false);
+                              }));
+    }
+  }
+
+  void OnRead(const boost::system::error_code& ec, size_t n, bool direct) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted) return;
+      CloseOnStrand(absl::UnavailableError(
+          ec == asio::error::eof ? absl::StrCat("connection to ", peer_, " was closed by the peer")
+                                 : absl::StrCat("connection to ", peer_, " failed: ", ec.message())));
+      return;
+    }
+    absl::Status status;
+    if (direct) {
+      status = decoder_.Advance(n);
+      if (status.ok()) DeliverIfReady();
+    } else {
+      size_t used = 0;
+      while (status.ok() && used < n) {
+        absl::StatusOr<size_t> c = decoder_.Consume(absl::Span<const char>(staging_.data() + used, n - used));
+        if (!c.ok()) {
+          status = c.status();
+          break;
+        }
+        used += *c;
+        DeliverIfReady();
+      }
+    }
+    if (!status.ok()) {
+      CloseOnStrand(absl::DataLossError(absl::StrCat("closing the connection to ", peer_, ": ",
+                                                     status.message())));
+      return;
+    }
+    ReadMore();
+  }
+
+  void DeliverIfReady() {
+    if (!decoder_.HasMessage()) return;
+    Message m = decoder_.TakeMessage();
+    if (callbacks_.on_message && !closed()) callbacks_.on_message(shared_from_this(), std::move(m));
+  }
+
+  void CloseOnStrand(const absl::Status& reason) {
+    std::deque<Pending> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      closed_ = true;
+      close_reason_ = reason;
+      failed.swap(queue_);
+    }
+    boost::system::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    for (auto& w : failed) {
+      if (w.on_sent) w.on_sent(reason);
+    }
+    if (callbacks_.on_close) callbacks_.on_close(shared_from_this(), reason);
+  }
+
+  Strand strand_;
+  tcp::socket socket_;
+  int fd_ = -1;
+  const ConnectionCallbacks callbacks_;
+  const FrameLimits limits_;
+  std::string peer_;
+
+  // Strand only.
+  FrameDecoder decoder_;
+  std::vector<char> staging_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  bool io_writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status close_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(TransportOptions options)
+      : options_(options), work_(asio::make_work_guard(io_)), acceptor_(io_) {
+    for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
+      threads_.emplace_back([this] { io_.run(); });
+    }
+  }
+  ~TcpTransport() override { Shutdown(); }
+
+  std::string name() const override { return "tcp"; }
+
+  absl::StatusOr<std::string> Listen(const std::string& host, ConnectionCallbacks callbacks) override {
+    absl::StatusOr<tcp::endpoint> ep = ParseAddress(host + ":0");
+    if (!ep.ok()) return ep.status();
+    boost::system::error_code ec;
+    acceptor_.open(ep->protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(*ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ": ", ec.message()));
+    accept_callbacks_ = std::move(callbacks);
+    Accept();
+    return EndpointString(acceptor_.local_endpoint());
+  }
+
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address,
+                                                      ConnectionCallbacks callbacks,
+                                                      absl::Time deadline) override {
+    absl::StatusOr<tcp::endpoint> ep = ParseAddress(address);
+    if (!ep.ok()) return ep.status();
+    std::string last_error = "deadline passed";
+    while (true) {
+      tcp::socket socket(io_);
+      boost::system::error_code ec;
+      socket.open(ep->protocol(), ec);
+      if (ec) return absl::UnavailableError(absl::StrCat("cannot create a socket: ", ec.message()));
+      socket.non_blocking(true, ec);
+      socket.connect(*ep, ec);
+      if (ec == asio::error::would_block || ec == asio::error::in_progress) {
+        pollfd pfd{socket.native_handle(), POLLOUT, 0};
+        const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+        const int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
+        if (r <= 0) {
+          ec = asio::error::timed_out;
+        } else {
+          int err = 0;
+          socklen_t len = sizeof(err);
+          ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &err, &len);
+          ec = boost::system::error_code(err, boost::system::system_category());
+        }
+      }
+      if (!ec) {
+        auto conn = std::make_shared<TcpConnection>(io_, std::move(socket), std::move(callbacks),
+                                                    options_.limits);
+        Track(conn);
+        conn->Start();
+        return std::shared_ptr<Connection>(conn);
+      }
+      last_error = ec.message();
+      if (absl::Now() + absl::Milliseconds(20) >= deadline) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", address, ": ", last_error));
+  }
+
+  void Shutdown() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return;
+      shut_down_ = true;
+    }
+    asio::post(io_, [this] {
+      boost::system::error_code ignored;
+      acceptor_.close(ignored);
+    });
+    std::vector<std::weak_ptr<TcpConnection>> conns;
+    {
+      absl::MutexLock lock(&mu_);
+      conns.swap(connections_);
+    }
+    for (auto& w : conns) {
+      if (auto c = w.lock()) c->Close(absl::CancelledError("transport shut down"));
+    }
+    // Closing every socket completes every pending operation, so run() runs out of work;
+    // stop() bounds that in case a connection was not tracked.
+    work_.reset();
+    const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    while (!io_.stopped() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    io_.stop();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  void Accept() {
+    acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (ec) return;  // closed
+      auto conn = std::make_shared<TcpConnection>(io_, std::move(socket), accept_callbacks_,
+                                                  options_.limits);
+      Track(conn);
+      conn->Start();
+      Accept();
+    });
+  }
+
+  void Track(const std::shared_ptr<TcpConnection>& c) {
+    absl::MutexLock lock(&mu_);
+    std::erase_if(connections_, [](const auto& w) { return w.expired(); });
+    connections_.push_back(c);
+  }
+
+  const TransportOptions options_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  tcp::acceptor acceptor_;
+  ConnectionCallbacks accept_callbacks_;
+  std::vector<std::thread> threads_;
+  absl::Mutex mu_;
+  std::vector<std::weak_ptr<TcpConnection>> connections_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> MakeTcpTransport(TransportOptions options) {
+  return std::make_unique<TcpTransport>(options);
+}
+
+}  // namespace gw::rpc

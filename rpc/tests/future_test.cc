@@ -1,0 +1,80 @@
+// Unit: Future / Promise / ThreadPool.
+#include "gradwire/rpc/future.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+namespace gw {
+namespace {
+
+using rpc::ThreadPool;
+
+TEST(FutureTest, SetOnceAndWait) {
+  ThreadPool pool(2, "test");
+  Promise<int> p(pool);
+  Future<int> f = p.future();
+  EXPECT_FALSE(f.IsReady());
+  EXPECT_EQ(f.WaitFor(absl::Milliseconds(10)).code(), absl::StatusCode::kDeadlineExceeded);
+  std::thread t([p] { p.Set(42); });
+  EXPECT_EQ(*f.Get(absl::Seconds(5)), 42);
+  t.join();
+  EXPECT_FALSE(p.Set(7));  // the first result sticks
+  EXPECT_EQ(*f.Get(), 42);
+}
+
+TEST(FutureTest, ErrorsPropagateThroughThen) {
+  ThreadPool pool(1, "test");
+  Promise<int> p(pool);
+  Future<std::string> g = p.future().Then([](const absl::StatusOr<int>& v) -> absl::StatusOr<std::string> {
+    if (!v.ok()) return v.status();
+    return std::to_string(*v);
+  });
+  p.SetError(absl::UnavailableError("peer gone"));
+  absl::StatusOr<std::string> r = g.Get(absl::Seconds(5));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(r.status().message(), "peer gone");
+}
+
+TEST(FutureTest, ThenNeverRunsInlineEvenWhenReady) {
+  ThreadPool pool(1, "test");
+  Future<int> ready = MakeReadyFuture<int>(pool, 1);
+  const std::thread::id me = std::this_thread::get_id();
+  std::atomic<bool> inline_call{false};
+  Future<int> next = ready.Then([&](const absl::StatusOr<int>& v) {
+    inline_call = std::this_thread::get_id() == me;
+    return *v + 1;
+  });
+  EXPECT_EQ(*next.Get(absl::Seconds(5)), 2);
+  EXPECT_FALSE(inline_call);
+}
+
+TEST(FutureTest, ThenChainsFuturesAndCatchesExceptions) {
+  ThreadPool pool(2, "test");
+  Promise<int> inner(pool);
+  Future<int> chained = MakeReadyFuture<int>(pool, 5).Then(
+      [inner](const absl::StatusOr<int>&) { return inner.future(); });
+  EXPECT_FALSE(chained.WaitFor(absl::Milliseconds(20)).ok());
+  inner.Set(9);
+  EXPECT_EQ(*chained.Get(absl::Seconds(5)), 9);
+  Future<int> thrown = MakeReadyFuture<int>(pool, 1).Then(
+      [](const absl::StatusOr<int>&) -> int { throw std::runtime_error("boom"); });
+  EXPECT_EQ(thrown.Get(absl::Seconds(5)).status().code(), absl::StatusCode::kInternal);
+  Future<bool> v = MakeReadyFuture<int>(pool, 1).Then([](const absl::StatusOr<int>&) {});
+  EXPECT_TRUE(*v.Get(absl::Seconds(5)));
+}
+
+TEST(ThreadPoolTest, RunsEverythingQueuedBeforeShutdown) {
+  std::atomic<int> n{0};
+  {
+    ThreadPool pool(3, "test");
+    for (int i = 0; i < 1000; ++i) pool.Post([&] { n.fetch_add(1); });
+    pool.Shutdown();
+    EXPECT_FALSE(pool.Post([&] { n.fetch_add(1000); }));
+  }
+  EXPECT_EQ(n.load(), 1000);
+}
+
+}  // namespace
+}  // namespace gw

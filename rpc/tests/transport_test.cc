@@ -1,0 +1,206 @@
+// Conformance suite for every Transport backend, over real loopback sockets.
+#include "gradwire/rpc/transport.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gradwire/tensor/kernels.h"
+
+namespace gw::rpc {
+namespace {
+
+// Collects what one side of a connection receives.
+class Inbox {
+ public:
+  ConnectionCallbacks Callbacks() {
+    return {[this](const std::shared_ptr<Connection>& c, Message m) {
+              absl::MutexLock lock(&mu_);
+              last_conn_ = c;
+              messages_.push_back(std::move(m));
+            },
+            [this](const std::shared_ptr<Connection>&, const absl::Status& s) {
+              absl::MutexLock lock(&mu_);
+              closes_.push_back(s);
+            }};
+  }
+  bool WaitMessages(size_t n, absl::Duration timeout = absl::Seconds(20)) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return messages_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+  absl::Status WaitClose(absl::Duration timeout = absl::Seconds(20)) {
+    absl::MutexLock lock(&mu_);
+    auto closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !closes_.empty(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&closed), timeout)) return absl::DeadlineExceededError("no close");
+    return closes_[0];
+  }
+  std::vector<Message> messages() {
+    absl::MutexLock lock(&mu_);
+    return messages_;
+  }
+  std::shared_ptr<Connection> last_conn() {
+    absl::MutexLock lock(&mu_);
+    return last_conn_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<Message> messages_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> closes_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Connection> last_conn_ ABSL_GUARDED_BY(mu_);
+};
+
+class TransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    server_ = *MakeTransport(GetParam());
+    client_ = *MakeTransport(GetParam());
+    auto addr = server_->Listen("127.0.0.1", server_inbox_.Callbacks());
+    ASSERT_TRUE(addr.ok()) << addr.status();
+    address_ = *addr;
+  }
+  void TearDown() override {
+    conn_.reset();
+    client_->Shutdown();
+    server_->Shutdown();
+  }
+  std::shared_ptr<Connection> Dial() {
+    auto c = client_->Connect(address_, client_inbox_.Callbacks(), absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *c : nullptr;
+  }
+
+  std::unique_ptr<Transport> server_, client_;
+  std::string address_;
+  Inbox server_inbox_, client_inbox_;
+  std::shared_ptr<Connection> conn_;
+};
+
+TEST_P(TransportTest, MessagesFlowBothWaysInOrder) {
+  conn_ = Dial();
+  for (int i = 0; i < 100; ++i) {
+    Message m;
+    m.header = "req" + std::to_string(i);
+    m.tensors = {Tensor::Full({i + 1}, i)};
+    conn_->Send(std::move(m));
+  }
+  ASSERT_TRUE(server_inbox_.WaitMessages(100));
+  auto got = server_inbox_.messages();
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(got[i].header, "req" + std::to_string(i));
+    EXPECT_EQ(got[i].tensors[0].sizes(), Shape({i + 1}));
+    EXPECT_EQ(got[i].tensors[0].ToVector<float>()[0], static_cast<float>(i));
+  }
+  server_inbox_.last_conn()->Send(Message{"reply", {}});
+  ASSERT_TRUE(client_inbox_.WaitMessages(1));
+  EXPECT_EQ(client_inbox_.messages()[0].header, "reply");
+}
+
+TEST_P(TransportTest, LargeTensorsArriveIntact) {
+  conn_ = Dial();
+  Generator gen(3);
+  Tensor big = Tensor::Randn({64 << 18}, gen);  // 64 MiB
+  Tensor small = Tensor::Randn({7}, gen, DType::kFloat64);
+  absl::Notification sent;
+  absl::Status send_status;
+  conn_->Send(Message{"big", {small, big, kernels::Transpose(Tensor::Ones({3, 2}), 0, 1)}},
+              [&](absl::Status s) {
+                send_status = s;
+                sent.Notify();
+              });
+  ASSERT_TRUE(server_inbox_.WaitMessages(1, absl::Seconds(60)));
+  ASSERT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_TRUE(send_status.ok()) << send_status;
+  Message m = server_inbox_.messages()[0];
+  ASSERT_EQ(m.tensors.size(), 3u);
+  EXPECT_EQ(kernels::MaxAbsDiff(m.tensors[1], big), 0.0);
+  EXPECT_EQ(kernels::MaxAbsDiff(m.tensors[0], small), 0.0);
+  EXPECT_EQ(m.tensors[2].sizes(), Shape({2, 3}));
+}
+
+TEST_P(TransportTest, ConcurrentSendersAllArrive) {
+  conn_ = Dial();
+  constexpr int kThreads = 8, kEach = 200;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        conn_->Send(Message{std::to_string(t * kEach + i), {Tensor::Full({t % 3 == 0 ? 40000 : 4}, t)}});
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(server_inbox_.WaitMessages(kThreads * kEach));
+  std::vector<bool> seen(kThreads * kEach, false);
+  for (const Message& m : server_inbox_.messages()) {
+    int id = -1;
+    ASSERT_TRUE(absl::SimpleAtoi(m.header, &id));
+    EXPECT_FALSE(seen[id]);
+    seen[id] = true;
+    EXPECT_EQ(m.tensors[0].ToVector<float>()[0], static_cast<float>(id / kEach));
+  }
+}
+
+TEST_P(TransportTest, PeerCloseIsReportedAndLaterSendsFail) {
+  conn_ = Dial();
+  conn_->Send(Message{"hello", {}});
+  ASSERT_TRUE(server_inbox_.WaitMessages(1));
+  server_inbox_.last_conn()->Close(absl::CancelledError("bye"));
+  absl::Status s = client_inbox_.WaitClose();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("127.0.0.1"), std::string::npos) << s;  // names the peer
+  absl::Notification done;
+  absl::Status send_status;
+  conn_->Send(Message{"late", {}}, [&](absl::Status st) {
+    send_status = st;
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_FALSE(send_status.ok());
+}
+
+TEST_P(TransportTest, GarbageFromARawSocketClosesOnlyThatConnection) {
+  // A raw client sends bytes that are not a frame.
+  const size_t colon = address_.rfind(':');
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(address_.substr(colon + 1), &port));
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n................";
+  ASSERT_GT(::send(fd, junk, sizeof(junk), 0), 0);
+  absl::Status s = server_inbox_.WaitClose();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  char buf[16];
+  EXPECT_LE(::recv(fd, buf, sizeof(buf), 0), 0);  // the server hung up
+  ::close(fd);
+  // The transport still serves well-behaved peers.
+  conn_ = Dial();
+  conn_->Send(Message{"still here", {}});
+  ASSERT_TRUE(server_inbox_.WaitMessages(1));
+  EXPECT_EQ(server_inbox_.messages()[0].header, "still here");
+}
+
+TEST_P(TransportTest, ConnectToNothingFailsByTheDeadline) {
+  const absl::Time start = absl::Now();
+  auto c = client_->Connect("127.0.0.1:1", {}, absl::Now() + absl::Milliseconds(300));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_FALSE(MakeTransport("carrier-pigeon").ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::Values("tcp"));
+
+}  // namespace
+}  // namespace gw::rpc
