@@ -13,7 +13,9 @@ void GraphTask::ComputeDependencies(const std::vector<Edge>& roots) {
   absl::flat_hash_set<Node*> seen;
   std::vector<Node*> stack;
   for (const Edge& e : roots) {
-    if (e.valid() && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    if (!e.valid()) continue;
+    ++dependencies_[e.node.get()];  // the root's own seed gradient is one input
+    if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
   }
   while (!stack.empty()) {
     Node* n = stack.back();

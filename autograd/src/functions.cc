@@ -83,6 +83,7 @@ Tensor Pow(const Tensor& a, double e) {
   return Record("PowScalarBackward", {a}, k::PowScalar(a, e),
                 [sa = SavedTensor(a), e](const Tensor& g) -> std::vector<Tensor> {
                   const Tensor& x = sa.Get("PowScalarBackward");
+                  if (e == 0) return {Tensor::Zeros(x.sizes(), x.dtype())};  // not 0 * x^-1
                   return {k::Mul(g, k::MulScalar(k::PowScalar(x, e - 1), e))};
                 });
 }
@@ -247,7 +248,7 @@ Tensor Linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
        nb = Needs(bias)](const Tensor& g) -> std::vector<Tensor> {
         const Tensor& xv = sx.Get("LinearBackward");
         const Tensor& wv = sw.Get("LinearBackward");
-        Tensor g2 = k::Reshape(g, {-1, g.sizes().back()});
+        Tensor g2 = k::Flatten2D(g);
         Tensor gx, gw, gb;
         if (nx) {
           gx = Tensor::Empty({g2.sizes()[0], wv.sizes()[1]}, g.dtype());
@@ -256,7 +257,7 @@ Tensor Linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
         }
         if (nw) {
           gw = Tensor::Empty(wv.sizes(), g.dtype());
-          k::Gemm(true, false, 1.0, g2, k::Reshape(xv, {-1, xv.sizes().back()}), 0.0, gw);
+          k::Gemm(true, false, 1.0, g2, k::Flatten2D(xv), 0.0, gw);
         }
         if (nb) gb = k::Sum(g2, {0});
         return {gx, gw, gb};
@@ -358,17 +359,17 @@ Tensor Contiguous(const Tensor& t) {
 
 Tensor IndexSelect(const Tensor& t, int64_t dim, const Tensor& index) {
   return Record("IndexSelectBackward", {t}, k::IndexSelect(t, dim, index),
-                [sizes = t.sizes(), dim, index](const Tensor& g) -> std::vector<Tensor> {
+                [sizes = t.sizes(), dim, si = SavedTensor(index)](const Tensor& g) -> std::vector<Tensor> {
                   Tensor gi = Tensor::Zeros(sizes, g.dtype());
-                  k::IndexAddInPlace(gi, dim, index, g);
+                  k::IndexAddInPlace(gi, dim, si.Get("IndexSelectBackward"), g);
                   return {gi};
                 });
 }
 
 Tensor IndexAdd(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src) {
   return Record("IndexAddBackward", {t, src}, k::IndexAdd(t, dim, index, src),
-                [dim, index](const Tensor& g) -> std::vector<Tensor> {
-                  return {g, k::IndexSelect(g, dim, index)};
+                [dim, si = SavedTensor(index)](const Tensor& g) -> std::vector<Tensor> {
+                  return {g, k::IndexSelect(g, dim, si.Get("IndexAddBackward"))};
                 });
 }
 

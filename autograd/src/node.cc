@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include "absl/synchronization/mutex.h"
+
 #include "gradwire/autograd/accumulate_grad.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/tensor/kernels.h"
@@ -25,6 +27,9 @@ uint32_t Node::AddInputMeta(const Tensor& t) {
 Edge GradientEdge(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
   if (t.grad_fn()) return {t.grad_fn(), t.output_nr()};
+  // Parameters are shared by concurrent forward passes: create their accumulator once.
+  static absl::Mutex accumulator_mu(absl::kConstInit);
+  absl::MutexLock lock(&accumulator_mu);
   AutogradMeta& meta = t.autograd_meta();
   std::shared_ptr<Node> acc = meta.grad_accumulator.lock();
   if (!acc) {
@@ -56,7 +61,8 @@ void AccumulateGrad::Accumulate(Tensor* slot, Tensor grad) {
     // Adopt the buffer when nobody else can see it; otherwise copy so that later in-place
     // accumulation never writes into someone else's tensor.
     const bool unshared = grad.impl_ptr().use_count() == 1 &&
-                          grad.storage().use_count() == 1 && grad.is_contiguous();
+                          grad.storage().use_count() == 1 && grad.is_contiguous() &&
+                          grad.storage()->nbytes() == grad.nbytes();
     *slot = unshared ? std::move(grad) : kernels::Clone(grad);
   } else {
     kernels::AddInPlace(*slot, grad);

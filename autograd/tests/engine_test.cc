@@ -197,3 +197,52 @@ TEST(EngineTest, CustomRecordedOperation) {
 
 }  // namespace
 }  // namespace gw::autograd
+
+namespace gw::autograd {
+namespace {
+
+TEST(EngineRegressionTest, RootReachableFromAnotherRootGetsOneSummedGradient) {
+  Tensor w = Leaf({1, 2});
+  Tensor y = w * 2.0;
+  int calls = 0;
+  class CountingSink : public GradSink {
+   public:
+    explicit CountingSink(int* calls) : calls_(calls) {}
+    void Accumulate(const Tensor&, Tensor grad) override {
+      ++*calls_;
+      total = grad;
+    }
+    Tensor total;
+
+   private:
+    int* calls_;
+  } counting(&calls);
+  GraphTask task(BackwardOptions{.sink = &counting});
+  std::vector<Edge> roots = {GradientEdge(y), GradientEdge(w)};
+  task.ComputeDependencies(roots);
+  task.AddInput(roots[0], Tensor::FromVector<double>({1, 1}));
+  task.AddInput(roots[1], Tensor::FromVector<double>({10, 10}));
+  task.Run();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(V(counting.total), std::vector<double>({12, 12}));
+}
+
+TEST(EngineRegressionTest, SqueezeOfAScalarLeafKeepsItALeaf) {
+  Tensor s = Tensor::Scalar(3, DType::kFloat64);
+  s.set_requires_grad(true);
+  Tensor y = Squeeze(s, 0) * 2.0;
+  EXPECT_TRUE(s.is_leaf());
+  Backward({y});
+  EXPECT_EQ(s.grad().item(), 2.0);
+  Backward({s * 3.0});
+  EXPECT_EQ(s.grad().item(), 5.0);
+}
+
+TEST(EngineRegressionTest, PowZeroHasZeroGradientAtZero) {
+  Tensor x = Leaf({0, 2});
+  Backward({Sum(Pow(x, 0.0))});
+  EXPECT_EQ(V(x.grad()), std::vector<double>({0, 0}));
+}
+
+}  // namespace
+}  // namespace gw::autograd

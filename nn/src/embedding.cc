@@ -91,7 +91,9 @@ Tensor EmbeddingBagLookup(const Tensor& weight, const Tensor& ids, const Tensor&
   }
   return autograd::Record(
       "EmbeddingBagBackward", {weight}, out,
-      [rows = weight.size(0), idc, bags, mode](const Tensor& g) -> std::vector<Tensor> {
+      [rows = weight.size(0), saved_ids = autograd::SavedTensor(idc), bags,
+       mode](const Tensor& g) -> std::vector<Tensor> {
+        const Tensor& idc = saved_ids.Get("EmbeddingBagBackward");
         // Scatter each bag's gradient (divided by its size for Mean) into its rows.
         std::vector<int64_t> index;
         std::vector<int64_t> bag_of;
@@ -123,8 +125,9 @@ Tensor EmbeddingBag::Forward(const Tensor& ids) {
   GW_CHECK(ids.defined() && ids.dim() == 2, "EmbeddingBag", "expected ids [B, L], got ",
            ids.defined() ? ShapeToString(ids.sizes()) : "undefined");
   const int64_t b = ids.size(0), l = ids.size(1);
-  return Forward(kernels::Reshape(ids, {-1}), Tensor::Arange(0, static_cast<double>(b * l),
-                                                             static_cast<double>(std::max<int64_t>(l, 1))));
+  // Bag i starts at i * l (all bags start at 0 when they are empty).
+  Tensor offsets = kernels::MulScalar(Tensor::Arange(0, static_cast<double>(b)), static_cast<double>(l));
+  return Forward(kernels::Reshape(ids, {-1}), offsets);
 }
 
 Tensor EmbeddingBag::Forward(const Tensor& ids, const Tensor& offsets) {

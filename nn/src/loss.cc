@@ -34,7 +34,8 @@ Tensor CrossEntropyLoss(const Tensor& logits, const Tensor& targets, Reduction r
   Tensor loss = Tensor::Scalar(total * scale, logits.dtype());
   return autograd::Record(
       "CrossEntropyBackward", {logits}, loss,
-      [lsm, t, scale, n, c](const Tensor& g) -> std::vector<Tensor> {
+      [lsm, saved_targets = autograd::SavedTensor(t), scale, n, c](const Tensor& g) -> std::vector<Tensor> {
+        const Tensor& t = saved_targets.Get("CrossEntropyBackward");
         // d/dlogits = (softmax - onehot) * g * scale
         Tensor grad = kernels::Exp(lsm);
         const double gs = g.item() * scale;

@@ -61,8 +61,12 @@ void Module::Collect(const std::string& prefix, bool recurse, bool buffers,
 }
 
 NamedTensors Module::NamedParameters(bool recurse) const {
-  NamedTensors out;
-  Collect("", recurse, false, &out);
+  NamedTensors all, out;
+  Collect("", recurse, false, &all);
+  absl::flat_hash_set<const TensorImpl*> seen;  // a shared module or tied weight counts once
+  for (auto& [name, t] : all) {
+    if (seen.insert(t.unsafe_impl()).second) out.emplace_back(std::move(name), std::move(t));
+  }
   return out;
 }
 

@@ -67,6 +67,13 @@ absl::Status SaveTensors(const std::string& path, const NamedTensors& tensors) {
   header.append(kMagic, 4);
   Put<uint32_t>(&header, kVersion);
   Put<uint64_t>(&header, tensors.size());
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined() || t.dim() > kMaxDims || name.size() > kMaxNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SaveTensors: entry '", name, "' cannot be saved (undefined, more than ",
+          int{kMaxDims}, " dims, or a name over ", kMaxNameBytes, " bytes)"));
+    }
+  }
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("SaveTensors: cannot create", tmp);
@@ -85,8 +92,6 @@ absl::Status SaveTensors(const std::string& path, const NamedTensors& tensors) {
   bool ok = write_all(header.data(), header.size());
   for (const auto& [name, t] : tensors) {
     if (!ok) break;
-    GW_CHECK(t.defined() && t.dim() <= kMaxDims && name.size() <= kMaxNameBytes, "SaveTensors",
-             "entry '", name, "' cannot be saved (undefined, too many dims or name too long)");
     Tensor c = kernels::Contiguous(t);
     std::string meta;
     Put<uint32_t>(&meta, static_cast<uint32_t>(name.size()));
@@ -138,7 +143,10 @@ absl::StatusOr<NamedTensors> LoadTensors(const std::string& path) {
     Shape sizes(ndim);
     uint64_t numel = 1;
     for (auto& d : sizes) {
-      if (!r.Get(&d) || d < 0 || (d > 0 && numel > r.remaining() / static_cast<uint64_t>(d))) {
+      // Every size is bounded by the bytes left in the file (even when another size is 0),
+      // so no later stride or product can overflow.
+      if (!r.Get(&d) || d < 0 || static_cast<uint64_t>(d) > r.remaining() ||
+          (d > 0 && numel > r.remaining() / static_cast<uint64_t>(d))) {
         return r.Corrupt(absl::StrCat("entry '", entry, "': bad size"));
       }
       numel *= static_cast<uint64_t>(d);

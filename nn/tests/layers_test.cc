@@ -122,3 +122,25 @@ TEST(EmbeddingBagTest, FixedLengthBagsMatchOffsetsAndGradCheck) {
 
 }  // namespace
 }  // namespace gw::nn
+
+namespace gw::nn {
+namespace {
+
+TEST(ModuleSharingTest, SharedModuleParametersAreListedOnce) {
+  Generator gen(6);
+  auto shared = std::make_shared<Linear>(3, 3, gen);
+  Sequential twice({shared, std::make_shared<ReLU>(), shared});
+  EXPECT_EQ(twice.Parameters().size(), 2u);
+  EXPECT_EQ(twice.NumParameters(), 12);
+}
+
+TEST(EmbeddingBagTest, EmptyFixedLengthBagsGiveZeros) {
+  Generator gen(7);
+  EmbeddingBag bag(4, 2, BagMode::kSum, gen);
+  Tensor out = bag.Forward(Tensor::Zeros({3, 0}, DType::kInt64));
+  EXPECT_EQ(out.sizes(), Shape({3, 2}));
+  EXPECT_EQ(kernels::MaxAll(kernels::Abs(out)).item(), 0.0);
+}
+
+}  // namespace
+}  // namespace gw::nn

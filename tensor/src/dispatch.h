@@ -54,7 +54,7 @@ inline void CheckSameDType(std::string_view op, const Tensor& a, const Tensor& b
 }
 
 // Strides (in elements) of `t` seen at the broadcast shape `sizes` (0 where broadcast).
-Shape BroadcastStrides(const Tensor& t, const Shape& sizes);
+Shape BroadcastStrides(const Tensor& t, const Shape& sizes, std::string_view op = "Broadcast");
 
 // An N-operand strided iteration space with adjacent dimensions merged where every
 // operand allows it. Operand 0 is usually the output.

@@ -180,10 +180,25 @@ void Fill(const Tensor& dst, double value) {
   dst.storage()->BumpVersion();
 }
 
-void CopyInPlace(const Tensor& dst, const Tensor& src) {
-  CheckDefined("CopyInPlace", dst);
-  CheckDefined("CopyInPlace", src);
-  internal::CheckSameDType("CopyInPlace", dst, src);
+// A source that shares storage with the destination is copied first, and a destination
+// with broadcast (stride 0) dimensions is rejected: both would otherwise read elements
+// this very operation already overwrote.
+Tensor PrepareInPlace(std::string_view op, const Tensor& dst, const Tensor& src) {
+  CheckDefined(op, dst);
+  CheckDefined(op, src);
+  internal::CheckSameDType(op, dst, src);
+  for (int64_t i = 0; i < dst.dim(); ++i) {
+    GW_CHECK(dst.strides()[i] != 0 || dst.sizes()[i] <= 1, op, "destination ",
+             ShapeToString(dst.sizes()), " has broadcast (stride 0) dimensions");
+  }
+  GW_CHECK(BroadcastShapes(op, dst.sizes(), src.sizes()) == dst.sizes(), op, "source ",
+           ShapeToString(src.sizes()), " does not broadcast to destination ",
+           ShapeToString(dst.sizes()));
+  return src.storage() == dst.storage() && !src.is_same(dst) ? Clone(src) : src;
+}
+
+void CopyInPlace(const Tensor& dst, const Tensor& src_in) {
+  const Tensor src = PrepareInPlace("CopyInPlace", dst, src_in);
   if (dst.is_contiguous() && src.is_contiguous() && dst.sizes() == src.sizes()) {
     if (dst.nbytes() > 0) std::memmove(dst.raw_data(), src.raw_data(), dst.nbytes());
   } else {
@@ -194,10 +209,8 @@ void CopyInPlace(const Tensor& dst, const Tensor& src) {
   dst.storage()->BumpVersion();
 }
 
-void AddInPlace(const Tensor& dst, const Tensor& src, double alpha) {
-  CheckDefined("AddInPlace", dst);
-  CheckDefined("AddInPlace", src);
-  internal::CheckSameDType("AddInPlace", dst, src);
+void AddInPlace(const Tensor& dst, const Tensor& src_in, double alpha) {
+  const Tensor src = PrepareInPlace("AddInPlace", dst, src_in);
   internal::DispatchNumeric("AddInPlace", dst.dtype(), [&]<typename T>() {
     const T a = static_cast<T>(alpha);
     BinaryLoop<T, T, T>(dst, dst, src, [a](T x, T y) { return x + a * y; });
@@ -206,7 +219,7 @@ void AddInPlace(const Tensor& dst, const Tensor& src, double alpha) {
 }
 
 void ScaleInPlace(const Tensor& dst, double s) {
-  CheckDefined("ScaleInPlace", dst);
+  PrepareInPlace("ScaleInPlace", dst, dst);
   internal::DispatchNumeric("ScaleInPlace", dst.dtype(), [&]<typename T>() {
     const T a = static_cast<T>(s);
     UnaryLoop<T, T>(dst, dst, [a](T x) { return x * a; });

@@ -95,6 +95,14 @@ void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
            ShapeToString(a.sizes()), (trans_a ? "^T" : ""), " x ", ShapeToString(b.sizes()),
            (trans_b ? "^T" : ""), " -> ", ShapeToString(c.sizes()), " do not match");
   if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: C = beta * C
+    if (beta == 0) {
+      Fill(c, 0);
+    } else {
+      ScaleInPlace(c, beta);
+    }
+    return;
+  }
   // The output must be row-major; otherwise compute into a temporary and copy back.
   const bool c_ok = c.strides()[1] == 1 && (c.strides()[0] >= n || m == 1);
   Tensor out = c_ok ? c : Contiguous(c);
@@ -136,7 +144,7 @@ Tensor MatMul(const Tensor& a, const Tensor& b) {
     return out;
   }
   if (b.dim() == 2 && a.is_contiguous()) {  // fold the batch into the rows: one GEMM
-    Tensor out = MatMul(Reshape(a, {-1, ka}), b);
+    Tensor out = MatMul(Flatten2D(a), b);
     Shape sizes = a.sizes();
     sizes.back() = n;
     return Reshape(out, sizes);
@@ -177,7 +185,7 @@ Tensor Linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     GW_CHECK(bias.dim() == 1 && bias.sizes()[0] == out_features, "Linear", "bias ",
              ShapeToString(bias.sizes()), " does not match weight ", ShapeToString(w.sizes()));
   }
-  Tensor x2 = Reshape(x, {-1, x.sizes().back()});
+  Tensor x2 = Flatten2D(x);
   Tensor out = Tensor::Empty({x2.sizes()[0], out_features}, x.dtype());
   if (bias.defined()) CopyInPlace(out, bias);
   Gemm(false, true, 1.0, x2, w, bias.defined() ? 1.0 : 0.0, out);

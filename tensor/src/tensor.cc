@@ -104,14 +104,18 @@ Tensor Tensor::FromStorage(std::shared_ptr<Storage> storage, DType dtype, Shape 
            ShapeToString(sizes), " and strides ", ShapeToString(strides), " differ in rank");
   int64_t max_index = offset;
   bool empty = false;
+  bool overflow = false;
   for (size_t i = 0; i < sizes.size(); ++i) {
     GW_CHECK(sizes[i] >= 0 && strides[i] >= 0, "Tensor::FromStorage",
              "negative size or stride in ", ShapeToString(sizes), " / ", ShapeToString(strides));
     if (sizes[i] == 0) empty = true;
-    max_index += (sizes[i] - 1) * strides[i];
+    int64_t extent = 0;
+    overflow |= __builtin_mul_overflow(std::max<int64_t>(sizes[i] - 1, 0), strides[i], &extent);
+    overflow |= __builtin_add_overflow(max_index, extent, &max_index);
   }
-  GW_CHECK(offset >= 0 && (empty || static_cast<size_t>(max_index + 1) * ElementSize(dtype) <=
-                                        storage->nbytes()),
+  uint64_t end_bytes = 0;
+  overflow |= __builtin_mul_overflow(static_cast<uint64_t>(max_index) + 1, ElementSize(dtype), &end_bytes);
+  GW_CHECK(offset >= 0 && (empty || (!overflow && end_bytes <= storage->nbytes())),
            "Tensor::FromStorage", "view ", ShapeToString(sizes), " at offset ", offset,
            " exceeds a storage of ", storage->nbytes(), " bytes");
   auto impl = std::make_shared<TensorImpl>();
@@ -123,8 +127,12 @@ Tensor Tensor::FromStorage(std::shared_ptr<Storage> storage, DType dtype, Shape 
   return Tensor(std::move(impl));
 }
 
-int64_t Tensor::size(int64_t d) const { return sizes()[NormalizeDim("Tensor::size", d, dim())]; }
+int64_t Tensor::size(int64_t d) const {
+  GW_CHECK(dim() > 0, "Tensor::size", "a 0-dimensional tensor has no dimension ", d);
+  return sizes()[NormalizeDim("Tensor::size", d, dim())];
+}
 int64_t Tensor::stride(int64_t d) const {
+  GW_CHECK(dim() > 0, "Tensor::stride", "a 0-dimensional tensor has no dimension ", d);
   return strides()[NormalizeDim("Tensor::stride", d, dim())];
 }
 

@@ -8,16 +8,16 @@
 namespace gw {
 namespace internal {
 
-Shape BroadcastStrides(const Tensor& t, const Shape& sizes) {
+Shape BroadcastStrides(const Tensor& t, const Shape& sizes, std::string_view op) {
   const size_t n = sizes.size();
   const size_t k = static_cast<size_t>(t.dim());
-  GW_CHECK(k <= n, "Broadcast", "cannot broadcast ", ShapeToString(t.sizes()), " to ",
+  GW_CHECK(k <= n, op, "cannot broadcast ", ShapeToString(t.sizes()), " to ",
            ShapeToString(sizes));
   Shape strides(n, 0);
   for (size_t i = 0; i < k; ++i) {
     const int64_t ts = t.sizes()[i];
     const int64_t target = sizes[n - k + i];
-    GW_CHECK(ts == target || ts == 1, "Broadcast", "cannot broadcast ",
+    GW_CHECK(ts == target || ts == 1, op, "cannot broadcast ",
              ShapeToString(t.sizes()), " to ", ShapeToString(sizes));
     strides[n - k + i] = ts == 1 ? 0 : t.strides()[i];
   }
@@ -187,14 +187,16 @@ Tensor Expand(const Tensor& t, const Shape& sizes) {
                ShapeToString(sizes));
       target[i] = t.sizes()[i - lead];
     }
+    GW_CHECK(target[i] >= 0, "Expand", "invalid size ", sizes[i], " in ", ShapeToString(sizes),
+             " for a tensor of shape ", ShapeToString(t.sizes()));
   }
-  Shape strides = internal::BroadcastStrides(t, target);
+  Shape strides = internal::BroadcastStrides(t, target, "Expand");
   return MakeView(t, std::move(target), std::move(strides), t.storage_offset());
 }
 
 Tensor Squeeze(const Tensor& t, int64_t dim) {
   internal::CheckDefined("Squeeze", t);
-  if (t.dim() == 0) return t;
+  if (t.dim() == 0) return MakeView(t, t.sizes(), t.strides(), t.storage_offset());
   dim = NormalizeDim("Squeeze", dim, t.dim());
   if (t.sizes()[dim] != 1) return MakeView(t, t.sizes(), t.strides(), t.storage_offset());
   Shape sizes = t.sizes(), strides = t.strides();
@@ -211,6 +213,14 @@ Tensor Unsqueeze(const Tensor& t, int64_t dim) {
   sizes.insert(sizes.begin() + dim, 1);
   strides.insert(strides.begin() + dim, stride);
   return MakeView(t, std::move(sizes), std::move(strides), t.storage_offset());
+}
+
+Tensor Flatten2D(const Tensor& t) {
+  internal::CheckDefined("Flatten2D", t);
+  GW_CHECK(t.dim() >= 1, "Flatten2D", "needs at least one dimension, got a 0-d tensor");
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) rows *= t.sizes()[i];
+  return Reshape(t, {rows, t.sizes().back()});
 }
 
 Tensor Contiguous(const Tensor& t) {

@@ -137,3 +137,44 @@ TEST(KernelsTest, ToDTypeAndCopy) {
 
 }  // namespace
 }  // namespace gw::kernels
+
+namespace gw::kernels {
+namespace {
+
+// Regressions found in review.
+TEST(KernelsEdgeCaseTest, InPlaceOpsRejectOverlapHazards) {
+  Tensor x = Tensor::FromVector<double>({1, 2, 3, 4});
+  AddInPlace(Narrow(x, 0, 1, 3), Narrow(x, 0, 0, 3));  // reads the original values
+  EXPECT_EQ(x.ToVector<double>(), std::vector<double>({1, 3, 5, 7}));
+  Tensor m = Tensor::FromVector<double>({1, 2, 3, 4}, {2, 2});
+  CopyInPlace(m, Transpose(m, 0, 1));
+  EXPECT_EQ(m.ToVector<double>(), std::vector<double>({1, 3, 2, 4}));
+  EXPECT_THROW(AddInPlace(Expand(Tensor::Zeros({1}), {3}), Tensor::Ones({3})), Error);
+  try {
+    CopyInPlace(Tensor::Zeros({2}), Tensor::Zeros({3}));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CopyInPlace"), std::string::npos) << e.what();
+  }
+}
+
+TEST(KernelsEdgeCaseTest, EmptyInnerDimensionsMultiplyToZeros) {
+  Tensor a = Tensor::Ones({2, 3, 0}), b = Tensor::Ones({0, 4});
+  Tensor c = MatMul(a, b);
+  EXPECT_EQ(c.sizes(), Shape({2, 3, 4}));
+  EXPECT_EQ(MaxAll(Abs(c)).item(), 0.0);
+  Tensor out = Tensor::Full({2, 2}, 5);
+  Gemm(false, false, 1, Tensor::Ones({2, 0}), Tensor::Ones({0, 2}), 0, out);
+  EXPECT_EQ(out.ToVector<float>(), std::vector<float>(4, 0.f));
+  EXPECT_EQ(Linear(Tensor::Ones({3, 0}), Tensor::Ones({2, 0}), Tensor()).sizes(), Shape({3, 2}));
+}
+
+TEST(KernelsEdgeCaseTest, ScalarsHaveNoDimensions) {
+  Tensor s = Tensor::Scalar(1);
+  EXPECT_THROW(s.size(0), Error);
+  EXPECT_FALSE(Squeeze(s, 0).is_same(s));
+  EXPECT_THROW(Expand(Tensor::Ones({1}), {-2}), Error);
+}
+
+}  // namespace
+}  // namespace gw::kernels

@@ -59,7 +59,8 @@ class GraphTask {
   GraphTask& operator=(const GraphTask&) = delete;
 
   // Counts, for every node reachable from `roots`, the edges pointing at it from
-  // reachable nodes. Adds to counts already present.
+  // reachable nodes, plus one for each root edge (the seed that AddInput will deliver).
+  // Adds to counts already present.
   void ComputeDependencies(const std::vector<Edge>& roots);
   // Replaces the counts (seam (b)). Nodes absent from the map count zero.
   void SetDependencies(DependencyMap dependencies);
@@ -100,6 +101,8 @@ void Backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
               bool retain_graph = false);
 
 // Returns d(outputs)/d(inputs) weighted by `grad_outputs`, without touching any .grad().
+// Like Backward it runs (and, without retain_graph, frees) the whole graph below the
+// outputs, not only the paths that lead to `inputs`.
 // With allow_unused, an input the outputs do not depend on gets an undefined tensor;
 // otherwise that is an error.
 std::vector<Tensor> Grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,

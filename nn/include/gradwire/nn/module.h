@@ -4,13 +4,15 @@
 //   - Parameters are leaf tensors with requires_grad; buffers are state that is saved
 //     but not trained. Names are dotted paths through the tree ("0.weight").
 //   - Modules are held by std::shared_ptr and registered by name in their parent; a
-//     module may be shared by several parents (its parameters then appear under each).
+//     module may be shared by several parents. NamedParameters lists each parameter
+//     once, under the first name it is reached by (so optimizers see tied weights once).
 //   - Forward(x) is the single-tensor forward used by Sequential; modules with other
 //     signatures (EmbeddingBag) add their own overloads.
 //   - StateDict/LoadStateDict copy values in place, so optimizers and references to the
 //     parameter tensors stay valid. Save/Load use the named-tensor file of serialize.h.
-//   - Thread safety: concurrent Forward calls are safe for modules without mutable state
-//     (all but Dropout in training mode); mutation (training, loading) needs exclusion.
+//   - Thread safety: concurrent Forward calls (with or without grad) are safe for modules
+//     without mutable state (all but Dropout in training mode); mutation (training,
+//     loading) needs exclusion.
 #ifndef GRADWIRE_NN_MODULE_H_
 #define GRADWIRE_NN_MODULE_H_
 

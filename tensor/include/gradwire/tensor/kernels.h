@@ -36,9 +36,11 @@ Tensor Select(const Tensor& t, int64_t dim, int64_t index);  // removes `dim`
 Tensor Expand(const Tensor& t, const Shape& sizes);          // -1 keeps a size
 Tensor Squeeze(const Tensor& t, int64_t dim);
 Tensor Unsqueeze(const Tensor& t, int64_t dim);
+// [d0, ..., dn-1, last] -> [d0 * ... * dn-1, last] (a view when possible). REQUIRES dim >= 1.
+Tensor Flatten2D(const Tensor& t);
 Tensor Contiguous(const Tensor& t);  // returns t itself when already contiguous
 Tensor Clone(const Tensor& t);       // always a fresh contiguous copy
-Tensor ToDType(const Tensor& t, DType dtype);
+Tensor ToDType(const Tensor& t, DType dtype);  // returns t itself when dtype already matches
 
 // ---- element-wise ----
 Tensor Add(const Tensor& a, const Tensor& b);
