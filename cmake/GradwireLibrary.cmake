@@ -16,16 +16,20 @@ function(gradwire_add_library name)
   install(DIRECTORY include/gradwire DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endfunction()
 
-# gradwire_add_tests(<folder> SOURCES ... DEPS ...)
+# gradwire_add_tests(<folder> [OWN_MAIN] SOURCES ... DEPS ...)
 #   One GoogleTest binary per layer; each *_test.cc file is one unit; every test case is
 #   registered with CTest. Tests run from the source tree root so test data paths are stable.
+#   OWN_MAIN: the sources define main() (e.g. to re-run the binary as a child process).
 function(gradwire_add_tests name)
   if(NOT GRADWIRE_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "OWN_MAIN" "" "SOURCES;DEPS" ${ARGN})
   add_executable(gradwire_${name}_tests ${ARG_SOURCES})
-  target_link_libraries(gradwire_${name}_tests PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_link_libraries(gradwire_${name}_tests PRIVATE ${ARG_DEPS} GTest::gtest)
+  if(NOT ARG_OWN_MAIN)
+    target_link_libraries(gradwire_${name}_tests PRIVATE GTest::gtest_main)
+  endif()
   target_compile_definitions(gradwire_${name}_tests PRIVATE
     GRADWIRE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   gtest_discover_tests(gradwire_${name}_tests

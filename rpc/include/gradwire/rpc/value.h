@@ -116,6 +116,12 @@ struct ValueTraits<std::string> {
 };
 
 template <>
+struct ValueTraits<const char*> {
+  static constexpr const char* kName = "string";
+  static Value To(const char* v) { return Value(std::string(v)); }
+};
+
+template <>
 struct ValueTraits<Tensor> {
   static constexpr const char* kName = "tensor";
   static Value To(Tensor v) { return Value(std::move(v)); }

@@ -1,0 +1,263 @@
+// Agent: one process's endpoint in a group of named workers that call each other's
+// registered functions with tensors as arguments.
+//
+// Contract
+//   - Agent::Start joins the group through the rendezvous store (hosted by rank 0 unless
+//     told otherwise) and returns once every worker has joined, or an error naming the
+//     missing ranks after start_timeout.
+//   - Register(name, fn) exposes a C++ callable; its parameter and return types must have
+//     ValueTraits (value.h). fn may return T, absl::Status, absl::StatusOr<T> or
+//     Future<T> (to answer later). Handlers run on the agent's worker pool.
+//   - Async/Sync call a function on a worker by name. Every call has a deadline
+//     (CallOptions::timeout, else AgentOptions::default_timeout). Errors are distinct:
+//       NOT_FOUND         the callee has no such function (names it and the worker)
+//       INVALID_ARGUMENT  an argument or the result has the wrong type or count
+//       UNAVAILABLE       the callee is dead or unreachable (names the worker)
+//       DEADLINE_EXCEEDED the call did not finish in time
+//       other codes       the handler's own error, prefixed "<worker>.<function>: "
+//     A failing call never affects other calls; the agent keeps serving.
+//   - Shutdown(graceful=true): stops new calls, waits for this worker's pending calls,
+//     then waits (bounded by shutdown_timeout) until every worker reached shutdown while
+//     still serving their calls, then closes. Shutdown(false) closes at once and fails
+//     pending calls with CANCELLED. The destructor does Shutdown(false) if needed.
+//   - Thread-safe: Register, calls and Shutdown may be used from any thread.
+#ifndef GRADWIRE_RPC_AGENT_H_
+#define GRADWIRE_RPC_AGENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gradwire/rpc/executor.h"
+#include "gradwire/rpc/future.h"
+#include "gradwire/rpc/store.h"
+#include "gradwire/rpc/transport.h"
+#include "gradwire/rpc/value.h"
+
+namespace gw::rpc {
+
+struct WorkerInfo {
+  std::string name;
+  int rank = 0;
+  std::string address;  // transport address
+  int64_t pid = 0;
+};
+
+struct AgentOptions {
+  std::string name;  // empty: "worker<rank>"
+  int rank = 0;
+  int world_size = 1;
+  std::string rendezvous = "127.0.0.1:29500";  // store address, host:port
+  bool host_store = true;                      // rank 0 hosts the store at `rendezvous`
+  std::string run_id = "gradwire";             // namespace of this group's keys in the store
+  std::string transport = "tcp";
+  std::string listen_host = "127.0.0.1";
+  absl::Duration start_timeout = absl::Seconds(60);
+  absl::Duration default_timeout = absl::Seconds(60);
+  absl::Duration shutdown_timeout = absl::Seconds(30);
+  int worker_threads = 2;
+  TransportOptions transport_options;
+
+  // From the environment, as set by `gradwire launch` or torchrun: RANK, WORLD_SIZE,
+  // MASTER_ADDR, MASTER_PORT (required); GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT,
+  // GRADWIRE_RUN_ID (optional).
+  static absl::StatusOr<AgentOptions> FromEnv();
+};
+
+struct CallOptions {
+  absl::Duration timeout = absl::ZeroDuration();  // zero: the agent's default_timeout
+};
+
+// Who is calling a handler.
+struct CallInfo {
+  std::string caller;  // worker name, or "unknown" before its hello arrived
+  std::string function;
+};
+
+using RawHandler = std::function<Future<Value>(const CallInfo&, ValueList)>;
+
+namespace internal {
+
+template <typename T>
+struct FnTraits : FnTraits<decltype(&T::operator())> {};
+template <typename C, typename R, typename... A>
+struct FnTraits<R (C::*)(A...) const> {
+  using Ret = R;
+  using Args = std::tuple<std::decay_t<A>...>;
+};
+template <typename C, typename R, typename... A>
+struct FnTraits<R (C::*)(A...)> : FnTraits<R (C::*)(A...) const> {};
+template <typename R, typename... A>
+struct FnTraits<R (*)(A...)> {
+  using Ret = R;
+  using Args = std::tuple<std::decay_t<A>...>;
+};
+
+template <typename Tuple, size_t... I>
+absl::Status ArgsFromValues([[maybe_unused]] const ValueList& args, [[maybe_unused]] Tuple* out,
+                            std::index_sequence<I...>) {
+  absl::Status status;
+  [[maybe_unused]] auto one = [&](auto index, auto& slot) {
+    if (!status.ok()) return;
+    constexpr size_t i = decltype(index)::value;
+    using T = std::decay_t<decltype(slot)>;
+    absl::StatusOr<T> v = ValueTraits<T>::From(args[i]);
+    if (!v.ok()) {
+      status = absl::InvalidArgumentError(absl::StrCat("argument ", i + 1, ": ", v.status().message()));
+    } else {
+      slot = std::move(*v);
+    }
+  };
+  (one(std::integral_constant<size_t, I>{}, std::get<I>(*out)), ...);
+  return status;
+}
+
+// Turns whatever a handler returned into a Future<Value>.
+template <typename R>
+struct ResultAdapter {
+  static Future<Value> Adapt(Executor& ex, R r) {
+    return MakeReadyFuture<Value>(ex, ValueTraits<R>::To(std::move(r)));
+  }
+};
+template <>
+struct ResultAdapter<absl::Status> {
+  static Future<Value> Adapt(Executor& ex, absl::Status s) {
+    return MakeReadyFuture<Value>(ex, s.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(s));
+  }
+};
+template <typename T>
+struct ResultAdapter<absl::StatusOr<T>> {
+  static Future<Value> Adapt(Executor& ex, absl::StatusOr<T> r) {
+    if (!r.ok()) return MakeReadyFuture<Value>(ex, r.status());
+    return MakeReadyFuture<Value>(ex, ValueTraits<T>::To(std::move(*r)));
+  }
+};
+template <typename T>
+struct ResultAdapter<Future<T>> {
+  static Future<Value> Adapt(Executor&, Future<T> f) {
+    return f.Then([](const absl::StatusOr<T>& r) -> absl::StatusOr<Value> {
+      if (!r.ok()) return r.status();
+      return ValueTraits<T>::To(*r);
+    });
+  }
+};
+
+template <typename F>
+RawHandler MakeHandler(F fn, Executor& ex) {
+  using Traits = FnTraits<std::decay_t<F>>;
+  using Args = typename Traits::Args;
+  using Ret = typename Traits::Ret;
+  return [fn = std::move(fn), &ex](const CallInfo& info, ValueList values) -> Future<Value> {
+    constexpr size_t n = std::tuple_size_v<Args>;
+    if (values.size() != n) {
+      return MakeReadyFuture<Value>(
+          ex, absl::InvalidArgumentError(absl::StrCat("'", info.function, "' takes ", n,
+                                                      " argument(s), got ", values.size())));
+    }
+    Args args;
+    if (absl::Status s = ArgsFromValues(values, &args, std::make_index_sequence<n>{}); !s.ok()) {
+      return MakeReadyFuture<Value>(ex, absl::InvalidArgumentError(absl::StrCat(
+                                            "'", info.function, "' ", s.message())));
+    }
+    if constexpr (std::is_void_v<Ret>) {
+      std::apply(fn, std::move(args));
+      return MakeReadyFuture<Value>(ex, Value());
+    } else {
+      return ResultAdapter<Ret>::Adapt(ex, std::apply(fn, std::move(args)));
+    }
+  };
+}
+
+template <typename R>
+absl::StatusOr<R> ConvertResult(absl::StatusOr<Value> v, const std::string& to,
+                                const std::string& function) {
+  if (!v.ok()) return v.status();
+  if constexpr (std::is_same_v<R, Value>) {
+    return std::move(*v);
+  } else {
+    absl::StatusOr<R> r = ValueTraits<R>::From(*v);
+    if (!r.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("result of ", to, ".", function, ": ",
+                                                     r.status().message()));
+    }
+    return r;
+  }
+}
+
+}  // namespace internal
+
+class Agent {
+ public:
+  static absl::StatusOr<std::shared_ptr<Agent>> Start(AgentOptions options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  const WorkerInfo& self() const;
+  const std::vector<WorkerInfo>& workers() const;  // by rank
+  absl::StatusOr<WorkerInfo> Worker(const std::string& name) const;
+  Store& store();
+  Executor& executor();
+  const AgentOptions& options() const;
+
+  // REQUIRES: `name` is not registered yet (else ALREADY_EXISTS).
+  absl::Status RegisterRaw(const std::string& name, RawHandler handler);
+  template <typename F>
+  absl::Status Register(const std::string& name, F fn) {
+    return RegisterRaw(name, internal::MakeHandler(std::move(fn), executor()));
+  }
+
+  // Completion runs on a transport thread: it must be quick and must not block.
+  void CallRaw(const std::string& to, const std::string& function, ValueList args,
+               CallOptions options, std::function<void(absl::StatusOr<Value>)> done);
+
+  // Arguments are converted with ValueTraits; a CallOptions among them sets the options.
+  template <typename R, typename... Args>
+  Future<R> Async(const std::string& to, const std::string& function, Args&&... args) {
+    CallOptions options;
+    ValueList values;
+    (AddArg(&values, &options, std::forward<Args>(args)), ...);
+    Promise<R> promise(executor());
+    CallRaw(to, function, std::move(values), options,
+            [promise, to, function](absl::StatusOr<Value> v) {
+              promise.Set(internal::ConvertResult<R>(std::move(v), to, function));
+            });
+    return promise.future();
+  }
+
+  template <typename R, typename... Args>
+  absl::StatusOr<R> Sync(const std::string& to, const std::string& function, Args&&... args) {
+    // The call carries its own deadline; the wait only guards against a lost completion.
+    return Async<R>(to, function, std::forward<Args>(args)...).Get(absl::Hours(24 * 365));
+  }
+
+  absl::Status Shutdown(bool graceful = true);
+
+  class Impl;
+
+ private:
+  explicit Agent(std::unique_ptr<Impl> impl);
+
+  template <typename A>
+  static void AddArg(ValueList* values, CallOptions* options, A&& a) {
+    if constexpr (std::is_same_v<std::decay_t<A>, CallOptions>) {
+      *options = a;
+    } else {
+      values->push_back(ValueTraits<std::decay_t<A>>::To(std::forward<A>(a)));
+    }
+  }
+
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gw::rpc
+
+#endif  // GRADWIRE_RPC_AGENT_H_

@@ -1,0 +1,52 @@
+// Store: the rendezvous key-value store, and the gRPC server that hosts it.
+//
+// Contract
+//   - A Store maps string keys to byte-string values. Get and Wait block until the keys
+//     exist or the timeout passes (DEADLINE_EXCEEDED naming the missing key); Add
+//     atomically adds to a decimal counter (creating it at 0) and returns the new value.
+//   - StoreServer hosts the store over gRPC (rank 0 does by default, at MASTER_ADDR:
+//     MASTER_PORT). ConnectStore() returns a client; it is how workers find each other,
+//     and user code may use it too.
+//   - An unreachable server is UNAVAILABLE with the address in the message.
+//   - Thread-safe: clients and the server may be used from many threads.
+#ifndef GRADWIRE_RPC_STORE_H_
+#define GRADWIRE_RPC_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gw::rpc {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
+  virtual absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
+  virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) = 0;
+  virtual absl::StatusOr<bool> Delete(const std::string& key) = 0;
+};
+
+class StoreServer {
+ public:
+  // Listens on host:port (port 0 picks a free one).
+  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host, int port);
+  virtual ~StoreServer() = default;
+  virtual int port() const = 0;
+  virtual std::string address() const = 0;
+  // Fails pending waits with CANCELLED and stops serving. Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+// A client of the store at `address` ("host:port"), connected (or UNAVAILABLE) by
+// `deadline`.
+absl::StatusOr<std::unique_ptr<Store>> ConnectStore(const std::string& address, absl::Time deadline);
+
+}  // namespace gw::rpc
+
+#endif  // GRADWIRE_RPC_STORE_H_

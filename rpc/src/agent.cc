@@ -1,0 +1,552 @@
+#include "gradwire/rpc/agent.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "codec.h"
+
+namespace gw::rpc {
+namespace {
+
+using internal::Envelope;
+using internal::Kind;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+}  // namespace
+
+absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
+  AgentOptions o;
+  const std::string rank = Env("RANK"), world = Env("WORLD_SIZE"), addr = Env("MASTER_ADDR"),
+                    port = Env("MASTER_PORT");
+  if (rank.empty() || world.empty() || addr.empty() || port.empty()) {
+    return absl::InvalidArgumentError(
+        "AgentOptions::FromEnv: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
+        "(run the program under `gradwire launch -n N ...` or torchrun)");
+  }
+  if (!absl::SimpleAtoi(rank, &o.rank) || !absl::SimpleAtoi(world, &o.world_size) ||
+      o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: bad RANK=", rank,
+                                                   " / WORLD_SIZE=", world));
+  }
+  o.rendezvous = absl::StrCat(addr, ":", port);
+  o.name = Env("GRADWIRE_WORKER_NAME");
+  if (std::string t = Env("GRADWIRE_TRANSPORT"); !t.empty()) o.transport = t;
+  if (std::string r = Env("GRADWIRE_RUN_ID"); !r.empty()) o.run_id = r;
+  return o;
+}
+
+class Agent::Impl {
+ public:
+  explicit Impl(AgentOptions options)
+      : options_(std::move(options)), pool_(static_cast<size_t>(std::max(1, options_.worker_threads)),
+                                            "gw-worker") {}
+
+  ~Impl() { Close(absl::CancelledError("agent destroyed")); }
+
+  absl::Status Start() {
+    if (options_.name.empty()) options_.name = absl::StrCat("worker", options_.rank);
+    if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, " is not in [0, ",
+                                                     options_.world_size, ")"));
+    }
+    const absl::Time deadline = absl::Now() + options_.start_timeout;
+    if (options_.rank == 0 && options_.host_store) {
+      const size_t colon = options_.rendezvous.rfind(':');
+      int port = 0;
+      if (colon == std::string::npos || !absl::SimpleAtoi(options_.rendezvous.substr(colon + 1), &port)) {
+        return absl::InvalidArgumentError(absl::StrCat("bad rendezvous address '", options_.rendezvous, "'"));
+      }
+      auto server = StoreServer::Start(options_.rendezvous.substr(0, colon), port);
+      if (!server.ok()) return server.status();
+      store_server_ = std::move(*server);
+      if (port == 0) options_.rendezvous = store_server_->address();
+    }
+    auto store = ConnectStore(options_.rendezvous, deadline);
+    if (!store.ok()) return store.status();
+    store_ = std::move(*store);
+
+    auto transport = MakeTransport(options_.transport, options_.transport_options);
+    if (!transport.ok()) return transport.status();
+    transport_ = std::move(*transport);
+    auto address = transport_->Listen(options_.listen_host, Callbacks());
+    if (!address.ok()) return address.status();
+
+    self_ = {options_.name, options_.rank, *address, static_cast<int64_t>(::getpid())};
+    if (absl::Status s = store_->Set(Key("worker/", options_.rank),
+                                     absl::StrCat(self_.name, "\n", self_.address, "\n", self_.pid));
+        !s.ok()) {
+      return s;
+    }
+    std::vector<std::string> keys;
+    for (int r = 0; r < options_.world_size; ++r) keys.push_back(Key("worker/", r));
+    if (absl::Status s = store_->Wait(keys, deadline - absl::Now()); !s.ok()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          options_.name, ": not every worker joined within ", absl::FormatDuration(options_.start_timeout),
+          " (", s.message(), "); check WORLD_SIZE and that every rank was started"));
+    }
+    workers_.resize(static_cast<size_t>(options_.world_size));
+    for (int r = 0; r < options_.world_size; ++r) {
+      auto v = store_->Get(Key("worker/", r), deadline - absl::Now());
+      if (!v.ok()) return v.status();
+      std::vector<std::string> parts = absl::StrSplit(*v, '\n');
+      if (parts.size() != 3) return absl::DataLossError(absl::StrCat("bad worker record for rank ", r));
+      WorkerInfo& w = workers_[static_cast<size_t>(r)];
+      w.name = parts[0];
+      w.rank = r;
+      w.address = parts[1];
+      absl::SimpleAtoi(parts[2], &w.pid);
+      if (by_name_.contains(w.name)) {
+        return absl::InvalidArgumentError(absl::StrCat("worker name '", w.name, "' is used by ranks ",
+                                                       by_name_[w.name], " and ", r));
+      }
+      by_name_[w.name] = r;
+    }
+    outgoing_.resize(workers_.size());
+    dial_mu_ = std::vector<absl::Mutex>(workers_.size());
+    timer_ = std::thread([this] { TimerLoop(); });
+    return absl::OkStatus();
+  }
+
+  // ---------------------------------------------------------------- registry
+
+  absl::Status Register(const std::string& name, RawHandler handler) {
+    absl::MutexLock lock(&mu_);
+    if (!handlers_.emplace(name, std::make_shared<RawHandler>(std::move(handler))).second) {
+      return absl::AlreadyExistsError(absl::StrCat(options_.name, ": function '", name,
+                                                   "' is already registered"));
+    }
+    return absl::OkStatus();
+  }
+
+  // ---------------------------------------------------------------- calls
+
+  void Call(const std::string& to, const std::string& function, ValueList args,
+            CallOptions call_options, std::function<void(absl::StatusOr<Value>)> done) {
+    auto it = by_name_.find(to);
+    if (it == by_name_.end()) {
+      done(absl::NotFoundError(absl::StrCat("no worker named '", to, "' (workers: ", WorkerNames(), ")")));
+      return;
+    }
+    const int rank = it->second;
+    const absl::Duration timeout =
+        call_options.timeout > absl::ZeroDuration() ? call_options.timeout : options_.default_timeout;
+    Envelope env;
+    env.kind = Kind::kRequest;
+    env.function = function;
+    env.payload = Value(std::move(args));
+    env.timeout_ms = absl::ToInt64Milliseconds(timeout);
+    bool running;
+    {
+      absl::MutexLock lock(&mu_);
+      running = state_ == State::kRunning;
+      if (running) {
+        env.id = next_id_++;
+        const absl::Time deadline = absl::Now() + timeout;
+        pending_.emplace(env.id, Pending{std::move(done), rank, function, deadline, timeout});
+        deadlines_.emplace(deadline, env.id);
+      }
+    }
+    if (!running) {
+      done(absl::FailedPreconditionError(absl::StrCat(options_.name, " is shutting down; call to ",
+                                                      to, ".", function, " not sent")));
+      return;
+    }
+    absl::StatusOr<Message> message = internal::EncodeEnvelope(env);
+    if (!message.ok()) {
+      Complete(env.id, absl::InvalidArgumentError(absl::StrCat("call to ", to, ".", function, ": ",
+                                                               message.status().message())));
+      return;
+    }
+    absl::StatusOr<std::shared_ptr<Connection>> conn = Outgoing(rank);
+    if (!conn.ok()) {
+      Complete(env.id, conn.status());
+      return;
+    }
+    const uint64_t id = env.id;
+    (*conn)->Send(std::move(*message), [this, id](absl::Status s) {
+      if (!s.ok()) Complete(id, s);
+    });
+  }
+
+  // ---------------------------------------------------------------- shutdown
+
+  absl::Status Shutdown(bool graceful) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (state_ != State::kRunning) return absl::OkStatus();
+      state_ = State::kShuttingDown;
+    }
+    absl::Status result;
+    if (graceful) result = GracefulBarrier();
+    Close(absl::CancelledError(absl::StrCat(options_.name, " shut down")));
+    return result;
+  }
+
+  void Close(const absl::Status& reason) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (state_ == State::kClosed) return;
+      state_ = State::kClosed;
+    }
+    if (transport_) transport_->Shutdown();
+    FailAll(reason);
+    if (timer_.joinable()) timer_.join();
+    pool_.Shutdown();
+    {
+      absl::MutexLock lock(&mu_);
+      outgoing_.clear();
+    }
+    store_.reset();
+    if (store_server_) store_server_->Shutdown();
+  }
+
+  const AgentOptions& options() const { return options_; }
+  const WorkerInfo& self() const { return self_; }
+  const std::vector<WorkerInfo>& workers() const { return workers_; }
+  absl::StatusOr<WorkerInfo> Worker(const std::string& name) const {
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) return absl::NotFoundError(absl::StrCat("no worker named '", name, "'"));
+    return workers_[static_cast<size_t>(it->second)];
+  }
+  Store& store() { return *store_; }
+  Executor& executor() { return pool_; }
+
+ private:
+  enum class State { kRunning, kShuttingDown, kClosed };
+
+  struct Pending {
+    std::function<void(absl::StatusOr<Value>)> done;
+    int rank;
+    std::string function;
+    absl::Time deadline;
+    absl::Duration timeout;
+  };
+
+  std::string Key(const char* what, int rank) const {
+    return absl::StrCat(options_.run_id, "/", what, rank);
+  }
+
+  std::string WorkerNames() const {
+    std::vector<std::string> names;
+    for (const auto& w : workers_) names.push_back(w.name);
+    return absl::StrJoin(names, ", ");
+  }
+
+  std::string Describe(int rank) const {
+    return absl::StrCat(workers_[static_cast<size_t>(rank)].name, " (rank ", rank, ")");
+  }
+
+  ConnectionCallbacks Callbacks() {
+    return {[this](const std::shared_ptr<Connection>& c, Message m) { OnMessage(c, std::move(m)); },
+            [this](const std::shared_ptr<Connection>& c, const absl::Status& s) { OnClose(c, s); }};
+  }
+
+  absl::StatusOr<std::shared_ptr<Connection>> Outgoing(int rank) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (outgoing_[rank] && !outgoing_[rank]->closed()) return outgoing_[rank];
+    }
+    absl::MutexLock dial(&dial_mu_[rank]);
+    {
+      absl::MutexLock lock(&mu_);
+      if (outgoing_[rank] && !outgoing_[rank]->closed()) return outgoing_[rank];
+    }
+    // Every worker was listening before Start returned, so a refused connection means the
+    // peer is gone: retry only briefly.
+    auto conn = transport_->Connect(workers_[rank].address, Callbacks(), absl::Now() + absl::Seconds(2));
+    if (!conn.ok()) {
+      return absl::UnavailableError(absl::StrCat(Describe(rank), " is unavailable: ", conn.status().message()));
+    }
+    Envelope hello;
+    hello.kind = Kind::kHello;
+    hello.payload = Value(static_cast<int64_t>(options_.rank));
+    if (auto m = internal::EncodeEnvelope(hello); m.ok()) (*conn)->Send(std::move(*m));
+    absl::MutexLock lock(&mu_);
+    outgoing_[rank] = *conn;
+    conn_rank_[conn->get()] = rank;
+    return *conn;
+  }
+
+  void OnMessage(const std::shared_ptr<Connection>& conn, Message m) {
+    absl::StatusOr<Envelope> env = internal::DecodeEnvelope(std::move(m));
+    if (!env.ok()) {
+      conn->Close(absl::DataLossError(absl::StrCat("bad envelope from ", conn->peer(), ": ",
+                                                   env.status().message())));
+      return;
+    }
+    switch (env->kind) {
+      case Kind::kResponse:
+        Complete(env->id, env->status.ok() ? absl::StatusOr<Value>(std::move(env->payload))
+                                           : absl::StatusOr<Value>(RemoteError(conn, *env)));
+        return;
+      case Kind::kHello: {
+        absl::MutexLock lock(&mu_);
+        if (env->payload.is<int64_t>()) {
+          const int64_t r = env->payload.get<int64_t>();
+          if (r >= 0 && r < static_cast<int64_t>(workers_.size())) conn_rank_[conn.get()] = static_cast<int>(r);
+        }
+        return;
+      }
+      case Kind::kRequest:
+        HandleRequest(conn, std::move(*env));
+        return;
+    }
+  }
+
+  absl::Status RemoteError(const std::shared_ptr<Connection>& conn, const Envelope& env) {
+    std::string function;
+    int rank = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(env.id);
+      if (it != pending_.end()) {
+        function = it->second.function;
+        rank = it->second.rank;
+      }
+    }
+    const std::string who = rank >= 0 ? workers_[rank].name : conn->peer();
+    return absl::Status(env.status.code(), absl::StrCat(who, ".", function, ": ", env.status.message()));
+  }
+
+  void HandleRequest(const std::shared_ptr<Connection>& conn, Envelope env) {
+    std::shared_ptr<RawHandler> handler;
+    CallInfo info;
+    info.function = env.function;
+    {
+      absl::MutexLock lock(&mu_);
+      auto h = handlers_.find(env.function);
+      if (h != handlers_.end()) handler = h->second;
+      auto r = conn_rank_.find(conn.get());
+      info.caller = r != conn_rank_.end() ? workers_[r->second].name : "unknown";
+      ++inflight_handlers_;
+    }
+    const uint64_t id = env.id;
+    if (!handler) {
+      std::vector<std::string> names;
+      {
+        absl::MutexLock lock(&mu_);
+        for (const auto& [n, _] : handlers_) names.push_back(n);
+      }
+      std::sort(names.begin(), names.end());
+      Reply(conn, id, absl::NotFoundError(absl::StrCat(options_.name, " has no function '", env.function,
+                                                       "' (registered: ", absl::StrJoin(names, ", "), ")")));
+      return;
+    }
+    ValueList args;
+    if (env.payload.is<ValueList>()) args = std::move(std::get<ValueList>(env.payload.storage()));
+    const bool posted = pool_.Post([this, conn, id, handler, info, args = std::move(args)]() mutable {
+      Future<Value> result;
+      try {
+        result = (*handler)(info, std::move(args));
+      } catch (const std::exception& e) {
+        Reply(conn, id, absl::InternalError(absl::StrCat(info.function, " threw: ", e.what())));
+        return;
+      }
+      result.Then([this, conn, id](const absl::StatusOr<Value>& r) { Reply(conn, id, r); });
+    });
+    if (!posted) Reply(conn, id, absl::UnavailableError(absl::StrCat(options_.name, " is shutting down")));
+  }
+
+  void Reply(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::StatusOr<Value>& result) {
+    Envelope env;
+    env.kind = Kind::kResponse;
+    env.id = id;
+    if (result.ok()) {
+      env.payload = *result;
+    } else {
+      env.status = result.status();
+    }
+    absl::StatusOr<Message> m = internal::EncodeEnvelope(env);
+    if (!m.ok()) {
+      env.payload = Value();
+      env.status = absl::InternalError(absl::StrCat("cannot encode the result: ", m.status().message()));
+      m = internal::EncodeEnvelope(env);
+    }
+    if (m.ok()) conn->Send(std::move(*m));
+    absl::MutexLock lock(&mu_);
+    --inflight_handlers_;
+  }
+
+  void OnClose(const std::shared_ptr<Connection>& conn, const absl::Status& reason) {
+    int rank = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = conn_rank_.find(conn.get());
+      if (it != conn_rank_.end()) {
+        rank = it->second;
+        conn_rank_.erase(it);
+      }
+      if (rank < 0 || rank >= static_cast<int>(outgoing_.size()) || outgoing_[rank] != conn) return;
+      outgoing_[rank].reset();
+    }
+    // Our outgoing connection to `rank` died: its calls cannot be answered.
+    std::vector<std::function<void(absl::StatusOr<Value>)>> failed;
+    std::vector<std::string> functions;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->second.rank == rank) {
+          failed.push_back(std::move(it->second.done));
+          functions.push_back(it->second.function);
+          deadlines_.erase({it->second.deadline, it->first});
+          it = pending_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (size_t i = 0; i < failed.size(); ++i) {
+      failed[i](absl::UnavailableError(absl::StrCat("call to ", Describe(rank), ".", functions[i],
+                                                    " failed: ", reason.message())));
+    }
+  }
+
+  void Complete(uint64_t id, absl::StatusOr<Value> result) {
+    std::function<void(absl::StatusOr<Value>)> done;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;  // timed out or failed already
+      done = std::move(it->second.done);
+      deadlines_.erase({it->second.deadline, id});
+      pending_.erase(it);
+    }
+    done(std::move(result));
+  }
+
+  void FailAll(const absl::Status& reason) {
+    std::vector<std::function<void(absl::StatusOr<Value>)>> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [id, p] : pending_) failed.push_back(std::move(p.done));
+      pending_.clear();
+      deadlines_.clear();
+    }
+    for (auto& f : failed) f(reason);
+  }
+
+  void TimerLoop() {
+    absl::MutexLock lock(&mu_);
+    while (state_ != State::kClosed) {
+      const absl::Time next = deadlines_.empty() ? absl::Now() + absl::Milliseconds(200)
+                                                 : std::min(deadlines_.begin()->first,
+                                                            absl::Now() + absl::Milliseconds(200));
+      auto wake = [this, next]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return state_ == State::kClosed || (!deadlines_.empty() && deadlines_.begin()->first < next);
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&wake), next);
+      const absl::Time now = absl::Now();
+      std::vector<std::pair<std::function<void(absl::StatusOr<Value>)>, std::string>> expired;
+      while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+        const uint64_t id = deadlines_.begin()->second;
+        deadlines_.erase(deadlines_.begin());
+        auto it = pending_.find(id);
+        if (it == pending_.end()) continue;
+        expired.emplace_back(std::move(it->second.done),
+                             absl::StrCat("call to ", Describe(it->second.rank), ".", it->second.function,
+                                          " timed out after ", absl::FormatDuration(it->second.timeout)));
+        pending_.erase(it);
+      }
+      if (expired.empty()) continue;
+      mu_.Unlock();
+      for (auto& [done, msg] : expired) done(absl::DeadlineExceededError(msg));
+      mu_.Lock();
+    }
+  }
+
+  absl::Status GracefulBarrier() {
+    const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
+    // 1. Our own calls finish (or time out) first.
+    {
+      absl::MutexLock lock(&mu_);
+      auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_.empty(); };
+      mu_.AwaitWithDeadline(absl::Condition(&drained), deadline);
+    }
+    // 2. Everyone reaches shutdown while still serving; 3. everyone saw that.
+    absl::Status s = store_->Set(Key("shutdown/", options_.rank), "1");
+    std::vector<std::string> all, exited;
+    for (int r = 0; r < options_.world_size; ++r) {
+      all.push_back(Key("shutdown/", r));
+      exited.push_back(Key("exited/", r));
+    }
+    if (s.ok()) s = store_->Wait(all, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (s.ok()) s = store_->Set(Key("exited/", options_.rank), "1");
+    // Handlers still running for peers finish before we close.
+    {
+      absl::MutexLock lock(&mu_);
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return inflight_handlers_ == 0; };
+      mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+    }
+    // The store host stays up until everyone has read the barrier.
+    if (s.ok() && store_server_) s = store_->Wait(exited, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!s.ok()) {
+      return absl::DeadlineExceededError(absl::StrCat(options_.name, ": graceful shutdown did not complete: ",
+                                                      s.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  AgentOptions options_;
+  ThreadPool pool_;
+  std::unique_ptr<StoreServer> store_server_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Transport> transport_;
+  WorkerInfo self_;
+  std::vector<WorkerInfo> workers_;                     // immutable after Start
+  absl::flat_hash_map<std::string, int> by_name_;       // immutable after Start
+  std::vector<absl::Mutex> dial_mu_;                    // one per rank
+  std::thread timer_;
+
+  absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kRunning;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<RawHandler>> handlers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Connection>> outgoing_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Connection*, int> conn_rank_ ABSL_GUARDED_BY(mu_);
+  int inflight_handlers_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+absl::StatusOr<std::shared_ptr<Agent>> Agent::Start(AgentOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (absl::Status s = impl->Start(); !s.ok()) {
+    impl->Close(s);
+    return s;
+  }
+  return std::shared_ptr<Agent>(new Agent(std::move(impl)));
+}
+
+Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Agent::~Agent() { (void)impl_->Shutdown(/*graceful=*/false); }
+
+const WorkerInfo& Agent::self() const { return impl_->self(); }
+const std::vector<WorkerInfo>& Agent::workers() const { return impl_->workers(); }
+absl::StatusOr<WorkerInfo> Agent::Worker(const std::string& name) const { return impl_->Worker(name); }
+Store& Agent::store() { return impl_->store(); }
+Executor& Agent::executor() { return impl_->executor(); }
+const AgentOptions& Agent::options() const { return impl_->options(); }
+absl::Status Agent::RegisterRaw(const std::string& name, RawHandler handler) {
+  return impl_->Register(name, std::move(handler));
+}
+void Agent::CallRaw(const std::string& to, const std::string& function, ValueList args,
+                    CallOptions options, std::function<void(absl::StatusOr<Value>)> done) {
+  impl_->Call(to, function, std::move(args), options, std::move(done));
+}
+absl::Status Agent::Shutdown(bool graceful) { return impl_->Shutdown(graceful); }
+
+}  // namespace gw::rpc

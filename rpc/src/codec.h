@@ -1,0 +1,32 @@
+// Internal: the Envelope of one call or reply, and its conversion to and from a frame
+// Message (protobuf header + out-of-band tensors).
+#ifndef GRADWIRE_RPC_SRC_CODEC_H_
+#define GRADWIRE_RPC_SRC_CODEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gradwire/rpc/frame.h"
+#include "gradwire/rpc/value.h"
+
+namespace gw::rpc::internal {
+
+enum class Kind { kRequest = 1, kResponse = 2, kHello = 3 };
+
+struct Envelope {
+  uint64_t id = 0;
+  Kind kind = Kind::kRequest;
+  std::string function;
+  Value payload;
+  absl::Status status;     // of a response
+  int64_t timeout_ms = 0;  // caller's budget, informational
+};
+
+absl::StatusOr<Message> EncodeEnvelope(const Envelope& envelope);
+// Validates tensor indices, nesting depth and enum values; never trusts the peer.
+absl::StatusOr<Envelope> DecodeEnvelope(Message message);
+
+}  // namespace gw::rpc::internal
+
+#endif  // GRADWIRE_RPC_SRC_CODEC_H_

@@ -1,0 +1,198 @@
+// Unit: Agent — groups of workers on threads of one process, talking over real loopback
+// TCP: typed calls, errors, timeouts, large tensors, concurrency, shutdown.
+#include "gradwire/rpc/agent.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "gradwire/tensor/kernels.h"
+#include "test_support.h"
+
+namespace gw::rpc {
+namespace {
+
+using testing::AgentGroup;
+using testing::RegisterTestFunctions;
+
+class AgentGroupTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(AgentGroupTest, EveryWorkerCallsEveryOther) {
+  const int n = GetParam();
+  auto group = AgentGroup::Start(n, RegisterTestFunctions);
+  ASSERT_NE(group, nullptr);
+  for (int from = 0; from < n; ++from) {
+    std::vector<Future<Tensor>> futures;
+    for (int to = 0; to < n; ++to) {
+      futures.push_back((*group)[from].Async<Tensor>(
+          "worker" + std::to_string(to), "add", Tensor::Full({4}, from), Tensor::Full({4}, to)));
+    }
+    for (int to = 0; to < n; ++to) {
+      absl::StatusOr<Tensor> r = futures[to].Get(absl::Seconds(30));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->ToVector<float>(), std::vector<float>(4, static_cast<float>(from + to)));
+    }
+    EXPECT_EQ(*(*group)[from].Sync<std::string>("worker" + std::to_string((from + 1) % n), "whoami"),
+              "worker" + std::to_string((from + 1) % n));
+  }
+  EXPECT_TRUE(group->ShutdownAll().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, AgentGroupTest, ::testing::Values(2, 3, 8));
+
+TEST(AgentTest, AllArgumentKindsRoundTrip) {
+  auto group = AgentGroup::Start(2, RegisterTestFunctions);
+  ASSERT_NE(group, nullptr);
+  Tensor t = Tensor::Arange(0, 6, 1, DType::kFloat64);
+  absl::StatusOr<ValueMap> r = (*group)[0].Sync<ValueMap>(
+      "worker1", "kinds", 21, 3.0, true, std::string("ab"), std::vector<Tensor>{t, t},
+      std::map<std::string, int64_t>{{"x", 1}, {"y", 2}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->at("i").get<int64_t>(), 42);
+  EXPECT_EQ(r->at("d").get<double>(), 1.5);
+  EXPECT_EQ(r->at("b").get<bool>(), false);
+  EXPECT_EQ(r->at("s").get<std::string>(), "abab");
+  EXPECT_EQ(r->at("n").get<int64_t>(), 2);
+  EXPECT_EQ(r->at("sum").get<int64_t>(), 3);
+  EXPECT_EQ(r->at("first").get<Tensor>().ToVector<double>(), t.ToVector<double>());
+  // A handler that answers later through a Future (async execution).
+  EXPECT_EQ(*(*group)[1].Sync<int64_t>("worker0", "later", 41), 42);
+  EXPECT_TRUE(group->ShutdownAll().ok());
+}
+
+TEST(AgentTest, ErrorsAreDistinctAndNameTheWorkerAndFunction) {
+  auto group = AgentGroup::Start(2, RegisterTestFunctions);
+  ASSERT_NE(group, nullptr);
+  Agent& a = (*group)[0];
+  auto unknown = a.Sync<int64_t>("worker1", "no_such_fn");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("worker1"), std::string::npos) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("no_such_fn"), std::string::npos) << unknown.status();
+  auto wrong_type = a.Sync<Tensor>("worker1", "echo", std::string("not a tensor"));
+  EXPECT_EQ(wrong_type.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_type.status().message().find("expected tensor, got string"), std::string::npos)
+      << wrong_type.status();
+  auto wrong_count = a.Sync<Tensor>("worker1", "echo");
+  EXPECT_EQ(wrong_count.status().code(), absl::StatusCode::kInvalidArgument) << wrong_count.status();
+  auto wrong_result = a.Sync<std::string>("worker1", "echo", Tensor::Ones({1}));
+  EXPECT_EQ(wrong_result.status().code(), absl::StatusCode::kInvalidArgument) << wrong_result.status();
+  auto remote = a.Sync<int64_t>("worker1", "fail", std::string("disk full"));
+  EXPECT_EQ(remote.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(remote.status().message(), "worker1.fail: disk full");
+  auto thrown = a.Sync<Tensor>("worker1", "throw", Tensor::Ones({2, 3}), Tensor::Ones({2, 3}));
+  EXPECT_EQ(thrown.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(thrown.status().message().find("MatMul"), std::string::npos) << thrown.status();
+  auto nobody = a.Sync<int64_t>("worker9", "noop");
+  EXPECT_EQ(nobody.status().code(), absl::StatusCode::kNotFound);
+  // The agent keeps serving after all that.
+  EXPECT_EQ(*a.Sync<int64_t>("worker1", "noop"), 0);
+  EXPECT_EQ(a.Register("noop", [] { return 1; }).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(group->ShutdownAll().ok());
+}
+
+TEST(AgentTest, TimeoutsFailOnlyTheSlowCall) {
+  auto group = AgentGroup::Start(2, RegisterTestFunctions);
+  ASSERT_NE(group, nullptr);
+  const absl::Time start = absl::Now();
+  auto slow = (*group)[0].Async<int64_t>("worker1", "sleep_ms", 2000,
+                                         CallOptions{.timeout = absl::Milliseconds(200)});
+  EXPECT_EQ(*(*group)[0].Sync<int64_t>("worker1", "sleep_ms", 10), 10);
+  absl::StatusOr<int64_t> r = slow.Get(absl::Seconds(30));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_NE(r.status().message().find("worker1"), std::string::npos) << r.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1.5));
+  EXPECT_TRUE(group->ShutdownAll().ok());
+}
+
+TEST(AgentTest, ConcurrentCallsFromManyThreads) {
+  auto group = AgentGroup::Start(3, RegisterTestFunctions);
+  ASSERT_NE(group, nullptr);
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      Agent& a = (*group)[t % 3];
+      for (int i = 0; i < 50; ++i) {
+        auto r = a.Sync<Tensor>("worker" + std::to_string((t + 1) % 3), "echo", Tensor::Full({i + 1}, t));
+        if (r.ok() && r->numel() == i + 1 && r->ToVector<float>()[0] == static_cast<float>(t)) ++ok;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 16 * 50);
+  EXPECT_TRUE(group->ShutdownAll().ok());
+}
+
+TEST(AgentTest, EchoesA256MiBTensor) {
+  auto group = AgentGroup::Start(2, RegisterTestFunctions);
+  ASSERT_NE(group, nullptr);
+  Tensor big = Tensor::Empty({64 << 20});  // 256 MiB of float32
+  float* p = big.data<float>();
+  for (int64_t i = 0; i < big.numel(); ++i) p[i] = static_cast<float>(i % 1000003);
+  auto r = (*group)[0].Sync<Tensor>("worker1", "echo", big);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(kernels::MaxAbsDiff(*r, big), 0.0);
+  EXPECT_TRUE(group->ShutdownAll().ok());
+}
+
+TEST(AgentTest, CallsAfterShutdownFailCleanly) {
+  auto group = AgentGroup::Start(2, RegisterTestFunctions);
+  ASSERT_NE(group, nullptr);
+  ASSERT_TRUE(group->ShutdownAll().ok());
+  auto r = (*group)[0].Sync<int64_t>("worker1", "noop");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+}
+
+TEST(AgentTest, StartFailsByTheDeadlineWhenAWorkerIsMissing) {
+  auto server = StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  AgentOptions o;
+  o.rank = 0;
+  o.world_size = 2;
+  o.rendezvous = (*server)->address();
+  o.host_store = false;
+  o.start_timeout = absl::Milliseconds(500);
+  const absl::Time start = absl::Now();
+  auto agent = Agent::Start(o);
+  EXPECT_EQ(agent.status().code(), absl::StatusCode::kDeadlineExceeded) << agent.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(AgentTest, StartStopHundredTimesLeaksNoThreadsOrSockets) {
+  auto once = [] {
+    auto group = AgentGroup::Start(2, RegisterTestFunctions);
+    ASSERT_NE(group, nullptr);
+    ASSERT_EQ(*(*group)[0].Sync<int64_t>("worker1", "noop"), 0);
+    ASSERT_TRUE(group->ShutdownAll().ok());
+  };
+  once();  // let gRPC start its process-wide threads
+  absl::SleepFor(absl::Milliseconds(200));
+  const int threads = testing::CountThreads(), fds = testing::CountOpenFds();
+  for (int i = 0; i < 100; ++i) once();
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_LE(testing::CountThreads(), threads + 2);
+  EXPECT_LE(testing::CountOpenFds(), fds + 2);
+}
+
+TEST(AgentOptionsTest, FromEnvNeedsTheTorchrunVariables) {
+  ::unsetenv("RANK");
+  auto missing = AgentOptions::FromEnv();
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("gradwire launch"), std::string::npos);
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "3", 1);
+  ::setenv("MASTER_ADDR", "10.0.0.1", 1);
+  ::setenv("MASTER_PORT", "1234", 1);
+  auto o = AgentOptions::FromEnv();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 1);
+  EXPECT_EQ(o->world_size, 3);
+  EXPECT_EQ(o->rendezvous, "10.0.0.1:1234");
+  ::setenv("RANK", "3", 1);
+  EXPECT_FALSE(AgentOptions::FromEnv().ok());
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+}
+
+}  // namespace
+}  // namespace gw::rpc

@@ -1,0 +1,158 @@
+// main() of the rpc test binary: either the GoogleTest runner, or (GW_TEST_ROLE set) a
+// child worker process started by a multi-process test.
+#include <gtest/gtest.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "gradwire/tensor/kernels.h"
+#include "test_support.h"
+
+namespace gw::rpc::testing {
+
+std::unique_ptr<AgentGroup> AgentGroup::Start(int n, const std::function<void(Agent&)>& register_fn,
+                                              AgentOptions base) {
+  auto group = std::make_unique<AgentGroup>();
+  auto server = StoreServer::Start("127.0.0.1", 0);
+  if (!server.ok()) {
+    ADD_FAILURE() << server.status();
+    return nullptr;
+  }
+  group->store_ = std::move(*server);
+  group->store_address_ = group->store_->address();
+  std::vector<absl::StatusOr<std::shared_ptr<Agent>>> results(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      AgentOptions o = base;
+      o.rank = r;
+      o.world_size = n;
+      o.rendezvous = group->store_address_;
+      o.host_store = false;
+      results[static_cast<size_t>(r)] = Agent::Start(o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& r : results) {
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status();
+      return nullptr;
+    }
+    if (register_fn) register_fn(**r);
+    group->agents_.push_back(*r);
+  }
+  return group;
+}
+
+AgentGroup::~AgentGroup() {
+  agents_.clear();
+  if (store_) store_->Shutdown();
+}
+
+absl::Status AgentGroup::ShutdownAll() {
+  std::vector<absl::Status> results(agents_.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < agents_.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = agents_[i]->Shutdown(/*graceful=*/true); });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void RegisterTestFunctions(Agent& agent) {
+  Agent* self = &agent;
+  (void)agent.Register("add", [](Tensor a, Tensor b) { return kernels::Add(a, b); });
+  (void)agent.Register("echo", [](Tensor t) { return t; });
+  (void)agent.Register("noop", [] { return int64_t{0}; });
+  (void)agent.Register("sleep_ms", [](int64_t ms) {
+    absl::SleepFor(absl::Milliseconds(ms));
+    return ms;
+  });
+  (void)agent.Register("fail", [](std::string why) { return absl::FailedPreconditionError(why); });
+  (void)agent.Register("throw", [](Tensor a, Tensor b) { return kernels::MatMul(a, b); });
+  (void)agent.Register("kinds", [](int64_t i, double d, bool b, std::string s, std::vector<Tensor> ts,
+                                   std::map<std::string, int64_t> m) {
+    std::map<std::string, Value> out;
+    out["i"] = Value(i * 2);
+    out["d"] = Value(d / 2);
+    out["b"] = Value(!b);
+    out["s"] = Value(s + s);
+    out["n"] = Value(static_cast<int64_t>(ts.size()));
+    int64_t sum = 0;
+    for (auto& [k, v] : m) sum += v;
+    out["sum"] = Value(sum);
+    out["first"] = ts.empty() ? Value() : Value(ts[0]);
+    return Value(ValueMap(out.begin(), out.end()));
+  });
+  (void)agent.Register("later", [self](int64_t x) {
+    Promise<int64_t> p(self->executor());
+    std::thread([p, x] {
+      absl::SleepFor(absl::Milliseconds(20));
+      p.Set(x + 1);
+    }).detach();
+    return p.future();
+  });
+  (void)agent.Register("whoami", [self] { return self->self().name; });
+}
+
+pid_t SpawnSelf(const std::string& role, const std::map<std::string, std::string>& env) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::setenv("GW_TEST_ROLE", role.c_str(), 1);
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    char exe[] = "/proc/self/exe";
+    char* argv[] = {exe, nullptr};
+    ::execv(exe, argv);
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int RunRole(const std::string& role) {
+  if (role == "worker") {
+    // A worker that serves the test functions until the group shuts down.
+    auto options = AgentOptions::FromEnv();
+    if (!options.ok()) return 2;
+    options->host_store = false;
+    auto agent = Agent::Start(*options);
+    if (!agent.ok()) {
+      std::fprintf(stderr, "child: %s\n", std::string(agent.status().message()).c_str());
+      return 3;
+    }
+    RegisterTestFunctions(**agent);
+    (void)(*agent)->store().Set("ready/" + (*agent)->self().name, "1");
+    return (*agent)->Shutdown(/*graceful=*/true).ok() ? 0 : 4;
+  }
+  std::fprintf(stderr, "unknown GW_TEST_ROLE %s\n", role.c_str());
+  return 2;
+}
+
+namespace {
+int CountDir(const char* path) {
+  DIR* d = ::opendir(path);
+  if (!d) return -1;
+  int n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
+}  // namespace
+
+int CountThreads() { return CountDir("/proc/self/task"); }
+int CountOpenFds() { return CountDir("/proc/self/fd") - 1; }  // minus the DIR itself
+
+}  // namespace gw::rpc::testing
+
+int main(int argc, char** argv) {
+  if (const char* role = std::getenv("GW_TEST_ROLE")) return gw::rpc::testing::RunRole(role);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
