@@ -123,9 +123,9 @@ class Agent::Impl {
 
   // ---------------------------------------------------------------- registry
 
-  absl::Status Register(const std::string& name, RawHandler handler) {
+  absl::Status Register(const std::string& name, RawHandler handler, RegisterOptions options) {
     absl::MutexLock lock(&mu_);
-    if (!handlers_.emplace(name, std::make_shared<RawHandler>(std::move(handler))).second) {
+    if (!handlers_.emplace(name, std::make_shared<Handler>(Handler{std::move(handler), options.mode})).second) {
       return absl::AlreadyExistsError(absl::StrCat(options_.name, ": function '", name,
                                                    "' is already registered"));
     }
@@ -228,6 +228,11 @@ class Agent::Impl {
  private:
   enum class State { kRunning, kShuttingDown, kClosed };
 
+  struct Handler {
+    RawHandler fn;
+    HandlerMode mode;
+  };
+
   struct Pending {
     std::function<void(absl::StatusOr<Value>)> done;
     int rank;
@@ -323,7 +328,7 @@ class Agent::Impl {
   }
 
   void HandleRequest(const std::shared_ptr<Connection>& conn, Envelope env) {
-    std::shared_ptr<RawHandler> handler;
+    std::shared_ptr<Handler> handler;
     CallInfo info;
     info.function = env.function;
     {
@@ -348,17 +353,25 @@ class Agent::Impl {
     }
     ValueList args;
     if (env.payload.is<ValueList>()) args = std::move(std::get<ValueList>(env.payload.storage()));
-    const bool posted = pool_.Post([this, conn, id, handler, info, args = std::move(args)]() mutable {
+    auto run = [this, conn, id, handler, info, args = std::move(args)]() mutable {
       Future<Value> result;
       try {
-        result = (*handler)(info, std::move(args));
+        result = handler->fn(info, std::move(args));
       } catch (const std::exception& e) {
         Reply(conn, id, absl::InternalError(absl::StrCat(info.function, " threw: ", e.what())));
         return;
       }
-      result.Then([this, conn, id](const absl::StatusOr<Value>& r) { Reply(conn, id, r); });
-    });
-    if (!posted) Reply(conn, id, absl::UnavailableError(absl::StrCat(options_.name, " is shutting down")));
+      if (result.IsReady()) {
+        Reply(conn, id, result.Get(absl::ZeroDuration()));  // answered synchronously: no hop
+      } else {
+        result.Then([this, conn, id](const absl::StatusOr<Value>& r) { Reply(conn, id, r); });
+      }
+    };
+    if (handler->mode == HandlerMode::kInline) {
+      run();
+    } else if (!pool_.Post(std::move(run))) {
+      Reply(conn, id, absl::UnavailableError(absl::StrCat(options_.name, " is shutting down")));
+    }
   }
 
   void Reply(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::StatusOr<Value>& result) {
@@ -516,7 +529,7 @@ class Agent::Impl {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::shared_ptr<RawHandler>> handlers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Handler>> handlers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Connection>> outgoing_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Connection*, int> conn_rank_ ABSL_GUARDED_BY(mu_);
   int inflight_handlers_ ABSL_GUARDED_BY(mu_) = 0;
@@ -540,8 +553,8 @@ absl::StatusOr<WorkerInfo> Agent::Worker(const std::string& name) const { return
 Store& Agent::store() { return impl_->store(); }
 Executor& Agent::executor() { return impl_->executor(); }
 const AgentOptions& Agent::options() const { return impl_->options(); }
-absl::Status Agent::RegisterRaw(const std::string& name, RawHandler handler) {
-  return impl_->Register(name, std::move(handler));
+absl::Status Agent::RegisterRaw(const std::string& name, RawHandler handler, RegisterOptions options) {
+  return impl_->Register(name, std::move(handler), options);
 }
 void Agent::CallRaw(const std::string& to, const std::string& function, ValueList args,
                     CallOptions options, std::function<void(absl::StatusOr<Value>)> done) {

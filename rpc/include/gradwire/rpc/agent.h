@@ -63,6 +63,8 @@ struct AgentOptions {
   absl::Duration start_timeout = absl::Seconds(60);
   absl::Duration default_timeout = absl::Seconds(60);
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  // How long Sync() polls for the reply before sleeping (0: never polls).
+  absl::Duration sync_spin = absl::Microseconds(200);
   int worker_threads = 2;
   TransportOptions transport_options;
 
@@ -83,6 +85,20 @@ struct CallInfo {
 };
 
 using RawHandler = std::function<Future<Value>(const CallInfo&, ValueList)>;
+
+// Where a handler runs.
+enum class HandlerMode {
+  // On the agent's worker pool (default): handlers may block or take long.
+  kPool,
+  // On the transport I/O thread that received the request, with no thread hop: for
+  // handlers that are quick and never block (lookups, small arithmetic, parameter pulls).
+  // A blocking inline handler stalls every connection of this worker.
+  kInline,
+};
+
+struct RegisterOptions {
+  HandlerMode mode = HandlerMode::kPool;
+};
 
 namespace internal {
 
@@ -209,10 +225,10 @@ class Agent {
   const AgentOptions& options() const;
 
   // REQUIRES: `name` is not registered yet (else ALREADY_EXISTS).
-  absl::Status RegisterRaw(const std::string& name, RawHandler handler);
+  absl::Status RegisterRaw(const std::string& name, RawHandler handler, RegisterOptions options = {});
   template <typename F>
-  absl::Status Register(const std::string& name, F fn) {
-    return RegisterRaw(name, internal::MakeHandler(std::move(fn), executor()));
+  absl::Status Register(const std::string& name, F fn, RegisterOptions options = {}) {
+    return RegisterRaw(name, internal::MakeHandler(std::move(fn), executor()), options);
   }
 
   // Completion runs on a transport thread: it must be quick and must not block.
@@ -236,7 +252,9 @@ class Agent {
   template <typename R, typename... Args>
   absl::StatusOr<R> Sync(const std::string& to, const std::string& function, Args&&... args) {
     // The call carries its own deadline; the wait only guards against a lost completion.
-    return Async<R>(to, function, std::forward<Args>(args)...).Get(absl::Hours(24 * 365));
+    Future<R> f = Async<R>(to, function, std::forward<Args>(args)...);
+    (void)f.WaitSpinning(absl::Now() + absl::Hours(24 * 365), options().sync_spin);
+    return f.Get(absl::ZeroDuration());
   }
 
   absl::Status Shutdown(bool graceful = true);

@@ -1,0 +1,260 @@
+// Benchmarks W1 rpc_latency, W2 tensor_echo and W3 async_pipelined of
+// ../shared/BENCHMARKS.md for gradwire: this process is rank 0 (caller), a copy of it
+// started with GW_BENCH_ROLE=server is rank 1 (callee), both on 127.0.0.1.
+//
+//   rpc_bench [--quick] rpc_latency|tensor_echo|async_pipelined
+//
+// rpc_latency also measures a raw TCP ping-pong of 64 bytes between the same two
+// processes (blocking send/recv, TCP_NODELAY): the floor any RPC stack sits on.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+
+#include "absl/strings/numbers.h"
+#include "bench_util.h"
+#include "gradwire/rpc/agent.h"
+
+namespace {
+
+using gw::Tensor;
+using gw::rpc::Agent;
+using gw::rpc::AgentOptions;
+
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+bool RecvAll(int fd, char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// Raw TCP echo of 64-byte messages on `port` (serves one connection).
+void RawEchoServer(int port) {
+  int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  ::setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(ls, 1) != 0) return;
+  int fd = ::accept(ls, nullptr, nullptr);
+  SetNoDelay(fd);
+  char buf[64];
+  while (RecvAll(fd, buf, sizeof(buf)) && ::send(fd, buf, sizeof(buf), 0) == sizeof(buf)) {
+  }
+  ::close(fd);
+  ::close(ls);
+}
+
+std::vector<double> RawPingPongUs(int port, int warmup, int iters) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < 200 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0; ++i) {
+    ::close(fd);
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  SetNoDelay(fd);
+  char buf[64] = {};
+  std::vector<double> us;
+  for (int i = 0; i < warmup + iters; ++i) {
+    const double t0 = gw::bench::NowSeconds();
+    if (::send(fd, buf, sizeof(buf), 0) != sizeof(buf) || !RecvAll(fd, buf, sizeof(buf))) break;
+    if (i >= warmup) us.push_back((gw::bench::NowSeconds() - t0) * 1e6);
+  }
+  ::close(fd);
+  return us;
+}
+
+AgentOptions Options(int rank, int port) {
+  AgentOptions o;
+  o.rank = rank;
+  o.world_size = 2;
+  o.rendezvous = "127.0.0.1:" + std::to_string(port);
+  o.start_timeout = absl::Seconds(60);
+  o.default_timeout = absl::Seconds(120);
+  o.shutdown_timeout = absl::Seconds(60);
+  return o;
+}
+
+int Server(int port, int raw_port) {
+  std::thread raw([raw_port] { RawEchoServer(raw_port); });
+  auto agent = Agent::Start(Options(1, port));
+  if (!agent.ok()) {
+    std::fprintf(stderr, "rpc_bench server: %s\n", std::string(agent.status().message()).c_str());
+    raw.detach();
+    return 1;
+  }
+  (void)(*agent)->Register("noop", [] { return int64_t{0}; });
+  (void)(*agent)->Register("noop_inline", [] { return int64_t{0}; },
+                           gw::rpc::RegisterOptions{.mode = gw::rpc::HandlerMode::kInline});
+  (void)(*agent)->Register("echo", [](Tensor t) { return t; });
+  (void)(*agent)->store().Set("bench/ready", "1");
+  const bool ok = (*agent)->Shutdown(/*graceful=*/true).ok();
+  raw.join();
+  return ok ? 0 : 1;
+}
+
+std::vector<double> SyncRttUs(Agent& agent, const char* function, int warmup, int iters) {
+  std::vector<double> us;
+  for (int i = 0; i < warmup + iters; ++i) {
+    const double t0 = gw::bench::NowSeconds();
+    absl::StatusOr<int64_t> r = agent.Sync<int64_t>("worker1", function);
+    if (!r.ok()) {
+      std::fprintf(stderr, "rpc_latency: %s\n", std::string(r.status().message()).c_str());
+      std::exit(1);
+    }
+    if (i >= warmup) us.push_back((gw::bench::NowSeconds() - t0) * 1e6);
+  }
+  return us;
+}
+
+void RpcLatency(Agent& agent, bool quick, int raw_port) {
+  const int warmup = 100, iters = quick ? 200 : 2000;
+  // The function runs on the callee's worker pool (the default, as PyTorch runs it).
+  const std::vector<double> us = SyncRttUs(agent, "noop", warmup, iters);
+  // The same function registered with HandlerMode::kInline (runs on the I/O thread).
+  const std::vector<double> inline_us = SyncRttUs(agent, "noop_inline", warmup, iters);
+  const std::vector<double> raw = RawPingPongUs(raw_port, warmup, iters);
+  const double median = gw::bench::Quantile(us, 0.5), raw_median = gw::bench::Quantile(raw, 0.5);
+  gw::bench::Report("rpc_latency", "rtt_median", median, "us");
+  gw::bench::Report("rpc_latency", "rtt_p99", gw::bench::Quantile(us, 0.99), "us");
+  gw::bench::Report("rpc_latency", "rtt_inline_handler_median", gw::bench::Quantile(inline_us, 0.5), "us");
+  gw::bench::Report("rpc_latency", "rtt_inline_handler_p99", gw::bench::Quantile(inline_us, 0.99), "us");
+  gw::bench::Report("rpc_latency", "raw_tcp_rtt_median", raw_median, "us");
+  gw::bench::Report("rpc_latency", "rtt_over_raw_tcp", median / raw_median, "x");
+}
+
+void TensorEcho(Agent& agent, bool quick) {
+  struct Size {
+    const char* name;
+    int64_t bytes;
+    int iters;
+  };
+  const Size sizes[] = {{"4KiB", 4 << 10, 200}, {"1MiB", 1 << 20, 100}, {"16MiB", 16 << 20, 20},
+                        {"64MiB", 64 << 20, 10}};
+  gw::Generator gen(0);
+  for (const Size& s : sizes) {
+    Tensor t = Tensor::Rand({s.bytes / 4}, gen);
+    const int iters = quick ? std::max(3, s.iters / 10) : s.iters;
+    std::vector<double> ms;
+    for (int i = 0; i < 3 + iters; ++i) {
+      const double t0 = gw::bench::NowSeconds();
+      absl::StatusOr<Tensor> r = agent.Sync<Tensor>("worker1", "echo", t);
+      if (!r.ok() || r->numel() != t.numel()) {
+        std::fprintf(stderr, "tensor_echo: %s\n", std::string(r.status().message()).c_str());
+        std::exit(1);
+      }
+      if (i >= 3) ms.push_back((gw::bench::NowSeconds() - t0) * 1e3);
+    }
+    const double median = gw::bench::Quantile(ms, 0.5);
+    gw::bench::Report("tensor_echo", std::string("echo_") + s.name + "_rtt_median", median, "ms");
+    gw::bench::Report("tensor_echo", std::string("echo_") + s.name + "_bw",
+                      2.0 * static_cast<double>(s.bytes) / (median / 1e3) / 1e9, "GB/s");
+  }
+}
+
+void AsyncPipelined(Agent& agent, bool quick) {
+  const int total = quick ? 2000 : 20000, window = 64;
+  std::deque<gw::Future<int64_t>> inflight;
+  for (int i = 0; i < 200; ++i) (void)agent.Sync<int64_t>("worker1", "noop");  // warm-up
+  const double t0 = gw::bench::NowSeconds();
+  for (int i = 0; i < total; ++i) {
+    if (inflight.size() == window) {
+      if (!inflight.front().Get(absl::Seconds(60)).ok()) std::exit(1);
+      inflight.pop_front();
+    }
+    inflight.push_back(agent.Async<int64_t>("worker1", "noop"));
+  }
+  for (auto& f : inflight) {
+    if (!f.Get(absl::Seconds(60)).ok()) std::exit(1);
+  }
+  gw::bench::Report("async_pipelined", "calls_per_s", total / (gw::bench::NowSeconds() - t0), "calls/s");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* role = std::getenv("GW_BENCH_ROLE")) {
+    int port = 0, raw = 0;
+    if (std::strcmp(role, "server") != 0 || !absl::SimpleAtoi(std::getenv("GW_BENCH_PORT"), &port) ||
+        !absl::SimpleAtoi(std::getenv("GW_BENCH_RAW_PORT"), &raw)) {
+      return 2;
+    }
+    return Server(port, raw);
+  }
+  bool quick = false;
+  std::string workload;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      workload = argv[i];
+    }
+  }
+  if (workload != "rpc_latency" && workload != "tensor_echo" && workload != "async_pipelined") {
+    std::fprintf(stderr, "usage: rpc_bench [--quick] rpc_latency|tensor_echo|async_pipelined\n");
+    return 2;
+  }
+  const int port = FreePort(), raw_port = FreePort();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::setenv("GW_BENCH_ROLE", "server", 1);
+    ::setenv("GW_BENCH_PORT", std::to_string(port).c_str(), 1);
+    ::setenv("GW_BENCH_RAW_PORT", std::to_string(raw_port).c_str(), 1);
+    char exe[] = "/proc/self/exe";
+    char* args[] = {exe, nullptr};
+    ::execv(exe, args);
+    ::_exit(127);
+  }
+  auto agent = Agent::Start(Options(0, port));
+  if (!agent.ok()) {
+    std::fprintf(stderr, "rpc_bench: %s\n", std::string(agent.status().message()).c_str());
+    ::kill(child, SIGKILL);
+    return 1;
+  }
+  (void)(*agent)->store().Get("bench/ready", absl::Seconds(60));
+  std::fprintf(stderr, "%s: gradwire, transport %s, 2 processes on 127.0.0.1\n", workload.c_str(),
+               (*agent)->options().transport.c_str());
+  if (workload == "rpc_latency") RpcLatency(**agent, quick, raw_port);
+  if (workload == "tensor_echo") TensorEcho(**agent, quick);
+  if (workload == "async_pipelined") AsyncPipelined(**agent, quick);
+  if (workload != "rpc_latency") {  // let the raw echo server exit
+    std::vector<double> unused = RawPingPongUs(raw_port, 0, 1);
+  }
+  const bool ok = (*agent)->Shutdown(/*graceful=*/true).ok();
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return ok && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}

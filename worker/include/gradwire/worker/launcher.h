@@ -1,0 +1,82 @@
+// Launch: start N local worker processes of one program, like torchrun's local mode.
+//
+// Contract
+//   - Launch() starts options.num_workers processes of options.command (PROGRAM ARGS...,
+//     PROGRAM looked up in the launcher's PATH like execvp). Each gets the launcher's
+//     environment plus options.extra_env plus RANK, LOCAL_RANK, WORLD_SIZE,
+//     LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and GRADWIRE_WORKER_NAME ("worker1"),
+//     and reads stdin from /dev/null.
+//   - Each worker's stdout and stderr are copied line by line to `out` / `err`, each line
+//     prefixed with "[<name>] "; a last line without '\n' is written (with a '\n' added)
+//     when the worker closes its output. Lines longer than 64 KiB are split.
+//   - Each worker runs in its own process group. When a worker's main process exits
+//     non-zero or is killed by a signal, every other worker's group gets SIGTERM and,
+//     after kill_grace, SIGKILL; the result names that first failing worker, with
+//     exit_code = its exit status, or 128 + signal number. When any worker exits,
+//     whatever it left running in its group gets SIGTERM (SIGKILL after kill_grace).
+//   - SIGINT / SIGTERM received by the launcher during Launch() are forwarded to every
+//     worker's group (SIGKILL follows after kill_grace; a second such signal sends
+//     SIGKILL at once) and the result's exit_code is 128 + that signal.
+//   - No zombies, no orphans: children set PR_SET_PDEATHSIG(SIGKILL), so they die if the
+//     launcher thread dies (even by SIGKILL). While Launch() runs the process is a child
+//     subreaper (PR_SET_CHILD_SUBREAPER, previous setting restored after), so processes
+//     orphaned inside a worker's group become its children and are reaped. Launch()
+//     returns once every worker and such orphan is reaped and all output is drained.
+//     Not covered: processes that leave their worker's group (setsid/setpgid); they are
+//     not waited for, and if reparented to the launcher they stay its children.
+//   - Errors are returned as a Status after killing and reaping any worker already
+//     started: bad options (InvalidArgument), PROGRAM not found (NotFound), PROGRAM not
+//     executable (PermissionDenied), fork/pipe failures (ResourceExhausted / Internal).
+//   - Thread safety: Launch() installs process-wide handlers for SIGINT, SIGTERM and
+//     SIGCHLD while it runs (restoring the previous ones when it returns), so at most
+//     one Launch() may run per process at a time; a concurrent call fails with
+//     FailedPrecondition. REQUIRES: the calling thread outlives the launch (the
+//     children's death signal is tied to it); nothing else in the process reaps the
+//     workers (e.g. waitpid(-1, ...)); the process's other children do not orphan
+//     processes during Launch() (those would be reparented to it and left unreaped).
+//   - PickFreePort() binds `address`:0, reads the port the OS chose and closes the
+//     socket. Another process may take the port before rank 0 binds it.
+#ifndef GRADWIRE_WORKER_LAUNCHER_H_
+#define GRADWIRE_WORKER_LAUNCHER_H_
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gw::worker {
+
+struct LaunchOptions {
+  int num_workers = 1;                 // -n
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;                 // 0: pick a free port (PickFreePort(master_addr))
+  std::string name_prefix = "worker";  // worker names: worker0, worker1, ...
+  absl::Duration kill_grace = absl::Seconds(5);  // SIGTERM, then SIGKILL after this
+  std::vector<std::string> command;    // PROGRAM ARGS...
+  // Added to every worker's environment. Must not set the variables Launch() sets.
+  std::map<std::string, std::string> extra_env;
+};
+
+struct LaunchResult {
+  int exit_code = 0;          // 0 when every worker exited 0
+  std::string failed_worker;  // e.g. "worker1"; empty if none failed (or on a forwarded signal)
+  std::string reason;         // e.g. "exited with status 3", "was killed by signal 9 (SIGKILL)"
+};
+
+// The environment variables Launch() sets in every worker.
+inline constexpr const char* kLaunchEnvVars[] = {
+    "RANK",        "LOCAL_RANK",  "WORLD_SIZE",          "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_WORKER_NAME"};
+
+absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options, std::FILE* out = stdout,
+                                    std::FILE* err = stderr);
+
+// A TCP port that was free on `address` (IPv4/IPv6 literal or host name) a moment ago.
+absl::StatusOr<int> PickFreePort(const std::string& address);
+
+}  // namespace gw::worker
+
+#endif  // GRADWIRE_WORKER_LAUNCHER_H_

@@ -1,0 +1,755 @@
+#include "gradwire/worker/launcher.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+#include <optional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace gw::worker {
+namespace {
+
+// Lines longer than this are written in pieces, so a worker that never prints '\n'
+// cannot grow the launcher's buffer without bound.
+constexpr size_t kMaxLineBytes = 64 * 1024;
+constexpr size_t kReadChunk = 64 * 1024;
+// poll() never sleeps longer than this, as a safety net for a lost SIGCHLD wake-up.
+constexpr absl::Duration kMaxPollWait = absl::Milliseconds(200);
+// Once every worker has exited, how much longer than kill_grace to wait for processes
+// that escaped their process group but still hold a worker's stdout/stderr open.
+constexpr absl::Duration kDrainSlack = absl::Seconds(1);
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGCHLD};
+
+// Signal plumbing is process-wide by nature: the handler writes the signal number to the
+// self-pipe of the Launch() that is running (at most one, see g_launch_running).
+std::atomic<int> g_signal_pipe{-1};
+std::atomic<bool> g_launch_running{false};
+
+void OnSignal(int sig) {
+  const int saved_errno = errno;
+  const int fd = g_signal_pipe.load();
+  if (fd >= 0) {
+    const unsigned char byte = static_cast<unsigned char>(sig);
+    [[maybe_unused]] const ssize_t n = ::write(fd, &byte, 1);  // full pipe: already woken
+  }
+  errno = saved_errno;
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", sig);
+}
+
+absl::Status ErrnoError(const std::string& what, int err) {
+  const std::string message = absl::StrCat(what, ": ", std::strerror(err));
+  switch (err) {
+    case EMFILE:
+    case ENFILE:
+    case EAGAIN:
+    case ENOMEM:
+      return absl::ResourceExhaustedError(
+          absl::StrCat(message, "; start fewer workers or raise the limits (ulimit -n / -u)"));
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { Reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void Reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A close-on-exec pipe; `flags` may add O_NONBLOCK (to both ends).
+absl::Status MakePipe(Fd* read_end, Fd* write_end, int flags = 0) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | flags) != 0) return ErrnoError("cannot create a pipe", errno);
+  *read_end = Fd(fds[0]);
+  *write_end = Fd(fds[1]);
+  return absl::OkStatus();
+}
+
+// Marks the one Launch() running in this process.
+class LaunchSlot {
+ public:
+  LaunchSlot() : acquired_(!g_launch_running.exchange(true)) {}
+  ~LaunchSlot() {
+    if (acquired_) g_launch_running.store(false);
+  }
+  LaunchSlot(const LaunchSlot&) = delete;
+  LaunchSlot& operator=(const LaunchSlot&) = delete;
+  bool acquired() const { return acquired_; }
+
+ private:
+  bool acquired_;
+};
+
+// Installs the SIGINT/SIGTERM/SIGCHLD handlers feeding a self-pipe; restores the previous
+// handlers on destruction.
+class SignalPipe {
+ public:
+  SignalPipe() = default;
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+  ~SignalPipe() {
+    if (installed_) {
+      for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+        ::sigaction(kHandledSignals[i], &previous_[i], nullptr);
+      }
+      g_signal_pipe.store(-1);
+    }
+  }
+
+  absl::Status Install() {
+    if (absl::Status s = MakePipe(&read_, &write_, O_NONBLOCK); !s.ok()) return s;
+    g_signal_pipe.store(write_.get());
+    struct sigaction action {};
+    action.sa_handler = OnSignal;
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+      action.sa_flags = SA_RESTART | (kHandledSignals[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
+      ::sigaction(kHandledSignals[i], &action, &previous_[i]);
+    }
+    installed_ = true;
+    return absl::OkStatus();
+  }
+
+  int read_fd() const { return read_.get(); }
+
+  // The signals received since the last call, in order.
+  std::vector<int> Drain() {
+    std::vector<int> signals;
+    unsigned char buf[64];
+    ssize_t n;
+    while ((n = ::read(read_.get(), buf, sizeof buf)) > 0) {
+      signals.insert(signals.end(), buf, buf + n);
+    }
+    return signals;
+  }
+
+ private:
+  Fd read_, write_;
+  bool installed_ = false;
+  struct sigaction previous_[std::size(kHandledSignals)] {};
+};
+
+// Makes the launcher a child subreaper (PR_SET_CHILD_SUBREAPER) while it runs, so the
+// orphans of a worker's process group become its children and can be reaped instead of
+// being left to PID 1 (which in a container may never reap them).
+class SubreaperScope {
+ public:
+  SubreaperScope() {
+    int previous = 0;
+    if (::prctl(PR_GET_CHILD_SUBREAPER, &previous) == 0 && previous != 0) {
+      active_ = true;
+    } else if (::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0) {
+      active_ = set_by_us_ = true;
+    }
+  }
+  ~SubreaperScope() {
+    if (set_by_us_) ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  }
+  SubreaperScope(const SubreaperScope&) = delete;
+  SubreaperScope& operator=(const SubreaperScope&) = delete;
+  bool active() const { return active_; }
+
+ private:
+  bool active_ = false;
+  bool set_by_us_ = false;
+};
+
+struct Stream {
+  Fd fd;
+  std::FILE* dest = nullptr;
+  std::string partial;  // bytes after the last '\n'
+};
+
+struct Worker {
+  std::string name;
+  std::string prefix;  // "[worker1] "
+  pid_t pid = -1;      // also its process group id
+  bool reaped = false;  // the main process
+  int wait_status = 0;
+  // Once the main process is reaped: no child of the launcher is left in the group. With
+  // the launcher a child subreaper, orphans of the group are its children, so this means
+  // the group is gone.
+  bool group_empty = false;
+  Stream streams[2];  // stdout, stderr
+  std::optional<absl::Time> leftover_kill_at;
+
+  bool HasOpenStreams() const { return streams[0].fd.valid() || streams[1].fd.valid(); }
+  // Whether its process group may still have members worth signalling (and so still
+  // owns its id): an unreaped child of the launcher in it, or something holding its pipes.
+  bool MayHaveProcesses() const {
+    return pid > 0 && (!reaped || !group_empty || HasOpenStreams());
+  }
+  void SignalGroup(int sig) const {
+    if (!MayHaveProcesses()) return;
+    if (::kill(-pid, sig) != 0 && !reaped) ::kill(pid, sig);
+  }
+};
+
+std::string DescribeStatus(int wait_status) {
+  if (WIFEXITED(wait_status)) return absl::StrCat("exited with status ", WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    return absl::StrCat("was killed by signal ", sig, " (", SignalName(sig), ")");
+  }
+  return absl::StrCat("ended with wait status ", wait_status);
+}
+
+int ExitCodeOf(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return 1;
+}
+
+absl::Status ValidateOptions(const LaunchOptions& options, std::FILE* out, std::FILE* err) {
+  if (options.num_workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_workers must be at least 1, got ", options.num_workers));
+  }
+  if (options.command.empty() || options.command[0].empty()) {
+    return absl::InvalidArgumentError(
+        "command is empty; give the program to run and its arguments");
+  }
+  if (options.master_addr.empty()) {
+    return absl::InvalidArgumentError("master_addr is empty; use e.g. 127.0.0.1");
+  }
+  if (options.master_port < 0 || options.master_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "master_port must be in [0, 65535] (0 picks a free port), got ", options.master_port));
+  }
+  if (options.kill_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kill_grace must not be negative, got ", absl::FormatDuration(options.kill_grace)));
+  }
+  if (out == nullptr || err == nullptr) {
+    return absl::InvalidArgumentError("out and err must be open streams, got a null FILE*");
+  }
+  for (const auto& [name, value] : options.extra_env) {
+    if (name.empty() || name.find('=') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "extra_env has an invalid variable name '", name, "' (empty or containing '=')"));
+    }
+    for (const char* reserved : kLaunchEnvVars) {
+      if (name == reserved) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "extra_env sets ", name, ", which Launch() sets for every worker; remove it"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The environment shared by every worker: the launcher's, minus what is overridden.
+std::vector<std::string> CommonEnvironment(const LaunchOptions& options, int port) {
+  auto overridden = [&](const std::string& name) {
+    if (options.extra_env.count(name) != 0) return true;
+    for (const char* reserved : kLaunchEnvVars) {
+      if (name == reserved) return true;
+    }
+    return false;
+  };
+  std::vector<std::string> env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string var(*entry);
+    if (!overridden(var.substr(0, var.find('=')))) env.push_back(var);
+  }
+  for (const auto& [name, value] : options.extra_env) env.push_back(absl::StrCat(name, "=", value));
+  env.push_back(absl::StrCat("WORLD_SIZE=", options.num_workers));
+  env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", options.num_workers));
+  env.push_back(absl::StrCat("MASTER_ADDR=", options.master_addr));
+  env.push_back(absl::StrCat("MASTER_PORT=", port));
+  return env;
+}
+
+absl::Status ExecError(const std::string& worker, const std::string& program, int err) {
+  const bool has_slash = program.find('/') != std::string::npos;
+  switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(absl::StrCat(
+          "cannot start ", worker, ": program '", program, "' not found",
+          has_slash ? "" : " in PATH", "; check the spelling or give its full path"));
+    case EACCES:
+      return absl::PermissionDeniedError(absl::StrCat(
+          "cannot start ", worker, ": program '", program,
+          "' is not executable (permission denied); check its mode (chmod +x) and path"));
+    default:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot start ", worker, ": executing '", program, "' failed: ", std::strerror(err)));
+  }
+}
+
+// Child side of StartWorker, between fork and exec: async-signal-safe calls only.
+[[noreturn]] void RunChild(pid_t parent, int stdin_fd, int stdout_fd, int stderr_fd,
+                           int exec_error_fd, char* const* argv, char* const* envp) {
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  sigemptyset(&default_action.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) ::sigaction(sig, &default_action, nullptr);
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
+  // Move the three sources above 2 first so no dup2 clobbers another source.
+  const int sources[3] = {::fcntl(stdin_fd, F_DUPFD_CLOEXEC, 3),
+                          ::fcntl(stdout_fd, F_DUPFD_CLOEXEC, 3),
+                          ::fcntl(stderr_fd, F_DUPFD_CLOEXEC, 3)};
+  for (int target = 0; target < 3; ++target) {
+    if (sources[target] < 0 || ::dup2(sources[target], target) < 0) {
+      const int e = errno;
+      [[maybe_unused]] const ssize_t n = ::write(exec_error_fd, &e, sizeof e);
+      ::_exit(127);
+    }
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execvpe(argv[0], argv, envp);
+  const int e = errno;
+  [[maybe_unused]] const ssize_t n = ::write(exec_error_fd, &e, sizeof e);
+  ::_exit(127);
+}
+
+pid_t WaitBlocking(pid_t pid, int* status) {
+  pid_t r;
+  do {
+    r = ::waitpid(pid, status, 0);
+  } while (r < 0 && errno == EINTR);
+  return r;
+}
+
+// Forks and execs one worker; on success fills worker->pid and its streams.
+absl::Status StartWorker(const std::vector<std::string>& command, std::vector<std::string> env,
+                         int devnull, std::FILE* out, std::FILE* err, Worker* worker) {
+  Fd out_r, out_w, err_r, err_w, exec_r, exec_w;
+  if (absl::Status s = MakePipe(&out_r, &out_w); !s.ok()) return s;
+  if (absl::Status s = MakePipe(&err_r, &err_w); !s.ok()) return s;
+  if (absl::Status s = MakePipe(&exec_r, &exec_w); !s.ok()) return s;
+
+  std::vector<char*> argv;
+  for (const std::string& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (std::string& var : env) envp.push_back(var.data());
+  envp.push_back(nullptr);
+
+  // Block signals across fork so the child never runs the launcher's handlers (which
+  // would write into the launcher's self-pipe); the child resets them before unblocking.
+  sigset_t all, previous;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    RunChild(parent, devnull, out_w.get(), err_w.get(), exec_w.get(), argv.data(), envp.data());
+  }
+  const int fork_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (pid < 0) return ErrnoError(absl::StrCat("cannot start ", worker->name, ": fork"), fork_errno);
+
+  ::setpgid(pid, pid);  // also done by the child; whichever runs first wins the race
+  out_w.Reset();
+  err_w.Reset();
+  exec_w.Reset();
+  int exec_errno = 0;
+  size_t got = 0;
+  while (got < sizeof exec_errno) {
+    const ssize_t n =
+        ::read(exec_r.get(), reinterpret_cast<char*>(&exec_errno) + got, sizeof exec_errno - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got == sizeof exec_errno) {  // exec failed; the child has exited (or is about to)
+    int status;
+    WaitBlocking(pid, &status);
+    return ExecError(worker->name, command[0], exec_errno);
+  }
+
+  worker->pid = pid;
+  for (Fd* fd : {&out_r, &err_r}) ::fcntl(fd->get(), F_SETFL, ::fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
+  worker->streams[0].fd = std::move(out_r);
+  worker->streams[0].dest = out;
+  worker->streams[1].fd = std::move(err_r);
+  worker->streams[1].dest = err;
+  return absl::OkStatus();
+}
+
+class Supervisor {
+ public:
+  Supervisor(const LaunchOptions& options, std::FILE* out, std::FILE* err)
+      : options_(options), out_(out), err_(err) {}
+
+  absl::StatusOr<LaunchResult> Run(int port) {
+    Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!devnull.valid()) return ErrnoError("cannot open /dev/null for the workers' stdin", errno);
+    if (absl::Status s = signals_.Install(); !s.ok()) return s;
+
+    const std::vector<std::string> common = CommonEnvironment(options_, port);
+    workers_.resize(static_cast<size_t>(options_.num_workers));
+    for (int rank = 0; rank < options_.num_workers; ++rank) {
+      Worker& w = workers_[static_cast<size_t>(rank)];
+      w.name = absl::StrCat(options_.name_prefix, rank);
+      w.prefix = absl::StrCat("[", w.name, "] ");
+      std::vector<std::string> env = common;
+      env.push_back(absl::StrCat("RANK=", rank));
+      env.push_back(absl::StrCat("LOCAL_RANK=", rank));
+      env.push_back(absl::StrCat("GRADWIRE_WORKER_NAME=", w.name));
+      if (absl::Status s = StartWorker(options_.command, std::move(env), devnull.get(), out_,
+                                       err_, &w);
+          !s.ok()) {
+        KillStarted();
+        return s;
+      }
+    }
+    devnull.Reset();
+    Supervise();
+    return Result();
+  }
+
+ private:
+  // Startup failed: SIGKILL and reap whatever was started; their output is dropped.
+  void KillStarted() {
+    for (Worker& w : workers_) {
+      if (w.pid <= 0 || w.reaped) continue;
+      w.SignalGroup(SIGKILL);
+      WaitBlocking(w.pid, &w.wait_status);
+      w.reaped = true;
+      int status;
+      while (WaitBlocking(-w.pid, &status) > 0) {
+      }  // orphans of the group (children of this subreaper)
+      w.group_empty = true;
+    }
+  }
+
+  void Supervise() {
+    std::vector<pollfd> fds;
+    std::vector<Stream*> polled;
+    for (;;) {
+      const absl::Time now = absl::Now();
+      RunTimers(now);
+      const bool all_reaped =
+          std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.reaped; });
+      const bool any_busy = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+        return w.HasOpenStreams() || (subreaper_.active() && !w.group_empty);
+      });
+      if (all_reaped && !any_busy) break;
+      if (all_reaped && !drain_deadline_) drain_deadline_ = now + options_.kill_grace + kDrainSlack;
+      if (drain_deadline_ && now >= *drain_deadline_) {
+        // Something outside the workers' process groups holds their output open, or a
+        // process of a group will not die even of SIGKILL: stop waiting for it.
+        for (Worker& w : workers_) {
+          for (Stream& s : w.streams) CloseStream(w, s);
+        }
+        break;
+      }
+
+      fds.clear();
+      polled.clear();
+      fds.push_back({signals_.read_fd(), POLLIN, 0});
+      polled.push_back(nullptr);
+      for (Worker& w : workers_) {
+        for (Stream& s : w.streams) {
+          if (!s.fd.valid()) continue;
+          fds.push_back({s.fd.get(), POLLIN, 0});
+          polled.push_back(&s);
+        }
+      }
+      const int rc = ::poll(fds.data(), fds.size(), PollTimeoutMs(now));
+      if (rc > 0) {
+        for (size_t i = 1; i < fds.size(); ++i) {
+          if (fds[i].revents == 0) continue;
+          ReadStream(OwnerOf(polled[i]), *polled[i]);
+        }
+      }
+      for (int sig : signals_.Drain()) {
+        if (sig == SIGINT || sig == SIGTERM) OnLauncherSignal(sig);
+      }
+      ReapExited();
+      std::fflush(out_);
+      std::fflush(err_);
+    }
+    std::fflush(out_);
+    std::fflush(err_);
+  }
+
+  Worker& OwnerOf(const Stream* s) {
+    for (Worker& w : workers_) {
+      if (s == &w.streams[0] || s == &w.streams[1]) return w;
+    }
+    return workers_.front();  // unreachable
+  }
+
+  int PollTimeoutMs(absl::Time now) const {
+    absl::Time wake = now + kMaxPollWait;
+    if (kill_at_) wake = std::min(wake, *kill_at_);
+    if (drain_deadline_) wake = std::min(wake, *drain_deadline_);
+    for (const Worker& w : workers_) {
+      if (w.leftover_kill_at) wake = std::min(wake, *w.leftover_kill_at);
+    }
+    const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(wake - now, absl::Milliseconds(1)));
+    return static_cast<int>(std::max<int64_t>(ms, 0));
+  }
+
+  void RunTimers(absl::Time now) {
+    if (kill_at_ && now >= *kill_at_) {
+      for (const Worker& w : workers_) w.SignalGroup(SIGKILL);
+      kill_at_.reset();
+    }
+    for (Worker& w : workers_) {
+      if (w.leftover_kill_at && now >= *w.leftover_kill_at) {
+        w.SignalGroup(SIGKILL);
+        w.leftover_kill_at.reset();
+      }
+    }
+  }
+
+  void ReadStream(Worker& w, Stream& s) {
+    char buf[kReadChunk];
+    const ssize_t n = ::read(s.fd.get(), buf, sizeof buf);
+    if (n > 0) {
+      s.partial.append(buf, static_cast<size_t>(n));
+      EmitLines(w, s, /*at_eof=*/false);
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      CloseStream(w, s);
+    }
+  }
+
+  void CloseStream(Worker& w, Stream& s) {
+    if (!s.fd.valid()) return;
+    EmitLines(w, s, /*at_eof=*/true);
+    s.fd.Reset();
+  }
+
+  void EmitLines(const Worker& w, Stream& s, bool at_eof) {
+    std::string text;
+    auto emit = [&](size_t start, size_t length) {
+      absl::StrAppend(&text, w.prefix);
+      text.append(s.partial, start, length);
+      text.push_back('\n');
+    };
+    size_t start = 0;
+    for (;;) {
+      const size_t newline = s.partial.find('\n', start);
+      const size_t remaining = s.partial.size() - start;
+      if (newline != std::string::npos && newline - start <= kMaxLineBytes) {
+        emit(start, newline - start);
+        start = newline + 1;
+      } else if (remaining >= kMaxLineBytes) {
+        emit(start, kMaxLineBytes);
+        start += kMaxLineBytes;
+      } else {
+        if (at_eof && remaining > 0) {
+          emit(start, remaining);
+          start += remaining;
+        }
+        break;
+      }
+    }
+    s.partial.erase(0, start);
+    if (!text.empty()) std::fwrite(text.data(), 1, text.size(), s.dest);
+  }
+
+  void ReapExited() {
+    for (Worker& w : workers_) {
+      if (!w.reaped) ReapMain(w);
+      ReapGroup(w);
+    }
+  }
+
+  void ReapMain(Worker& w) {
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+      if (errno == ECHILD) {  // someone else in this process reaped it
+        w.reaped = true;
+        w.wait_status = -1;
+        OnExit(w, /*known=*/false);
+      }
+      return;
+    }
+    if (info.si_pid != w.pid) return;  // still running
+    // The exited main process is still a zombie, so its process group id cannot have
+    // been reused: whatever it left running in the group gets SIGTERM now.
+    ::kill(-w.pid, SIGTERM);
+    WaitBlocking(w.pid, &w.wait_status);
+    w.reaped = true;
+    OnExit(w, /*known=*/true);
+  }
+
+  // Reaps the group's orphans that became the launcher's children (as a subreaper).
+  void ReapGroup(Worker& w) {
+    if (w.group_empty) return;
+    for (;;) {
+      siginfo_t info{};
+      if (::waitid(P_PGID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+        if (errno == EINTR) continue;
+        if (w.reaped) w.group_empty = true;  // ECHILD: no child of ours left in the group
+        return;
+      }
+      if (info.si_pid == 0) return;  // children left, none exited
+      if (info.si_pid == w.pid) {    // the main process, exited since ReapMain looked
+        if (w.reaped) return;
+        ReapMain(w);
+        continue;
+      }
+      int status;
+      WaitBlocking(info.si_pid, &status);
+    }
+  }
+
+  void OnExit(Worker& w, bool known) {
+    const absl::Time now = absl::Now();
+    w.leftover_kill_at = now + options_.kill_grace;  // for what it left in its group
+    const bool ok = known && WIFEXITED(w.wait_status) && WEXITSTATUS(w.wait_status) == 0;
+    if (ok || failure_ || launcher_signals_ > 0) return;  // later exits are consequences
+    failure_ = LaunchResult{
+        .exit_code = known ? ExitCodeOf(w.wait_status) : 1,
+        .failed_worker = w.name,
+        .reason = known ? DescribeStatus(w.wait_status)
+                        : "was reaped by someone else in the launcher process; exit status unknown"};
+    for (const Worker& other : workers_) {
+      if (&other != &w) other.SignalGroup(SIGTERM);
+    }
+    if (!kill_at_) kill_at_ = now + options_.kill_grace;
+  }
+
+  void OnLauncherSignal(int sig) {
+    if (launcher_signals_++ == 0) {
+      first_launcher_signal_ = sig;
+      for (const Worker& w : workers_) w.SignalGroup(sig);
+      if (!kill_at_) kill_at_ = absl::Now() + options_.kill_grace;
+    } else {
+      for (const Worker& w : workers_) w.SignalGroup(SIGKILL);
+    }
+  }
+
+  LaunchResult Result() const {
+    if (failure_) return *failure_;
+    if (launcher_signals_ > 0) {
+      return LaunchResult{.exit_code = 128 + first_launcher_signal_,
+                          .failed_worker = "",
+                          .reason = absl::StrCat("received ", SignalName(first_launcher_signal_),
+                                                 "; forwarded it to the workers")};
+    }
+    return LaunchResult{};
+  }
+
+  const LaunchOptions& options_;
+  std::FILE* out_;
+  std::FILE* err_;
+  SignalPipe signals_;
+  SubreaperScope subreaper_;
+  std::vector<Worker> workers_;
+  std::optional<absl::Time> kill_at_;         // SIGKILL every group at this time
+  std::optional<absl::Time> drain_deadline_;  // stop waiting for output at this time
+  std::optional<LaunchResult> failure_;
+  int launcher_signals_ = 0;
+  int first_launcher_signal_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<int> PickFreePort(const std::string& address) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(address.c_str(), "0", &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot pick a free port: cannot resolve master address '", address, "': ",
+        ::gai_strerror(rc), "; use an address of this machine such as 127.0.0.1"));
+  }
+  std::string why = "no usable address";
+  std::optional<int> port;
+  for (addrinfo* ai = found; ai != nullptr && !port; ai = ai->ai_next) {
+    Fd sock(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!sock.valid()) {
+      why = absl::StrCat("socket: ", std::strerror(errno));
+      continue;
+    }
+    if (::bind(sock.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      why = absl::StrCat("bind: ", std::strerror(errno));
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    if (::getsockname(sock.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+      why = absl::StrCat("getsockname: ", std::strerror(errno));
+      continue;
+    }
+    if (bound.ss_family == AF_INET) {
+      port = ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+    } else if (bound.ss_family == AF_INET6) {
+      port = ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port);
+    }
+  }
+  ::freeaddrinfo(found);
+  if (!port) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot pick a free port on '", address, "' (", why,
+        "); the master address must belong to this machine, or set the port explicitly"));
+  }
+  return *port;
+}
+
+absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options, std::FILE* out, std::FILE* err) {
+  if (absl::Status s = ValidateOptions(options, out, err); !s.ok()) return s;
+  LaunchSlot slot;
+  if (!slot.acquired()) {
+    return absl::FailedPreconditionError(
+        "another Launch() is already running in this process; run launches one at a time");
+  }
+  int port = options.master_port;
+  if (port == 0) {
+    absl::StatusOr<int> picked = PickFreePort(options.master_addr);
+    if (!picked.ok()) return picked.status();
+    port = *picked;
+  }
+  std::fflush(out);  // so nothing the caller wrote earlier lands after the workers' lines
+  std::fflush(err);
+  Supervisor supervisor(options, out, err);
+  return supervisor.Run(port);
+}
+
+}  // namespace gw::worker

@@ -1,0 +1,170 @@
+// gradwire: the command-line tool. Today it has one command, `gradwire launch`, which
+// starts N local workers of a program (like torchrun's local mode); see Usage() below and
+// gradwire/worker/launcher.h for what the workers get and how failures are handled.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gradwire/worker/launcher.h"
+
+namespace gw::worker {
+namespace {
+
+constexpr char kUsage[] =
+    R"(usage: gradwire launch [-n N] [--master-addr A] [--master-port P] [--name-prefix S]
+                       [--kill-grace SECONDS] PROGRAM [ARGS...]
+       gradwire --help
+
+Commands:
+  launch   start N local worker processes of PROGRAM (like torchrun's local mode)
+
+Options of launch (they end at PROGRAM; everything after it goes to PROGRAM untouched):
+  -n N, --nproc-per-node N  number of workers (default 1)
+  --master-addr A           MASTER_ADDR given to the workers (default 127.0.0.1)
+  --master-port P           MASTER_PORT given to the workers (default 0: pick a free port)
+  --name-prefix S           worker names S0, S1, ... (default "worker")
+  --kill-grace SECONDS      when a worker fails, the others get SIGTERM, then SIGKILL
+                            after this many seconds (default 5)
+  -h, --help                print this help
+
+Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+and GRADWIRE_WORKER_NAME, reads stdin from /dev/null, and has each line of its stdout and
+stderr prefixed with "[worker<rank>] ". SIGINT/SIGTERM are forwarded to the workers.
+Exit status: 0 if every worker exited 0, else the first failing worker's status
+(128+N if it was killed by signal N); 2 for bad usage; 127 if PROGRAM is not found.
+)";
+
+constexpr int kUsageError = 2;
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "%s\n\n%s", message.c_str(), kUsage);
+  return kUsageError;
+}
+
+// Splits "--name=value" into name and value; `has_value` tells whether '=' was present.
+void SplitOption(const std::string& arg, std::string* name, std::string* value, bool* has_value) {
+  const size_t eq = arg.find('=');
+  *has_value = arg.rfind("--", 0) == 0 && eq != std::string::npos;
+  *name = *has_value ? arg.substr(0, eq) : arg;
+  *value = *has_value ? arg.substr(eq + 1) : "";
+}
+
+int RunLaunch(const std::vector<std::string>& args) {
+  constexpr char kWho[] = "gradwire launch: ";
+  LaunchOptions options;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.empty() || arg[0] != '-' || arg == "-") break;  // PROGRAM
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    std::string name, value;
+    bool has_value;
+    SplitOption(arg, &name, &value, &has_value);
+    if (!has_value && name.size() > 2 && name.rfind("-n", 0) == 0 && name[2] != '-') {
+      value = name.substr(2);  // -n4
+      name = "-n";
+      has_value = true;
+    }
+    const bool known = name == "-n" || name == "--nproc-per-node" || name == "--master-addr" ||
+                       name == "--master-port" || name == "--name-prefix" ||
+                       name == "--kill-grace";
+    if (!known) return UsageError(absl::StrCat(kWho, "unknown option '", arg, "'"));
+    if (!has_value) {
+      if (i + 1 >= args.size()) return UsageError(absl::StrCat(kWho, name, " needs a value"));
+      value = args[++i];
+    }
+    if (name == "-n" || name == "--nproc-per-node") {
+      if (!absl::SimpleAtoi(value, &options.num_workers) || options.num_workers < 1) {
+        return UsageError(
+            absl::StrCat(kWho, name, " expects a positive number of workers, got '", value, "'"));
+      }
+    } else if (name == "--master-addr") {
+      if (value.empty()) return UsageError(absl::StrCat(kWho, "--master-addr is empty"));
+      options.master_addr = value;
+    } else if (name == "--master-port") {
+      if (!absl::SimpleAtoi(value, &options.master_port) || options.master_port < 0 ||
+          options.master_port > 65535) {
+        return UsageError(absl::StrCat(kWho, "--master-port expects a port in [0, 65535] ",
+                                       "(0 picks a free one), got '", value, "'"));
+      }
+    } else if (name == "--name-prefix") {
+      options.name_prefix = value;
+    } else {  // --kill-grace
+      double seconds;
+      if (!absl::SimpleAtod(value, &seconds) || !(seconds >= 0) || seconds > 86400) {
+        return UsageError(
+            absl::StrCat(kWho, "--kill-grace expects seconds in [0, 86400], got '", value, "'"));
+      }
+      options.kill_grace = absl::Seconds(seconds);
+    }
+  }
+  if (i >= args.size()) return UsageError(absl::StrCat(kWho, "missing PROGRAM to launch"));
+  options.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+
+  if (options.master_port == 0) {
+    absl::StatusOr<int> port = PickFreePort(options.master_addr);
+    if (!port.ok()) {
+      std::fprintf(stderr, "%s%s\n", kWho, std::string(port.status().message()).c_str());
+      return 1;
+    }
+    options.master_port = *port;
+  }
+  std::fprintf(stderr, "%sstarting %d worker%s (MASTER_ADDR=%s, MASTER_PORT=%d)\n", kWho,
+               options.num_workers, options.num_workers == 1 ? "" : "s",
+               options.master_addr.c_str(), options.master_port);
+  std::fflush(stderr);
+
+  absl::StatusOr<LaunchResult> result = Launch(options, stdout, stderr);
+  if (!result.ok()) {
+    std::fprintf(stderr, "%s%s\n", kWho, std::string(result.status().message()).c_str());
+    switch (result.status().code()) {
+      case absl::StatusCode::kNotFound:
+        return 127;  // as shells do for a missing command
+      case absl::StatusCode::kPermissionDenied:
+        return 126;  // as shells do for a command that cannot be executed
+      case absl::StatusCode::kInvalidArgument:
+        return kUsageError;
+      default:
+        return 1;
+    }
+  }
+  if (result->exit_code != 0) {
+    if (!result->failed_worker.empty()) {
+      std::fprintf(stderr, "%s%s %s%s\n", kWho, result->failed_worker.c_str(),
+                   result->reason.c_str(),
+                   options.num_workers > 1 ? "; stopped the other workers" : "");
+    } else {
+      std::fprintf(stderr, "%s%s\n", kWho, result->reason.c_str());
+    }
+  }
+  return result->exit_code;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) return UsageError("gradwire: missing command");
+  const std::string& command = args[0];
+  if (command == "-h" || command == "--help" || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (command == "launch") return RunLaunch(std::vector<std::string>(args.begin() + 1, args.end()));
+  return UsageError(absl::StrCat("gradwire: unknown command '", command, "'"));
+}
+
+}  // namespace
+}  // namespace gw::worker
+
+int main(int argc, char** argv) { return gw::worker::Main(argc, argv); }

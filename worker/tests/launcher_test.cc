@@ -1,0 +1,408 @@
+// Unit: Launch() with real processes (/bin/sh scripts): environment, prefixed output,
+// failure propagation and cleanup, signals; the `gradwire` command line.
+#include "gradwire/worker/launcher.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace gw::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string ReadAll(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  return text;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Output files for Launch(); tmpfile()s are deleted when closed.
+struct Capture {
+  Capture() : out(std::tmpfile()), err(std::tmpfile()) {}
+  ~Capture() {
+    std::fclose(out);
+    std::fclose(err);
+  }
+  std::string Out() { return ReadAll(out); }
+  std::string Err() { return ReadAll(err); }
+  std::FILE* out;
+  std::FILE* err;
+};
+
+// A fresh directory for pid and marker files, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    char name[] = "/tmp/gradwire_worker_test.XXXXXX";
+    path_ = ::mkdtemp(name);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+  std::string Read(const std::string& file) const {
+    std::ifstream in(path_ + "/" + file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  std::string path_;
+};
+
+LaunchOptions Shell(int n, const std::string& script) {
+  LaunchOptions options;
+  options.num_workers = n;
+  options.command = {"/bin/sh", "-c", script};
+  return options;
+}
+
+// Gone means no such process: not running, and not a zombie either (Launch() reaps the
+// orphans of its workers' process groups as a child subreaper).
+bool IsGone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+std::vector<pid_t> Pids(const std::string& text) {
+  std::vector<pid_t> pids;
+  std::istringstream in(text);
+  for (pid_t pid; in >> pid;) pids.push_back(pid);
+  return pids;
+}
+
+TEST(LaunchTest, AllSucceedWithEnvironmentAndPrefixedOutput) {
+  LaunchOptions options = Shell(
+      3,
+      "echo \"rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE "
+      "addr=$MASTER_ADDR port=$MASTER_PORT name=$GRADWIRE_WORKER_NAME extra=$EXTRA\"; "
+      "echo \"stderr of $RANK\" >&2; read line || echo \"stdin empty $RANK\"");
+  options.extra_env["EXTRA"] = "x y";
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0);
+  EXPECT_EQ(result->failed_worker, "");
+
+  std::map<int, std::string> ports;
+  int env_lines = 0;
+  for (const std::string& line : Lines(cap.Out())) {
+    ASSERT_EQ(line.rfind("[worker", 0), 0u) << line;
+    const int rank = line[7] - '0';
+    const std::string prefix = "[worker" + std::to_string(rank) + "] ";
+    ASSERT_EQ(line.rfind(prefix, 0), 0u) << line;
+    const std::string body = line.substr(prefix.size());
+    if (body.rfind("stdin empty", 0) == 0) {
+      EXPECT_EQ(body, "stdin empty " + std::to_string(rank));
+      continue;
+    }
+    ++env_lines;
+    const std::string r = std::to_string(rank);
+    EXPECT_NE(body.find("rank=" + r + " local=" + r + " world=3 lws=3 addr=127.0.0.1 port="),
+              std::string::npos)
+        << body;
+    EXPECT_NE(body.find(" name=worker" + r + " extra=x y"), std::string::npos) << body;
+    const size_t p = body.find("port=") + 5;
+    ports[rank] = body.substr(p, body.find(' ', p) - p);
+  }
+  EXPECT_EQ(env_lines, 3);
+  ASSERT_EQ(ports.size(), 3u);
+  EXPECT_EQ(ports[0], ports[1]);
+  EXPECT_EQ(ports[0], ports[2]);
+  EXPECT_GT(std::stoi(ports[0]), 0);
+
+  const std::string err = cap.Err();
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string r = std::to_string(rank);
+    EXPECT_NE(err.find("[worker" + r + "] stderr of " + r + "\n"), std::string::npos) << err;
+  }
+}
+
+TEST(LaunchTest, ExplicitPortAndPrefixAreUsed) {
+  LaunchOptions options = Shell(2, "echo \"$MASTER_PORT $GRADWIRE_WORKER_NAME\"");
+  options.master_port = 29555;
+  options.name_prefix = "trainer";
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::string out = cap.Out();
+  EXPECT_NE(out.find("[trainer0] 29555 trainer0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("[trainer1] 29555 trainer1\n"), std::string::npos) << out;
+}
+
+TEST(LaunchTest, OneFailureStopsTheOthers) {
+  TempDir dir;
+  // Ranks 0 and 2 record their shell's pid and a background sleep's pid, then wait; rank 1
+  // fails once both have done so.
+  LaunchOptions options = Shell(
+      3,
+      "cd \"$DIR\"; if [ \"$RANK\" = 1 ]; then\n"
+      "  while [ ! -s pid0 ] || [ ! -s pid2 ]; do sleep 0.02; done\n"
+      "  echo failing >&2; exit 3\n"
+      "fi\n"
+      "sleep 30 & echo \"$$ $!\" > tmp$RANK && mv tmp$RANK pid$RANK; wait");
+  options.extra_env["DIR"] = dir.path();
+  Capture cap;
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  const double elapsed = SecondsSince(start);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 3);
+  EXPECT_EQ(result->failed_worker, "worker1");
+  EXPECT_EQ(result->reason, "exited with status 3");
+  EXPECT_LT(elapsed, 4.0);
+  EXPECT_NE(cap.Err().find("[worker1] failing\n"), std::string::npos);
+  for (const char* file : {"pid0", "pid2"}) {
+    const std::vector<pid_t> pids = Pids(dir.Read(file));
+    ASSERT_EQ(pids.size(), 2u) << file;
+    for (pid_t pid : pids) EXPECT_TRUE(IsGone(pid)) << file << " pid " << pid;
+  }
+}
+
+TEST(LaunchTest, WorkerIgnoringSigtermIsKilledAfterGrace) {
+  TempDir dir;
+  LaunchOptions options = Shell(
+      2,
+      "cd \"$DIR\"; if [ \"$RANK\" = 1 ]; then\n"
+      "  while [ ! -s pid0 ]; do sleep 0.02; done; exit 1\n"
+      "fi\n"
+      "trap '' TERM; echo $$ > tmp0 && mv tmp0 pid0; sleep 30");
+  options.extra_env["DIR"] = dir.path();
+  options.kill_grace = absl::Milliseconds(300);
+  Capture cap;
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  const double elapsed = SecondsSince(start);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 1);
+  EXPECT_EQ(result->failed_worker, "worker1");
+  EXPECT_GE(elapsed, 0.3);
+  EXPECT_LT(elapsed, 3.0);
+  const std::vector<pid_t> pids = Pids(dir.Read("pid0"));
+  ASSERT_EQ(pids.size(), 1u);
+  EXPECT_TRUE(IsGone(pids[0]));
+}
+
+TEST(LaunchTest, KilledBySignalGives128PlusSignal) {
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(Shell(1, "kill -9 $$"), cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 128 + 9);
+  EXPECT_EQ(result->failed_worker, "worker0");
+  EXPECT_EQ(result->reason, "was killed by signal 9 (SIGKILL)");
+}
+
+TEST(LaunchTest, MissingProgramIsNotFound) {
+  Capture cap;
+  LaunchOptions options;
+  options.num_workers = 2;
+  options.command = {"gradwire-no-such-program", "--flag"};
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(result.status().message().find("'gradwire-no-such-program' not found in PATH"),
+            absl::string_view::npos)
+      << result.status();
+
+  options.command = {"/nonexistent/program"};
+  result = Launch(options, cap.out, cap.err);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(result.status().message().find("'/nonexistent/program' not found"),
+            absl::string_view::npos)
+      << result.status();
+
+  TempDir dir;
+  const std::string not_executable = dir.path() + "/data.txt";
+  std::ofstream(not_executable) << "not a program\n";
+  std::filesystem::permissions(not_executable, std::filesystem::perms::owner_read |
+                                                   std::filesystem::perms::owner_write);
+  options.command = {not_executable};
+  result = Launch(options, cap.out, cap.err);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kPermissionDenied) << result.status();
+}
+
+TEST(LaunchTest, PartialLastLinesAreFlushedWithPrefix) {
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(
+      Shell(1, "printf 'first\\nno newline'; printf 'err partial' >&2"), cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0);
+  EXPECT_EQ(cap.Out(), "[worker0] first\n[worker0] no newline\n");
+  EXPECT_EQ(cap.Err(), "[worker0] err partial\n");
+}
+
+TEST(LaunchTest, VeryLongLinesAreSplit) {
+  Capture cap;
+  absl::StatusOr<LaunchResult> result =
+      Launch(Shell(1, "head -c 150000 /dev/zero | tr '\\0' a; echo; echo next"), cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::vector<std::string> lines = Lines(cap.Out());
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0], "[worker0] " + std::string(65536, 'a'));
+  EXPECT_EQ(lines[1], "[worker0] " + std::string(65536, 'a'));
+  EXPECT_EQ(lines[2], "[worker0] " + std::string(150000 - 2 * 65536, 'a'));
+  EXPECT_EQ(lines[3], "[worker0] next");
+}
+
+TEST(LaunchTest, LeftoverBackgroundProcessesAreStopped) {
+  TempDir dir;
+  // One leftover holds the worker's stdout, the other does not.
+  LaunchOptions options = Shell(
+      1, "sleep 30 & echo $! > \"$DIR/pid\"; sleep 30 >/dev/null 2>&1 & echo $! >> \"$DIR/pid\"; "
+         "echo done");
+  options.extra_env["DIR"] = dir.path();
+  Capture cap;
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0);
+  EXPECT_LT(SecondsSince(start), 3.0);
+  EXPECT_EQ(cap.Out(), "[worker0] done\n");
+  const std::vector<pid_t> pids = Pids(dir.Read("pid"));
+  ASSERT_EQ(pids.size(), 2u);
+  for (pid_t pid : pids) EXPECT_TRUE(IsGone(pid)) << pid;
+}
+
+TEST(LaunchTest, LauncherSignalsAreForwarded) {
+  TempDir dir;
+  // Rank 0 reports the SIGINT it gets; rank 1 sends SIGINT to the launcher (this process).
+  LaunchOptions options = Shell(
+      2,
+      "cd \"$DIR\"; if [ \"$RANK\" = 1 ]; then\n"
+      "  trap 'exit 0' INT; while [ ! -e ready ]; do sleep 0.02; done; kill -INT $PPID\n"
+      "else\n"
+      "  trap 'echo got INT; exit 0' INT; touch ready\n"
+      "fi\n"
+      // The shell runs a trap between commands, so wait in short steps: a SIGINT that
+      // lands between two commands would otherwise be noticed only after a long one.
+      "while :; do sleep 0.05; done");
+  options.extra_env["DIR"] = dir.path();
+  options.kill_grace = absl::Seconds(2);
+  struct sigaction before {};
+  ::sigaction(SIGINT, nullptr, &before);
+  Capture cap;
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 128 + SIGINT);
+  EXPECT_EQ(result->failed_worker, "");
+  EXPECT_EQ(result->reason, "received SIGINT; forwarded it to the workers");
+  EXPECT_LT(SecondsSince(start), 1.9);  // nobody needed the SIGKILL
+  EXPECT_EQ(cap.Out(), "[worker0] got INT\n");
+  // The launcher's previous SIGINT disposition is back.
+  struct sigaction after {};
+  ::sigaction(SIGINT, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
+}
+
+TEST(LaunchTest, InvalidOptionsAreRejected) {
+  Capture cap;
+  LaunchOptions options = Shell(0, "true");
+  EXPECT_EQ(Launch(options, cap.out, cap.err).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options = Shell(1, "true");
+  options.extra_env["RANK"] = "5";
+  absl::Status status = Launch(options, cap.out, cap.err).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("RANK"), absl::string_view::npos);
+  options = Shell(1, "true");
+  options.command.clear();
+  EXPECT_EQ(Launch(options, cap.out, cap.err).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options = Shell(1, "true");
+  options.master_port = 70000;
+  EXPECT_EQ(Launch(options, cap.out, cap.err).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PickFreePortTest, ReturnsABindablePort) {
+  absl::StatusOr<int> port = PickFreePort("127.0.0.1");
+  ASSERT_TRUE(port.ok()) << port.status();
+  EXPECT_GT(*port, 0);
+  EXPECT_LE(*port, 65535);
+  EXPECT_FALSE(PickFreePort("no-such-host.invalid").ok());
+}
+
+#ifdef GRADWIRE_CLI_PATH
+struct CliRun {
+  int exit_code;
+  std::string out, err;
+};
+
+// Runs `gradwire ARGS` through /bin/sh; `args` is shell text.
+CliRun RunCli(const std::string& args) {
+  TempDir dir;
+  const std::string command = std::string("'") + GRADWIRE_CLI_PATH + "' " + args + " >'" +
+                              dir.path() + "/out' 2>'" + dir.path() + "/err'";
+  const int status = std::system(command.c_str());
+  return CliRun{WIFEXITED(status) ? WEXITSTATUS(status) : -1, dir.Read("out"), dir.Read("err")};
+}
+
+TEST(CliTest, HelpAndUsageErrors) {
+  CliRun help = RunCli("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_EQ(help.out.rfind("usage: gradwire launch", 0), 0u) << help.out;
+  EXPECT_EQ(RunCli("launch --help").exit_code, 0);
+
+  for (const char* bad : {"", "frobnicate", "launch", "launch -n", "launch -n zero /bin/true",
+                          "launch --bogus /bin/true", "launch --master-port 70000 /bin/true"}) {
+    CliRun run = RunCli(bad);
+    EXPECT_EQ(run.exit_code, 2) << bad;
+    EXPECT_NE(run.err.find("\n\nusage: gradwire launch"), std::string::npos) << bad << run.err;
+  }
+  EXPECT_EQ(RunCli("launch -n zero /bin/true").err.rfind(
+                "gradwire launch: -n expects a positive number of workers, got 'zero'\n", 0),
+            0u);
+}
+
+TEST(CliTest, LaunchPassesArgumentsThroughAndReportsFailure) {
+  CliRun ok = RunCli("launch --nproc-per-node 2 /bin/sh -c 'echo \"$RANK $*\"' sh -n --foo");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("[worker0] 0 -n --foo\n"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("[worker1] 1 -n --foo\n"), std::string::npos) << ok.out;
+  EXPECT_EQ(ok.err.rfind("gradwire launch: starting 2 workers (MASTER_ADDR=127.0.0.1, MASTER_PORT=",
+                         0),
+            0u)
+      << ok.err;
+
+  CliRun failed =
+      RunCli("launch -n 3 /bin/sh -c 'if [ $RANK = 1 ]; then exit 3; fi; sleep 30'");
+  EXPECT_EQ(failed.exit_code, 3);
+  EXPECT_NE(failed.err.find(
+                "gradwire launch: worker1 exited with status 3; stopped the other workers\n"),
+            std::string::npos)
+      << failed.err;
+
+  CliRun missing = RunCli("launch gradwire-no-such-program");
+  EXPECT_EQ(missing.exit_code, 127);
+  EXPECT_NE(missing.err.find("'gradwire-no-such-program' not found"), std::string::npos);
+}
+#endif  // GRADWIRE_CLI_PATH
+
+}  // namespace
+}  // namespace gw::worker
