@@ -184,22 +184,30 @@ void TensorEcho(Agent& agent, bool quick) {
   }
 }
 
-void AsyncPipelined(Agent& agent, bool quick) {
-  const int total = quick ? 2000 : 20000, window = 64;
+double PipelinedCallsPerSecond(Agent& agent, const char* function, int total) {
+  constexpr size_t kWindow = 64;
   std::deque<gw::Future<int64_t>> inflight;
-  for (int i = 0; i < 200; ++i) (void)agent.Sync<int64_t>("worker1", "noop");  // warm-up
+  for (int i = 0; i < 200; ++i) (void)agent.Sync<int64_t>("worker1", function);  // warm-up
   const double t0 = gw::bench::NowSeconds();
   for (int i = 0; i < total; ++i) {
-    if (inflight.size() == window) {
+    if (inflight.size() == kWindow) {
       if (!inflight.front().Get(absl::Seconds(60)).ok()) std::exit(1);
       inflight.pop_front();
     }
-    inflight.push_back(agent.Async<int64_t>("worker1", "noop"));
+    inflight.push_back(agent.Async<int64_t>("worker1", function));
   }
   for (auto& f : inflight) {
     if (!f.Get(absl::Seconds(60)).ok()) std::exit(1);
   }
-  gw::bench::Report("async_pipelined", "calls_per_s", total / (gw::bench::NowSeconds() - t0), "calls/s");
+  return total / (gw::bench::NowSeconds() - t0);
+}
+
+void AsyncPipelined(Agent& agent, bool quick) {
+  const int total = quick ? 2000 : 20000;
+  gw::bench::Report("async_pipelined", "calls_per_s", PipelinedCallsPerSecond(agent, "noop", total),
+                    "calls/s");
+  gw::bench::Report("async_pipelined", "calls_per_s_inline_handler",
+                    PipelinedCallsPerSecond(agent, "noop_inline", total), "calls/s");
 }
 
 }  // namespace
