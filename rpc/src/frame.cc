@@ -33,6 +33,14 @@ size_t EncodedFrame::total_bytes() const {
   return n;
 }
 
+void EncodedFrame::Snapshot() {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].storage().use_count() == 1 && tensors[i].impl_ptr().use_count() == 1) continue;
+    tensors[i] = kernels::Clone(tensors[i]);
+    spans[i] = absl::Span<const char>(static_cast<const char*>(tensors[i].raw_data()), tensors[i].nbytes());
+  }
+}
+
 absl::StatusOr<EncodedFrame> EncodeFrame(const Message& message, const FrameLimits& limits) {
   if (message.header.size() > limits.max_header_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("message header of ", message.header.size(),

@@ -1,6 +1,8 @@
 #include "gradwire/rpc/transport.h"
 
 #include "absl/strings/str_cat.h"
+#include "transport/grpc/grpc_transport.h"
+#include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace gw::rpc {
@@ -8,8 +10,10 @@ namespace gw::rpc {
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& name,
                                                          TransportOptions options) {
   if (name == "tcp") return MakeTcpTransport(options);
+  if (name == "shm") return MakeShmTransport(options);
+  if (name == "grpc") return MakeGrpcTransport(options);
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown transport '", name, "' (available: tcp)"));
+      absl::StrCat("unknown transport '", name, "' (available: tcp, shm, grpc)"));
 }
 
 }  // namespace gw::rpc

@@ -180,10 +180,14 @@ TEST_P(TransportTest, GarbageFromARawSocketClosesOnlyThatConnection) {
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n................";
   ASSERT_GT(::send(fd, junk, sizeof(junk), 0), 0);
-  absl::Status s = server_inbox_.WaitClose();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  char buf[16];
-  EXPECT_LE(::recv(fd, buf, sizeof(buf), 0), 0);  // the server hung up
+  // grpc: gRPC's HTTP/2 layer rejects the bytes before the transport sees them, so no
+  // Connection (and no on_close) exists for this socket; only the second half applies.
+  if (GetParam() != "grpc") {
+    absl::Status s = server_inbox_.WaitClose();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    char buf[16];
+    EXPECT_LE(::recv(fd, buf, sizeof(buf), 0), 0);  // the server hung up
+  }
   ::close(fd);
   // The transport still serves well-behaved peers.
   conn_ = Dial();
@@ -200,7 +204,26 @@ TEST_P(TransportTest, ConnectToNothingFailsByTheDeadline) {
   EXPECT_FALSE(MakeTransport("carrier-pigeon").ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::Values("tcp"));
+TEST_P(TransportTest, TensorsModifiedAfterSendArriveWholeNeverTorn) {
+  // With shm the receiver copies large tensors out of the sender's memory after Send
+  // returned; a sender that overwrites the tensor meanwhile must not produce a mix.
+  conn_ = Dial();
+  absl::SleepFor(absl::Milliseconds(50));  // let the shm handshake finish
+  constexpr int kMessages = 20;
+  for (int i = 0; i < kMessages; ++i) {
+    Tensor t = Tensor::Full({1 << 20}, 1.0);  // 4 MiB
+    conn_->Send(Message{std::to_string(i), {t}});
+    kernels::Fill(t, 2.0);  // in place, right after sending
+  }
+  ASSERT_TRUE(server_inbox_.WaitMessages(kMessages, absl::Seconds(60)));
+  for (const Message& m : server_inbox_.messages()) {
+    const double lo = -kernels::MaxAll(kernels::Neg(m.tensors[0])).item();
+    const double hi = kernels::MaxAll(m.tensors[0]).item();
+    EXPECT_EQ(lo, hi) << "message " << m.header << " mixes old and new contents";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::Values("tcp", "shm", "grpc"));
 
 }  // namespace
 }  // namespace gw::rpc

@@ -58,7 +58,9 @@ struct AgentOptions {
   std::string rendezvous = "127.0.0.1:29500";  // store address, host:port
   bool host_store = true;                      // rank 0 hosts the store at `rendezvous`
   std::string run_id = "gradwire";             // namespace of this group's keys in the store
-  std::string transport = "tcp";
+  // "shm" (default): tcp, plus cross-memory attach for large tensors between processes
+  // on the same host, negotiated per connection; "tcp"; or "grpc".
+  std::string transport = "shm";
   std::string listen_host = "127.0.0.1";
   absl::Duration start_timeout = absl::Seconds(60);
   absl::Duration default_timeout = absl::Seconds(60);

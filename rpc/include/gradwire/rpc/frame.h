@@ -57,6 +57,9 @@ struct EncodedFrame {
   std::vector<Tensor> tensors;                // contiguous versions of the message's tensors
   std::vector<absl::Span<const char>> spans;  // their bytes, in order
   size_t total_bytes() const;
+  // Replaces every tensor that someone else still references by a private copy, so the
+  // frame's bytes no longer change when the caller modifies its tensors after sending.
+  void Snapshot();
 };
 
 // REQUIRES: every tensor is defined and on the CPU; the message fits the limits.

@@ -1,9 +1,13 @@
 // Transport and Connection: moving Messages between processes.
 //
 // Contract
-//   - A Transport listens for and dials Connections; each backend (tcp today) lives in
+//   - A Transport listens for and dials Connections; each backend lives in
 //     rpc/src/transport/<name>/ and passes the conformance suite in
-//     rpc/tests/transport_test.cc.
+//     rpc/tests/transport_test.cc:
+//       tcp   Boost.Asio sockets, scatter-gather writes, payloads read into tensors;
+//       shm   tcp plus cross-memory attach for large tensors between processes on one
+//             host (one copy instead of two), falling back to tcp when not permitted;
+//       grpc  the same frames over a gRPC bidirectional stream (HTTP/2 networks, TLS).
 //   - Connection::Send queues a message and writes it in order with the connection's
 //     other messages; the tensors' bytes are written from their own storage
 //     (scatter-gather), and on_sent reports the outcome exactly once. Send may write on
@@ -67,7 +71,7 @@ class Transport {
   virtual void Shutdown() = 0;
 };
 
-// Transports by name: "tcp".
+// Transports by name: "tcp", "shm", "grpc".
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& name,
                                                          TransportOptions options = {});
 

@@ -27,6 +27,7 @@ using Strand = asio::strand<asio::io_context::executor_type>;
 constexpr size_t kStagingBytes = 64 << 10;
 constexpr size_t kDirectReadBytes = 64 << 10;
 constexpr int kMaxIov = 64;
+constexpr absl::Duration kSendTimeout = absl::Seconds(60);
 
 absl::StatusOr<tcp::endpoint> ParseAddress(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -88,6 +89,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       if (closed_) {
         result = close_reason_;
       } else if (io_writing_ || !queue_.empty()) {
+        w.frame.Snapshot();  // written later by the I/O thread
         queue_.push_back(std::move(w));
         return;
       } else {
@@ -96,6 +98,15 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
             result = absl::OkStatus();
             break;
           case WriteResult::kBlocked:
+            if (!strand_.running_in_this_thread()) {
+              // Finish the frame on this thread, so that every byte has left the
+              // caller's tensors when Send returns (they may be modified right after).
+              result = WriteBlocking(w);
+              break;
+            }
+            // On the I/O thread we must not block (the peer may be sending to us too):
+            // keep private copies and let the I/O thread finish.
+            w.frame.Snapshot();
             queue_.push_back(std::move(w));
             io_writing_ = true;
             asio::post(strand_, [self = shared_from_this()] { self->WaitWritable(); });
@@ -103,15 +114,16 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
           case WriteResult::kError:
             result = absl::UnavailableError(absl::StrCat("send to ", peer_, " failed: ",
                                                          std::strerror(errno)));
-            Close(result);
             break;
         }
+        if (!result.ok()) Close(result);
       }
     }
     if (w.on_sent) w.on_sent(result);
   }
 
   void Close(absl::Status reason) override {
+    closing_.store(true, std::memory_order_release);
     asio::post(strand_, [self = shared_from_this(), reason] { self->CloseOnStrand(reason); });
   }
 
@@ -159,6 +171,28 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       w.offset += static_cast<size_t>(sent);
     }
     return WriteResult::kDone;
+  }
+
+  // Writes the rest of w, waiting for the socket to drain (bounded by kSendTimeout, and
+  // abandoned when the connection is being closed).
+  absl::Status WriteBlocking(Pending& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const absl::Time deadline = absl::Now() + kSendTimeout;
+    while (true) {
+      pollfd pfd{fd_, POLLOUT, 0};
+      const int r = ::poll(&pfd, 1, 100);
+      if (closing_.load(std::memory_order_acquire)) return absl::CancelledError("connection closing");
+      if (r < 0 && errno != EINTR) break;
+      if (r > 0) {
+        const WriteResult wr = TryWrite(w);
+        if (wr == WriteResult::kDone) return absl::OkStatus();
+        if (wr == WriteResult::kError) break;
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("send to ", peer_, " made no progress for ",
+                                                        absl::FormatDuration(kSendTimeout)));
+      }
+    }
+    return absl::UnavailableError(absl::StrCat("send to ", peer_, " failed: ", std::strerror(errno)));
   }
 
   // On the strand: waits until the socket is writable, then drains the queue.
@@ -263,6 +297,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   void CloseOnStrand(const absl::Status& reason) {
+    closing_.store(true, std::memory_order_release);  // a blocked sender lets go of mu_
     std::deque<Pending> failed;
     {
       absl::MutexLock lock(&mu_);
@@ -291,6 +326,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   FrameDecoder decoder_;
   std::vector<char> staging_;
 
+  std::atomic<bool> closing_{false};
   mutable absl::Mutex mu_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool io_writing_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,0 +1,458 @@
+#include "transport/shm/shm_transport.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gradwire/tensor/kernels.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace gw::rpc {
+namespace {
+
+constexpr uint8_t kMaxDims = 16;
+
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+// Little-endian field writer and a bounds-checked reader for the wrapper headers.
+class Writer {
+ public:
+  explicit Writer(char type) { out_.push_back(type); }
+  template <typename T>
+  Writer& Put(T v) {
+    out_.append(reinterpret_cast<const char*>(&v), sizeof(T));
+    return *this;
+  }
+  Writer& Bytes(const std::string& s) {
+    Put<uint32_t>(static_cast<uint32_t>(s.size()));
+    out_ += s;
+    return *this;
+  }
+  std::string Take() { return std::move(out_); }
+  std::string& str() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : s_(s), pos_(1) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (s_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, s_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool Bytes(std::string* out) {
+    uint32_t n;
+    if (!Get(&n) || s_.size() - pos_ < n) return false;
+    out->assign(s_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  std::string Rest() const { return s_.substr(pos_); }
+
+ private:
+  const std::string& s_;
+  size_t pos_;
+};
+
+struct RemoteTensor {
+  uint32_t index;
+  DType dtype;
+  Shape sizes;
+  uint64_t address;
+};
+
+// Copies `bytes` from `address` in process `pid` into dst (one copy, by the kernel).
+absl::Status CmaRead(pid_t pid, uint64_t address, void* dst, size_t bytes) {
+  char* out = static_cast<char*>(dst);
+  size_t done = 0;
+  while (done < bytes) {
+    iovec local{out + done, bytes - done};
+    iovec remote{reinterpret_cast<void*>(address + done), bytes - done};
+    const ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      return absl::UnavailableError(absl::StrCat("process_vm_readv from pid ", pid, " failed: ",
+                                                 n < 0 ? std::strerror(errno) : "no progress"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+class ShmTransport;
+
+class ShmConnection final : public Connection, public std::enable_shared_from_this<ShmConnection> {
+ public:
+  ShmConnection(ShmTransport* transport, ConnectionCallbacks user) : transport_(transport), user_(std::move(user)) {}
+
+  void Attach(std::shared_ptr<Connection> inner) {
+    absl::MutexLock lock(&mu_);
+    inner_ = std::move(inner);
+  }
+  void SendHello();
+
+  void Send(Message message, std::function<void(absl::Status)> on_sent) override {
+    std::shared_ptr<Connection> inner = Inner();
+    std::vector<Tensor> remote, inline_tensors;
+    std::vector<uint32_t> remote_index;
+    const bool cma = peer_can_read_.load(std::memory_order_acquire);
+    for (size_t i = 0; i < message.tensors.size(); ++i) {
+      const Tensor& t = message.tensors[i];
+      if (cma && t.defined() && t.nbytes() >= kCmaThreshold && t.dim() <= kMaxDims) {
+        remote.push_back(kernels::Contiguous(t));
+        remote_index.push_back(static_cast<uint32_t>(i));
+      } else {
+        inline_tensors.push_back(t);
+      }
+    }
+    Writer w('D');
+    uint64_t token = 0;
+    if (!remote.empty()) {
+      absl::MutexLock lock(&mu_);
+      token = next_token_++;
+      Outgoing& out = outgoing_[token];
+      out.tensors = remote;
+      for (const Tensor& t : remote) out.versions.push_back(t.storage()->version());
+      out.on_sent = std::move(on_sent);
+      on_sent = nullptr;
+    }
+    w.Put<uint64_t>(token).Put<uint32_t>(static_cast<uint32_t>(remote.size()));
+    for (size_t i = 0; i < remote.size(); ++i) {
+      const Tensor& t = remote[i];
+      w.Put<uint32_t>(remote_index[i]).Put<uint8_t>(static_cast<uint8_t>(t.dtype()));
+      w.Put<uint8_t>(static_cast<uint8_t>(t.dim()));
+      for (int64_t d : t.sizes()) w.Put<int64_t>(d);
+      w.Put<uint64_t>(reinterpret_cast<uint64_t>(t.raw_data()));
+    }
+    w.str() += message.header;
+    auto self = shared_from_this();
+    inner->Send(Message{w.Take(), std::move(inline_tensors)},
+                [self, token, on_sent = std::move(on_sent)](absl::Status s) {
+                  if (token == 0) {
+                    if (on_sent) on_sent(s);
+                  } else if (!s.ok()) {
+                    self->FailOutgoing(token, s);
+                  }
+                });
+  }
+
+  void Close(absl::Status reason) override { Inner()->Close(std::move(reason)); }
+  std::string peer() const override { return Inner()->peer(); }
+  bool closed() const override { return Inner()->closed(); }
+
+  // Inner connection events (on its I/O strand).
+  void OnMessage(Message m);
+  void OnClose(const absl::Status& reason);
+
+ private:
+  struct Outgoing {
+    std::vector<Tensor> tensors;
+    std::vector<uint64_t> versions;
+    std::function<void(absl::Status)> on_sent;
+  };
+  struct Incoming {
+    Message message;
+    uint64_t token = 0;  // 0: nothing to confirm
+    std::vector<uint32_t> remote_index;
+    bool confirmed = true;
+  };
+
+  std::shared_ptr<Connection> Inner() const {
+    absl::MutexLock lock(&mu_);
+    return inner_;
+  }
+  void Fail(const std::string& what) {
+    Inner()->Close(absl::DataLossError(absl::StrCat("shm transport: ", what, " from ", peer())));
+  }
+  void FailOutgoing(uint64_t token, const absl::Status& s) {
+    std::function<void(absl::Status)> cb;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = outgoing_.find(token);
+      if (it == outgoing_.end()) return;
+      cb = std::move(it->second.on_sent);
+      outgoing_.erase(it);
+    }
+    if (cb) cb(s);
+  }
+  void OnHello(Reader& r);
+  void OnData(Reader& r, std::vector<Tensor> inline_tensors);
+  void OnAck(Reader& r);
+  void OnConfirm(Reader& r, std::vector<Tensor> resent, bool resend);
+  void DeliverReady();
+
+  ShmTransport* const transport_;
+  const ConnectionCallbacks user_;
+  std::atomic<bool> peer_can_read_{false};
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<Connection> inner_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);
+
+  // I/O strand only.
+  std::atomic<bool> hello_sent_{false};
+  pid_t peer_pid_ = 0;
+  std::deque<Incoming> incoming_;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  explicit ShmTransport(TransportOptions options)
+      : tcp_(MakeTcpTransport(options)), boot_id_(BootId()), pid_(::getpid()) {
+    std::random_device rd;
+    cookie_ = (static_cast<uint64_t>(rd()) << 32) | rd();
+  }
+  ~ShmTransport() override { Shutdown(); }
+
+  std::string name() const override { return "shm"; }
+
+  absl::StatusOr<std::string> Listen(const std::string& host, ConnectionCallbacks callbacks) override {
+    accept_callbacks_ = std::move(callbacks);
+    return tcp_->Listen(host, {[this](const std::shared_ptr<Connection>& inner, Message m) {
+                                 Wrapper(inner, /*create=*/true)->OnMessage(std::move(m));
+                               },
+                               [this](const std::shared_ptr<Connection>& inner, const absl::Status& s) {
+                                 // Also for a connection that never sent a valid frame.
+                                 Wrapper(inner, /*create=*/true)->OnClose(s);
+                                 Forget(inner.get());
+                               }});
+  }
+
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address, ConnectionCallbacks callbacks,
+                                                      absl::Time deadline) override {
+    auto wrapper = std::make_shared<ShmConnection>(this, std::move(callbacks));
+    std::weak_ptr<ShmConnection> weak = wrapper;
+    auto inner = tcp_->Connect(address,
+                               {[weak](const std::shared_ptr<Connection>&, Message m) {
+                                  if (auto w = weak.lock()) w->OnMessage(std::move(m));
+                                },
+                                [this, weak](const std::shared_ptr<Connection>& c, const absl::Status& s) {
+                                  if (auto w = weak.lock()) w->OnClose(s);
+                                  Forget(c.get());
+                                }},
+                               deadline);
+    if (!inner.ok()) return inner.status();
+    wrapper->Attach(*inner);
+    {
+      absl::MutexLock lock(&mu_);
+      wrappers_[inner->get()] = wrapper;
+    }
+    wrapper->SendHello();
+    return std::shared_ptr<Connection>(wrapper);
+  }
+
+  void Shutdown() override { tcp_->Shutdown(); }
+
+  const std::string& boot_id() const { return boot_id_; }
+  pid_t pid() const { return pid_; }
+  const uint64_t* cookie() const { return &cookie_; }
+
+ private:
+  std::shared_ptr<ShmConnection> Wrapper(const std::shared_ptr<Connection>& inner, bool create) {
+    absl::MutexLock lock(&mu_);
+    auto it = wrappers_.find(inner.get());
+    if (it != wrappers_.end()) return it->second;
+    if (!create) return nullptr;
+    auto w = std::make_shared<ShmConnection>(this, accept_callbacks_);
+    w->Attach(inner);
+    wrappers_[inner.get()] = w;
+    return w;
+  }
+  void Forget(Connection* inner) {
+    absl::MutexLock lock(&mu_);
+    wrappers_.erase(inner);
+  }
+
+  std::unique_ptr<Transport> tcp_;
+  const std::string boot_id_;
+  const pid_t pid_;
+  uint64_t cookie_;
+  ConnectionCallbacks accept_callbacks_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<Connection*, std::shared_ptr<ShmConnection>> wrappers_ ABSL_GUARDED_BY(mu_);
+};
+
+void ShmConnection::SendHello() {
+  hello_sent_ = true;
+  Writer w('H');
+  w.Put<uint64_t>(static_cast<uint64_t>(transport_->pid()))
+      .Put<uint64_t>(reinterpret_cast<uint64_t>(transport_->cookie()))
+      .Put<uint64_t>(*transport_->cookie())
+      .Bytes(transport_->boot_id());
+  Inner()->Send(Message{w.Take(), {}});
+}
+
+void ShmConnection::OnMessage(Message m) {
+  if (m.header.empty()) return Fail("empty message");
+  if (!hello_sent_) SendHello();  // accepted side answers the dialer's hello
+  Reader r(m.header);
+  switch (m.header[0]) {
+    case 'H': return OnHello(r);
+    case 'K': peer_can_read_.store(true, std::memory_order_release); return;
+    case 'D': return OnData(r, std::move(m.tensors));
+    case 'A': return OnAck(r);
+    case 'C': return OnConfirm(r, {}, false);
+    case 'R': return OnConfirm(r, std::move(m.tensors), true);
+    default: return Fail(absl::StrCat("unknown message type ", static_cast<int>(m.header[0])));
+  }
+}
+
+void ShmConnection::OnHello(Reader& r) {
+  uint64_t pid, cookie_address, cookie;
+  std::string boot_id;
+  if (!r.Get(&pid) || !r.Get(&cookie_address) || !r.Get(&cookie) || !r.Bytes(&boot_id)) {
+    return Fail("malformed hello");
+  }
+  if (boot_id != transport_->boot_id()) return;  // another host (or container)
+  uint64_t seen = 0;
+  if (!CmaRead(static_cast<pid_t>(pid), cookie_address, &seen, sizeof(seen)).ok() || seen != cookie) {
+    return;  // not permitted (or not the same host): stay on TCP for large tensors
+  }
+  peer_pid_ = static_cast<pid_t>(pid);
+  Inner()->Send(Message{std::string(1, 'K'), {}});
+}
+
+void ShmConnection::OnData(Reader& r, std::vector<Tensor> inline_tensors) {
+  uint64_t token;
+  uint32_t num_remote;
+  if (!r.Get(&token) || !r.Get(&num_remote) || num_remote > 4096) return Fail("malformed data header");
+  if (num_remote > 0 && (peer_pid_ == 0 || token == 0)) return Fail("remote tensors without a verified peer");
+  std::vector<RemoteTensor> remote(num_remote);
+  for (RemoteTensor& rt : remote) {
+    uint8_t dtype, ndim;
+    if (!r.Get(&rt.index) || !r.Get(&dtype) || !r.Get(&ndim) || dtype > static_cast<uint8_t>(DType::kBool) ||
+        ndim > kMaxDims) {
+      return Fail("malformed tensor descriptor");
+    }
+    rt.dtype = static_cast<DType>(dtype);
+    rt.sizes.resize(ndim);
+    uint64_t bytes = ElementSize(rt.dtype);
+    for (auto& d : rt.sizes) {
+      if (!r.Get(&d) || d < 0 || (d > 0 && bytes > (uint64_t{1} << 40) / static_cast<uint64_t>(d))) {
+        return Fail("bad tensor size");
+      }
+      bytes *= static_cast<uint64_t>(d);
+    }
+    if (!r.Get(&rt.address)) return Fail("malformed tensor descriptor");
+  }
+  Incoming in;
+  in.message.header = r.Rest();
+  const size_t total = inline_tensors.size() + remote.size();
+  in.message.tensors.resize(total);
+  std::vector<bool> taken(total, false);
+  for (const RemoteTensor& rt : remote) {
+    if (rt.index >= total || taken[rt.index]) return Fail("bad tensor index");
+    taken[rt.index] = true;
+    Tensor t = Tensor::Empty(rt.sizes, rt.dtype);
+    if (absl::Status s = CmaRead(peer_pid_, rt.address, t.raw_data(), t.nbytes()); !s.ok()) {
+      Inner()->Close(s);
+      return;
+    }
+    in.message.tensors[rt.index] = std::move(t);
+    in.remote_index.push_back(rt.index);
+  }
+  size_t next = 0;
+  for (size_t i = 0; i < total; ++i) {
+    if (!taken[i]) in.message.tensors[i] = std::move(inline_tensors[next++]);
+  }
+  if (!remote.empty()) {
+    in.token = token;
+    in.confirmed = false;
+    Writer ack('A');
+    ack.Put<uint64_t>(token);
+    Inner()->Send(Message{ack.Take(), {}});
+  }
+  incoming_.push_back(std::move(in));
+  DeliverReady();
+}
+
+void ShmConnection::OnAck(Reader& r) {
+  uint64_t token;
+  if (!r.Get(&token)) return Fail("malformed ack");
+  Outgoing out;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = outgoing_.find(token);
+    if (it == outgoing_.end()) return Fail("ack for an unknown message");
+    out = std::move(it->second);
+    outgoing_.erase(it);
+  }
+  bool unchanged = true;
+  for (size_t i = 0; i < out.tensors.size(); ++i) {
+    unchanged = unchanged && out.tensors[i].storage()->version() == out.versions[i];
+  }
+  Writer w(unchanged ? 'C' : 'R');
+  w.Put<uint64_t>(token);
+  // A tensor modified in place after Send: the peer may hold a torn copy, so send the
+  // current contents through the socket instead.
+  Inner()->Send(Message{w.Take(), unchanged ? std::vector<Tensor>{} : out.tensors},
+                std::move(out.on_sent));
+}
+
+void ShmConnection::OnConfirm(Reader& r, std::vector<Tensor> resent, bool resend) {
+  uint64_t token;
+  if (!r.Get(&token)) return Fail("malformed confirm");
+  for (Incoming& in : incoming_) {
+    if (in.token != token || in.confirmed) continue;
+    if (resend) {
+      if (resent.size() != in.remote_index.size()) return Fail("resend does not match");
+      for (size_t i = 0; i < resent.size(); ++i) {
+        const Tensor& old = in.message.tensors[in.remote_index[i]];
+        if (resent[i].sizes() != old.sizes() || resent[i].dtype() != old.dtype()) return Fail("resend does not match");
+        in.message.tensors[in.remote_index[i]] = std::move(resent[i]);
+      }
+    }
+    in.confirmed = true;
+    DeliverReady();
+    return;
+  }
+  Fail("confirmation for an unknown message");
+}
+
+void ShmConnection::DeliverReady() {
+  while (!incoming_.empty() && incoming_.front().confirmed) {
+    Message m = std::move(incoming_.front().message);
+    incoming_.pop_front();
+    if (user_.on_message) user_.on_message(shared_from_this(), std::move(m));
+  }
+}
+
+void ShmConnection::OnClose(const absl::Status& reason) {
+  std::map<uint64_t, Outgoing> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    failed.swap(outgoing_);
+  }
+  for (auto& [_, out] : failed) {
+    if (out.on_sent) out.on_sent(reason);
+  }
+  if (user_.on_close) user_.on_close(shared_from_this(), reason);
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> MakeShmTransport(TransportOptions options) {
+  return std::make_unique<ShmTransport>(options);
+}
+
+}  // namespace gw::rpc
