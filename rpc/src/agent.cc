@@ -108,7 +108,7 @@ class Agent::Impl {
       w.name = parts[0];
       w.rank = r;
       w.address = parts[1];
-      absl::SimpleAtoi(parts[2], &w.pid);
+      if (!absl::SimpleAtoi(parts[2], &w.pid)) w.pid = 0;
       if (by_name_.contains(w.name)) {
         return absl::InvalidArgumentError(absl::StrCat("worker name '", w.name, "' is used by ranks ",
                                                        by_name_[w.name], " and ", r));

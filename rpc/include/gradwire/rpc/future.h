@@ -100,7 +100,7 @@ class Future {
   // OK when ready (whatever the result), DEADLINE_EXCEEDED if still pending at deadline.
   absl::Status Wait(absl::Time deadline) const {
     absl::MutexLock lock(&state_->mu);
-    auto ready = [s = state_.get()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->done; };
+    auto ready = [s = state_.get()]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->done; };
     if (!state_->mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
       return absl::DeadlineExceededError("Future::Wait: deadline passed before the result arrived");
     }
