@@ -30,6 +30,10 @@ function(gradwire_add_tests name)
   if(NOT ARG_OWN_MAIN)
     target_link_libraries(gradwire_${name}_tests PRIVATE GTest::gtest_main)
   endif()
+  if(GRADWIRE_TSAN)
+    target_sources(gradwire_${name}_tests PRIVATE ${PROJECT_SOURCE_DIR}/cmake/tsan/absl_mutex_annotations.cc)
+    target_link_libraries(gradwire_${name}_tests PRIVATE ${CMAKE_DL_LIBS})
+  endif()
   target_compile_definitions(gradwire_${name}_tests PRIVATE
     GRADWIRE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   gtest_discover_tests(gradwire_${name}_tests

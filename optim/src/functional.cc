@@ -339,6 +339,7 @@ void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& gr
   for (const auto& [name, buffer] : state.buffers) aliased = aliased || SharesStorage(g, buffer);
   if (aliased) g = kernels::Clone(g);
 
+  if (in_place) param.storage()->BumpVersion();  // a write starts (see storage.h)
   std::visit([&](const auto& c) { Step(c, work, g, state); }, config);
 
   if (in_place) {

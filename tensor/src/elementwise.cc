@@ -166,6 +166,7 @@ Tensor SigmoidBackward(const Tensor& grad, const Tensor& out) {
 
 void Fill(const Tensor& dst, double value) {
   CheckDefined("Fill", dst);
+  dst.storage()->BumpVersion();  // a write starts (see storage.h)
   internal::DispatchAll(dst.dtype(), [&]<typename T>() {
     const T v = static_cast<T>(value);
     if (dst.is_contiguous()) {
@@ -194,7 +195,9 @@ Tensor PrepareInPlace(std::string_view op, const Tensor& dst, const Tensor& src)
   GW_CHECK(BroadcastShapes(op, dst.sizes(), src.sizes()) == dst.sizes(), op, "source ",
            ShapeToString(src.sizes()), " does not broadcast to destination ",
            ShapeToString(dst.sizes()));
-  return src.storage() == dst.storage() && !src.is_same(dst) ? Clone(src) : src;
+  Tensor safe_src = src.storage() == dst.storage() && !src.is_same(dst) ? Clone(src) : src;
+  dst.storage()->BumpVersion();  // a write starts (see storage.h)
+  return safe_src;
 }
 
 void CopyInPlace(const Tensor& dst, const Tensor& src_in) {

@@ -73,6 +73,7 @@ void IndexAddInPlace(const Tensor& t, int64_t dim, const Tensor& index, const Te
   GW_CHECK(src.sizes() == expected, "IndexAdd", "source ", ShapeToString(src.sizes()),
            " does not match ", ShapeToString(expected), " (tensor ", ShapeToString(t.sizes()),
            " with ", idx.numel(), " indices along dimension ", dim, ")");
+  t.storage()->BumpVersion();  // a write starts (see storage.h)
   Tensor dst = Contiguous(t);
   Tensor s_c = Contiguous(src);
   const Split s = SplitAt(dst, dim);

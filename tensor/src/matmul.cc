@@ -105,6 +105,7 @@ void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   }
   // The output must be row-major; otherwise compute into a temporary and copy back.
   const bool c_ok = c.strides()[1] == 1 && (c.strides()[0] >= n || m == 1);
+  c.storage()->BumpVersion();  // a write starts (see storage.h)
   Tensor out = c_ok ? c : Contiguous(c);
   const int64_t ldc = m == 1 ? n : out.strides()[0];
   internal::DispatchFloating("Gemm", a.dtype(), [&]<typename T>() {

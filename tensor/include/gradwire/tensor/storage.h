@@ -6,8 +6,11 @@
 //     (allocator.h); large CPU blocks are recycled by a bounded cache.
 //   - Wrap() adopts memory owned elsewhere (a receive buffer, a mapped segment) and calls
 //     the deleter exactly once when the last reference goes.
-//   - version() counts in-place writes (kernels::*InPlace bump it). Autograd records it
-//     when it saves a tensor and refuses to run backward if it changed.
+//   - version() counts in-place writes: every in-place kernel (and optimizer update)
+//     bumps it when it starts writing and again when it is done. Autograd records it
+//     when it saves a tensor and refuses to run backward if it changed; the shm
+//     transport checks it to detect a tensor overwritten while a peer was copying it
+//     (the bump before the first write is what makes that check sound).
 //   - Thread safety: the buffer is not synchronised; the version counter is atomic.
 #ifndef GRADWIRE_TENSOR_STORAGE_H_
 #define GRADWIRE_TENSOR_STORAGE_H_
@@ -44,7 +47,8 @@ class Storage {
   Device device() const { return device_; }
 
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
-  void BumpVersion() { version_.fetch_add(1, std::memory_order_relaxed); }
+  // Sequentially consistent: the bump is visible before the data writes that follow it.
+  void BumpVersion() { version_.fetch_add(1, std::memory_order_seq_cst); }
 
  private:
   Storage(void* data, size_t nbytes, Device device, Deleter deleter)
