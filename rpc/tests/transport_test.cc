@@ -109,16 +109,19 @@ TEST_P(TransportTest, LargeTensorsArriveIntact) {
   Generator gen(3);
   Tensor big = Tensor::Randn({64 << 18}, gen);  // 64 MiB
   Tensor small = Tensor::Randn({7}, gen, DType::kFloat64);
-  absl::Notification sent;
-  absl::Status send_status;
+  struct SendResult {  // shared: the callback may outlive a failed test body
+    absl::Notification sent;
+    absl::Status status;
+  };
+  auto result = std::make_shared<SendResult>();
   conn_->Send(Message{"big", {small, big, kernels::Transpose(Tensor::Ones({3, 2}), 0, 1)}},
-              [&](absl::Status s) {
-                send_status = s;
-                sent.Notify();
+              [result](absl::Status s) {
+                result->status = s;
+                result->sent.Notify();
               });
   ASSERT_TRUE(server_inbox_.WaitMessages(1, absl::Seconds(60)));
-  ASSERT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(60)));
-  EXPECT_TRUE(send_status.ok()) << send_status;
+  ASSERT_TRUE(result->sent.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_TRUE(result->status.ok()) << result->status;
   Message m = server_inbox_.messages()[0];
   ASSERT_EQ(m.tensors.size(), 3u);
   EXPECT_EQ(kernels::MaxAbsDiff(m.tensors[1], big), 0.0);
@@ -157,14 +160,17 @@ TEST_P(TransportTest, PeerCloseIsReportedAndLaterSendsFail) {
   absl::Status s = client_inbox_.WaitClose();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("127.0.0.1"), std::string::npos) << s;  // names the peer
-  absl::Notification done;
-  absl::Status send_status;
-  conn_->Send(Message{"late", {}}, [&](absl::Status st) {
-    send_status = st;
-    done.Notify();
+  struct SendResult {
+    absl::Notification done;
+    absl::Status status;
+  };
+  auto result = std::make_shared<SendResult>();
+  conn_->Send(Message{"late", {}}, [result](absl::Status st) {
+    result->status = st;
+    result->done.Notify();
   });
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_FALSE(send_status.ok());
+  ASSERT_TRUE(result->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_FALSE(result->status.ok());
 }
 
 TEST_P(TransportTest, GarbageFromARawSocketClosesOnlyThatConnection) {

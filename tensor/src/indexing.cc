@@ -73,8 +73,9 @@ void IndexAddInPlace(const Tensor& t, int64_t dim, const Tensor& index, const Te
   GW_CHECK(src.sizes() == expected, "IndexAdd", "source ", ShapeToString(src.sizes()),
            " does not match ", ShapeToString(expected), " (tensor ", ShapeToString(t.sizes()),
            " with ", idx.numel(), " indices along dimension ", dim, ")");
-  t.storage()->BumpVersion();  // a write starts (see storage.h)
   Tensor dst = Contiguous(t);
+  const bool direct = dst.is_same(t);  // else the result is copied back by CopyInPlace
+  if (direct) t.storage()->BumpVersion();
   Tensor s_c = Contiguous(src);
   const Split s = SplitAt(dst, dim);
   const int64_t k = idx.numel();
@@ -89,8 +90,11 @@ void IndexAddInPlace(const Tensor& t, int64_t dim, const Tensor& index, const Te
       }
     }
   });
-  if (!dst.is_same(t)) CopyInPlace(t, dst);
-  t.storage()->BumpVersion();
+  if (direct) {
+    t.storage()->BumpVersion();
+  } else {
+    CopyInPlace(t, dst);
+  }
 }
 
 Tensor IndexAdd(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src) {

@@ -105,7 +105,8 @@ void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   }
   // The output must be row-major; otherwise compute into a temporary and copy back.
   const bool c_ok = c.strides()[1] == 1 && (c.strides()[0] >= n || m == 1);
-  c.storage()->BumpVersion();  // a write starts (see storage.h)
+  // Writes to c: directly (bumping the version around them), or through CopyInPlace.
+  if (c_ok) c.storage()->BumpVersion();
   Tensor out = c_ok ? c : Contiguous(c);
   const int64_t ldc = m == 1 ? n : out.strides()[0];
   internal::DispatchFloating("Gemm", a.dtype(), [&]<typename T>() {
@@ -118,8 +119,11 @@ void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
       DgemmBlocked(oa, ob, m, n, k, alpha, beta, out.data<double>(), ldc);
     }
   });
-  if (!c_ok) CopyInPlace(c, out);
-  c.storage()->BumpVersion();
+  if (c_ok) {
+    c.storage()->BumpVersion();
+  } else {
+    CopyInPlace(c, out);
+  }
 }
 
 Tensor MatMul(const Tensor& a, const Tensor& b) {

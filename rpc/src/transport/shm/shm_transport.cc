@@ -399,12 +399,31 @@ void ShmConnection::OnAck(Reader& r) {
   }
   bool unchanged = true;
   for (size_t i = 0; i < out.tensors.size(); ++i) {
-    unchanged = unchanged && out.tensors[i].storage()->version() == out.versions[i];
+    const uint64_t now = out.tensors[i].storage()->version();
+    unchanged = unchanged && now == out.versions[i] && now % 2 == 0;
+  }
+  if (!unchanged) {
+    // Send a consistent copy: one taken while no write was in progress (even version,
+    // unchanged across the copy). A caller that keeps writing gets the latest state.
+    for (Tensor& t : out.tensors) {
+      for (int attempt = 0;; ++attempt) {
+        const uint64_t before = t.storage()->version();
+        if (before % 2 == 0) {
+          Tensor copy = kernels::Clone(t);
+          if (t.storage()->version() == before) {
+            t = std::move(copy);
+            break;
+          }
+        }
+        if (attempt > 100000) return Fail("a tensor kept changing while being re-sent");
+        absl::SleepFor(absl::Microseconds(10));
+      }
+    }
   }
   Writer w(unchanged ? 'C' : 'R');
   w.Put<uint64_t>(token);
   // A tensor modified in place after Send: the peer may hold a torn copy, so send the
-  // current contents through the socket instead.
+  // consistent copy through the socket instead.
   Inner()->Send(Message{w.Take(), unchanged ? std::vector<Tensor>{} : out.tensors},
                 std::move(out.on_sent));
 }

@@ -10,7 +10,8 @@
 //     bumps it when it starts writing and again when it is done. Autograd records it
 //     when it saves a tensor and refuses to run backward if it changed; the shm
 //     transport checks it to detect a tensor overwritten while a peer was copying it
-//     (the bump before the first write is what makes that check sound).
+//     (the bump before the first write is what makes that check sound). Each write
+//     adds exactly 2, so an odd version means a write is in progress.
 //   - Thread safety: the buffer is not synchronised; the version counter is atomic.
 #ifndef GRADWIRE_TENSOR_STORAGE_H_
 #define GRADWIRE_TENSOR_STORAGE_H_
