@@ -109,16 +109,17 @@ AgentOptions Options(int rank, int port) {
 
 int Server(int port, int raw_port) {
   std::thread raw([raw_port] { RawEchoServer(raw_port); });
-  auto agent = Agent::Start(Options(1, port));
+  auto agent = Agent::Start(Options(1, port), [](Agent& a) {
+    (void)a.Register("noop", [] { return int64_t{0}; });
+    (void)a.Register("noop_inline", [] { return int64_t{0}; },
+                     gw::rpc::RegisterOptions{.mode = gw::rpc::HandlerMode::kInline});
+    (void)a.Register("echo", [](Tensor t) { return t; });
+  });
   if (!agent.ok()) {
     std::fprintf(stderr, "rpc_bench server: %s\n", std::string(agent.status().message()).c_str());
     raw.detach();
     return 1;
   }
-  (void)(*agent)->Register("noop", [] { return int64_t{0}; });
-  (void)(*agent)->Register("noop_inline", [] { return int64_t{0}; },
-                           gw::rpc::RegisterOptions{.mode = gw::rpc::HandlerMode::kInline});
-  (void)(*agent)->Register("echo", [](Tensor t) { return t; });
   (void)(*agent)->store().Set("bench/ready", "1");
   const bool ok = (*agent)->Shutdown(/*graceful=*/true).ok();
   raw.join();

@@ -13,14 +13,16 @@ int main() {
     std::fprintf(stderr, "error: %s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  absl::StatusOr<std::shared_ptr<gw::rpc::Agent>> agent = gw::rpc::Agent::Start(*options);
+  absl::StatusOr<std::shared_ptr<gw::rpc::Agent>> agent =
+      gw::rpc::Agent::Start(*options, [](gw::rpc::Agent& a) {
+        (void)a.Register("add", [](gw::Tensor x, gw::Tensor y) { return gw::kernels::Add(x, y); });
+        (void)a.Register("whoami", [&a] { return a.self().name; });
+      });
   if (!agent.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(agent.status().message()).c_str());
     return 1;
   }
   gw::rpc::Agent& a = **agent;
-  (void)a.Register("add", [](gw::Tensor x, gw::Tensor y) { return gw::kernels::Add(x, y); });
-  (void)a.Register("whoami", [&a] { return a.self().name; });
 
   const auto& workers = a.workers();
   const std::string next = workers[(a.self().rank + 1) % workers.size()].name;

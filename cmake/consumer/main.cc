@@ -17,6 +17,15 @@ int main() {
     opt.Step();
     loss = l.item();
   }
-  std::printf("consumer: find_package(gradwire) works, final loss %.2e\n", loss);
-  return loss < 1e-6 ? 0 : 1;
+  // The RPC layer is part of the package too: a one-worker group calls itself.
+  gw::rpc::AgentOptions options;
+  options.rendezvous = "127.0.0.1:0";
+  auto agent = gw::rpc::Agent::Start(options);
+  if (!agent.ok()) return 1;
+  (void)(*agent)->Register("square", [](double v) { return v * v; });
+  absl::StatusOr<double> nine = (*agent)->Sync<double>("worker0", "square", 3.0);
+  const bool rpc_ok = nine.ok() && *nine == 9.0 && (*agent)->Shutdown().ok();
+  std::printf("consumer: find_package(gradwire) works, final loss %.2e, rpc %s\n", loss,
+              rpc_ok ? "ok" : "FAILED");
+  return loss < 1e-6 && rpc_ok ? 0 : 1;
 }

@@ -17,5 +17,7 @@
 #include "gradwire/data/fashion_mnist.h"   // LoadFashionMnist
 #include "gradwire/data/loader.h"          // DataLoader
 #include "gradwire/data/progress.h"        // ProgressBar
+#include "gradwire/rpc/agent.h"            // Agent, AgentOptions, CallOptions, Future
+#include "gradwire/worker/launcher.h"      // Launch (gradwire launch)
 
 #endif  // GRADWIRE_GRADWIRE_H_

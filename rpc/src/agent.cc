@@ -57,7 +57,7 @@ class Agent::Impl {
 
   ~Impl() { Close(absl::CancelledError("agent destroyed")); }
 
-  absl::Status Start() {
+  absl::Status Start(const std::function<void(Agent&)>& setup, Agent& agent) {
     if (options_.name.empty()) options_.name = absl::StrCat("worker", options_.rank);
     if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, " is not in [0, ",
@@ -86,6 +86,9 @@ class Agent::Impl {
     if (!address.ok()) return address.status();
 
     self_ = {options_.name, options_.rank, *address, static_cast<int64_t>(::getpid())};
+    // Functions are registered before this worker is announced: no peer can call it
+    // before its handlers exist.
+    if (setup) setup(agent);
     if (absl::Status s = store_->Set(Key("worker/", options_.rank),
                                      absl::StrCat(self_.name, "\n", self_.address, "\n", self_.pid));
         !s.ok()) {
@@ -535,13 +538,14 @@ class Agent::Impl {
   int inflight_handlers_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-absl::StatusOr<std::shared_ptr<Agent>> Agent::Start(AgentOptions options) {
-  auto impl = std::make_unique<Impl>(std::move(options));
-  if (absl::Status s = impl->Start(); !s.ok()) {
-    impl->Close(s);
+absl::StatusOr<std::shared_ptr<Agent>> Agent::Start(AgentOptions options,
+                                                   const std::function<void(Agent&)>& setup) {
+  std::shared_ptr<Agent> agent(new Agent(std::make_unique<Impl>(std::move(options))));
+  if (absl::Status s = agent->impl_->Start(setup, *agent); !s.ok()) {
+    agent->impl_->Close(s);
     return s;
   }
-  return std::shared_ptr<Agent>(new Agent(std::move(impl)));
+  return agent;
 }
 
 Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

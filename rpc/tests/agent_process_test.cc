@@ -32,11 +32,10 @@ Group StartWithChildren(int world) {
   o.world_size = world;
   o.rendezvous = "127.0.0.1:" + std::to_string(port);
   o.start_timeout = absl::Seconds(30);
-  auto agent = Agent::Start(o);
+  auto agent = Agent::Start(o, testing::RegisterTestFunctions);
   EXPECT_TRUE(agent.ok()) << agent.status();
   if (agent.ok()) {
     g.agent = *agent;
-    testing::RegisterTestFunctions(*g.agent);
     std::vector<std::string> ready;
     for (int r = 1; r < world; ++r) ready.push_back("ready/worker" + std::to_string(r));
     EXPECT_TRUE(g.agent->store().Wait(ready, absl::Seconds(30)).ok());

@@ -33,7 +33,7 @@ std::unique_ptr<AgentGroup> AgentGroup::Start(int n, const std::function<void(Ag
       o.world_size = n;
       o.rendezvous = group->store_address_;
       o.host_store = false;
-      results[static_cast<size_t>(r)] = Agent::Start(o);
+      results[static_cast<size_t>(r)] = Agent::Start(o, register_fn);
     });
   }
   for (auto& t : threads) t.join();
@@ -42,7 +42,6 @@ std::unique_ptr<AgentGroup> AgentGroup::Start(int n, const std::function<void(Ag
       ADD_FAILURE() << r.status();
       return nullptr;
     }
-    if (register_fn) register_fn(**r);
     group->agents_.push_back(*r);
   }
   return group;
@@ -122,12 +121,11 @@ int RunRole(const std::string& role) {
     auto options = AgentOptions::FromEnv();
     if (!options.ok()) return 2;
     options->host_store = false;
-    auto agent = Agent::Start(*options);
+    auto agent = Agent::Start(*options, RegisterTestFunctions);
     if (!agent.ok()) {
       std::fprintf(stderr, "child: %s\n", std::string(agent.status().message()).c_str());
       return 3;
     }
-    RegisterTestFunctions(**agent);
     (void)(*agent)->store().Set("ready/" + (*agent)->self().name, "1");
     return (*agent)->Shutdown(/*graceful=*/true).ok() ? 0 : 4;
   }

@@ -5,7 +5,9 @@
 //   - Agent::Start joins the group through the rendezvous store (hosted by rank 0 unless
 //     told otherwise) and returns once every worker has joined, or an error naming the
 //     missing ranks after start_timeout.
-//   - Register(name, fn) exposes a C++ callable; its parameter and return types must have
+//   - Register(name, fn) exposes a C++ callable (in Start's `setup`, so that it exists
+//     before any peer can call; registering later is allowed, and a peer that calls too
+//     early gets NOT_FOUND); its parameter and return types must have
 //     ValueTraits (value.h). fn may return T, absl::Status, absl::StatusOr<T> or
 //     Future<T> (to answer later). Handlers run on the agent's worker pool.
 //   - Async/Sync call a function on a worker by name. Every call has a deadline
@@ -214,7 +216,11 @@ absl::StatusOr<R> ConvertResult(absl::StatusOr<Value> v, const std::string& to,
 
 class Agent {
  public:
-  static absl::StatusOr<std::shared_ptr<Agent>> Start(AgentOptions options);
+  // `setup` runs before this worker is announced to the others (register functions
+  // there: then no peer can call before they exist). In setup, self() and Register work;
+  // workers() is not known yet.
+  static absl::StatusOr<std::shared_ptr<Agent>> Start(AgentOptions options,
+                                                      const std::function<void(Agent&)>& setup = {});
   ~Agent();
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
