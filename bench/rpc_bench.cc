@@ -20,24 +20,13 @@
 #include "absl/strings/numbers.h"
 #include "bench_util.h"
 #include "gradwire/rpc/agent.h"
+#include "gradwire/worker/launcher.h"
 
 namespace {
 
 using gw::Tensor;
 using gw::rpc::Agent;
 using gw::rpc::AgentOptions;
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 void SetNoDelay(int fd) {
   int one = 1;
@@ -235,19 +224,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: rpc_bench [--quick] rpc_latency|tensor_echo|async_pipelined\n");
     return 2;
   }
-  const int port = FreePort(), raw_port = FreePort();
+  absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
+  absl::StatusOr<int> raw_port = gw::worker::PickFreePort("127.0.0.1");
+  if (!port.ok() || !raw_port.ok()) {
+    std::fprintf(stderr, "rpc_bench: %s\n",
+                 std::string((port.ok() ? raw_port.status() : port.status()).message()).c_str());
+    return 1;
+  }
   const pid_t child = ::fork();
   if (child == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::setenv("GW_BENCH_ROLE", "server", 1);
-    ::setenv("GW_BENCH_PORT", std::to_string(port).c_str(), 1);
-    ::setenv("GW_BENCH_RAW_PORT", std::to_string(raw_port).c_str(), 1);
+    ::setenv("GW_BENCH_PORT", std::to_string(*port).c_str(), 1);
+    ::setenv("GW_BENCH_RAW_PORT", std::to_string(*raw_port).c_str(), 1);
     char exe[] = "/proc/self/exe";
     char* args[] = {exe, nullptr};
     ::execv(exe, args);
     ::_exit(127);
   }
-  auto agent = Agent::Start(Options(0, port));
+  auto agent = Agent::Start(Options(0, *port));
   if (!agent.ok()) {
     std::fprintf(stderr, "rpc_bench: %s\n", std::string(agent.status().message()).c_str());
     ::kill(child, SIGKILL);
@@ -256,11 +251,11 @@ int main(int argc, char** argv) {
   (void)(*agent)->store().Get("bench/ready", absl::Seconds(60));
   std::fprintf(stderr, "%s: gradwire, transport %s, 2 processes on 127.0.0.1\n", workload.c_str(),
                (*agent)->options().transport.c_str());
-  if (workload == "rpc_latency") RpcLatency(**agent, quick, raw_port);
+  if (workload == "rpc_latency") RpcLatency(**agent, quick, *raw_port);
   if (workload == "tensor_echo") TensorEcho(**agent, quick);
   if (workload == "async_pipelined") AsyncPipelined(**agent, quick);
   if (workload != "rpc_latency") {  // let the raw echo server exit
-    std::vector<double> unused = RawPingPongUs(raw_port, 0, 1);
+    std::vector<double> unused = RawPingPongUs(*raw_port, 0, 1);
   }
   const bool ok = (*agent)->Shutdown(/*graceful=*/true).ok();
   int status = 0;
