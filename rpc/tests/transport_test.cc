@@ -28,8 +28,28 @@ class Inbox {
             },
             [this](const std::shared_ptr<Connection>&, const absl::Status& s) {
               absl::MutexLock lock(&mu_);
+              unflushed_at_close_ = messages_.size() - flushed_;
               closes_.push_back(s);
+            },
+            [this](const std::shared_ptr<Connection>&) {
+              absl::MutexLock lock(&mu_);
+              if (messages_.size() == flushed_) ++empty_flushes_;  // nothing since the last one
+              flushed_ = messages_.size();
             }};
+  }
+  // Waits until on_flush has run after the n-th message.
+  bool WaitFlushed(size_t n, absl::Duration timeout = absl::Seconds(20)) {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return flushed_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  }
+  int empty_flushes() {
+    absl::MutexLock lock(&mu_);
+    return empty_flushes_;
+  }
+  size_t unflushed_at_close() {
+    absl::MutexLock lock(&mu_);
+    return unflushed_at_close_;
   }
   bool WaitMessages(size_t n, absl::Duration timeout = absl::Seconds(20)) {
     absl::MutexLock lock(&mu_);
@@ -56,6 +76,9 @@ class Inbox {
   std::vector<Message> messages_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> closes_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Connection> last_conn_ ABSL_GUARDED_BY(mu_);
+  size_t flushed_ ABSL_GUARDED_BY(mu_) = 0;  // messages delivered before the last on_flush
+  int empty_flushes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t unflushed_at_close_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class TransportTest : public ::testing::TestWithParam<std::string> {
@@ -102,6 +125,43 @@ TEST_P(TransportTest, MessagesFlowBothWaysInOrder) {
   server_inbox_.last_conn()->Send(Message{"reply", {}});
   ASSERT_TRUE(client_inbox_.WaitMessages(1));
   EXPECT_EQ(client_inbox_.messages()[0].header, "reply");
+}
+
+// Send, SendMany and SendCoalesced share one ordered stream; on_flush follows every run
+// of deliveries; a coalesced message carries its tensors as they were when sent.
+TEST_P(TransportTest, SendModesShareOneOrderedStreamAndFlushFollowsDelivery) {
+  conn_ = Dial();
+  Tensor mutated = Tensor::Full({16}, 7.0);
+  int next = 0;
+  for (int round = 0; round < 50; ++round) {
+    conn_->Send(Message{std::to_string(next++), {Tensor::Full({3}, static_cast<double>(round))}});
+    std::vector<Message> many;
+    for (int i = 0; i < 5; ++i) many.push_back(Message{std::to_string(next++), {}});
+    conn_->SendMany(std::move(many));
+    conn_->SendCoalesced(Message{std::to_string(next++), {mutated}});
+    kernels::Fill(mutated, -1.0);  // after the send: the receiver must still see 7
+    kernels::Fill(mutated, 7.0);
+    conn_->SendCoalesced(Message{std::to_string(next++), {}});
+  }
+  // A large coalesced message is written at once and still keeps its place.
+  Generator gen(5);
+  Tensor big = Tensor::Randn({1 << 18}, gen);
+  conn_->SendCoalesced(Message{std::to_string(next++), {big}});
+  ASSERT_TRUE(server_inbox_.WaitMessages(static_cast<size_t>(next)));
+  std::vector<Message> got = server_inbox_.messages();
+  ASSERT_EQ(got.size(), static_cast<size_t>(next));
+  for (int i = 0; i < next; ++i) ASSERT_EQ(got[i].header, std::to_string(i));
+  for (int round = 0; round < 50; ++round) {
+    EXPECT_EQ(got[round * 8].tensors[0].ToVector<float>()[0], static_cast<float>(round));
+    EXPECT_EQ(got[round * 8 + 6].tensors[0].ToVector<float>(), std::vector<float>(16, 7.0f));
+  }
+  EXPECT_EQ(kernels::MaxAbsDiff(got.back().tensors[0], big), 0.0);
+  EXPECT_TRUE(server_inbox_.WaitFlushed(static_cast<size_t>(next)));
+  EXPECT_EQ(server_inbox_.empty_flushes(), 0);
+  // The close comes after the flush of everything delivered.
+  server_inbox_.last_conn()->Close(absl::CancelledError("done"));
+  ASSERT_FALSE(server_inbox_.WaitClose().ok());
+  EXPECT_EQ(server_inbox_.unflushed_at_close(), 0u);
 }
 
 TEST_P(TransportTest, LargeTensorsArriveIntact) {

@@ -12,10 +12,17 @@
 //     other messages; the tensors' bytes are written from their own storage
 //     (scatter-gather), and on_sent reports the outcome exactly once. Send may write on
 //     the calling thread when the socket has room (no thread hop on the hot path).
+//   - SendMany(messages) sends several messages in order as one gather-write where the
+//     backend can (one syscall instead of one each); failures close the connection.
+//     SendCoalesced(message) lets the backend hold a small message until its I/O thread
+//     next runs, to write it together with the messages sent meanwhile.
 //   - Incoming messages are delivered to ConnectionCallbacks::on_message on a transport
-//     I/O thread, in order; callbacks must not block. on_close runs exactly once, after
-//     the last on_message, with the reason (peer closed, reset, malformed frame, local
-//     Close); every pending send then fails with that reason.
+//     I/O thread, in order; callbacks must not block. After a run of on_message calls
+//     (everything decoded from one read) and before the I/O thread waits for more input,
+//     on_flush (optional) runs on the same thread: consumers that batch work per read
+//     hand it off there. on_close runs exactly once, after the last on_message and
+//     on_flush, with the reason (peer closed, reset, malformed frame, local Close);
+//     every pending send then fails with that reason.
 //   - A malformed frame closes only that connection, with a DATA_LOSS reason naming the
 //     peer; the process and its other connections carry on.
 //   - Shutdown() closes the listener and every connection and joins the I/O threads.
@@ -27,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -39,12 +47,22 @@ class Connection;
 struct ConnectionCallbacks {
   std::function<void(const std::shared_ptr<Connection>&, Message)> on_message;
   std::function<void(const std::shared_ptr<Connection>&, const absl::Status&)> on_close;
+  std::function<void(const std::shared_ptr<Connection>&)> on_flush;
 };
 
 class Connection {
  public:
   virtual ~Connection() = default;
   virtual void Send(Message message, std::function<void(absl::Status)> on_sent = nullptr) = 0;
+  virtual void SendMany(std::vector<Message> messages) {
+    for (Message& m : messages) Send(std::move(m));
+  }
+  // Like Send, for pipelined traffic: the message may wait for one pass of the I/O
+  // thread so that messages sent close together leave in one write. Tensors the caller
+  // still references are copied first.
+  virtual void SendCoalesced(Message message, std::function<void(absl::Status)> on_sent = nullptr) {
+    Send(std::move(message), std::move(on_sent));
+  }
   virtual void Close(absl::Status reason) = 0;
   // "host:port" of the other end.
   virtual std::string peer() const = 0;

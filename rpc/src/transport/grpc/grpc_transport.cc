@@ -152,6 +152,7 @@ class GrpcConnection : public Connection, public std::enable_shared_from_this<Gr
 
   absl::Status Deliver(const std::string& bytes) {
     absl::Span<const char> data(bytes.data(), bytes.size());
+    bool delivered = false;
     while (!data.empty()) {
       absl::StatusOr<size_t> used = decoder_.Consume(data);
       if (!used.ok()) return used.status();
@@ -160,9 +161,11 @@ class GrpcConnection : public Connection, public std::enable_shared_from_this<Gr
         Message m = decoder_.TakeMessage();
         if (callbacks_.on_message && !closed()) {
           callbacks_.on_message(shared_from_this(), std::move(m));
+          delivered = true;
         }
       }
     }
+    if (delivered && callbacks_.on_flush) callbacks_.on_flush(shared_from_this());
     return absl::OkStatus();
   }
 

@@ -111,50 +111,48 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
   void SendHello();
 
   void Send(Message message, std::function<void(absl::Status)> on_sent) override {
-    std::shared_ptr<Connection> inner = Inner();
-    std::vector<Tensor> remote, inline_tensors;
-    std::vector<uint32_t> remote_index;
-    const bool cma = peer_can_read_.load(std::memory_order_acquire);
-    for (size_t i = 0; i < message.tensors.size(); ++i) {
-      const Tensor& t = message.tensors[i];
-      if (cma && t.defined() && t.nbytes() >= kCmaThreshold && t.dim() <= kMaxDims) {
-        remote.push_back(kernels::Contiguous(t));
-        remote_index.push_back(static_cast<uint32_t>(i));
-      } else {
-        inline_tensors.push_back(t);
-      }
-    }
-    Writer w('D');
     uint64_t token = 0;
-    if (!remote.empty()) {
-      absl::MutexLock lock(&mu_);
-      token = next_token_++;
-      Outgoing& out = outgoing_[token];
-      out.tensors = remote;
-      for (const Tensor& t : remote) out.versions.push_back(t.storage()->version());
-      out.on_sent = std::move(on_sent);
-      on_sent = nullptr;
-    }
-    w.Put<uint64_t>(token).Put<uint32_t>(static_cast<uint32_t>(remote.size()));
-    for (size_t i = 0; i < remote.size(); ++i) {
-      const Tensor& t = remote[i];
-      w.Put<uint32_t>(remote_index[i]).Put<uint8_t>(static_cast<uint8_t>(t.dtype()));
-      w.Put<uint8_t>(static_cast<uint8_t>(t.dim()));
-      for (int64_t d : t.sizes()) w.Put<int64_t>(d);
-      w.Put<uint64_t>(reinterpret_cast<uint64_t>(t.raw_data()));
-    }
-    w.str() += message.header;
+    Message wrapped = Wrap(std::move(message), on_sent, &token);
     auto self = shared_from_this();
-    inner->Send(Message{w.Take(), std::move(inline_tensors)},
-                [self, token, on_sent = std::move(on_sent)](absl::Status s) {
-                  if (token == 0) {
-                    if (on_sent) on_sent(s);
-                  } else if (!s.ok()) {
-                    self->FailOutgoing(token, s);
-                  }
-                });
+    Inner()->Send(std::move(wrapped), [self, token, on_sent = std::move(on_sent)](absl::Status s) {
+      if (token == 0) {
+        if (on_sent) on_sent(s);
+      } else if (!s.ok()) {
+        self->FailOutgoing(token, s);
+      }
+    });
   }
 
+  void SendCoalesced(Message message, std::function<void(absl::Status)> on_sent) override {
+    uint64_t token = 0;
+    Message wrapped = Wrap(std::move(message), on_sent, &token);
+    if (token != 0) {
+      auto self = shared_from_this();
+      Inner()->Send(std::move(wrapped), [self, token](absl::Status s) {
+        if (!s.ok()) self->FailOutgoing(token, s);
+      });
+      return;
+    }
+    Inner()->SendCoalesced(std::move(wrapped), std::move(on_sent));
+  }
+
+  // Messages without large tensors go out as one gather-write of the inner connection;
+  // a failure closes it, and its on_close fails every outstanding large tensor.
+  void SendMany(std::vector<Message> messages) override {
+    std::vector<Message> wrapped;
+    wrapped.reserve(messages.size());
+    for (Message& m : messages) {
+      uint64_t token = 0;
+      std::function<void(absl::Status)> none;
+      wrapped.push_back(Wrap(std::move(m), none, &token));
+    }
+    Inner()->SendMany(std::move(wrapped));
+  }
+
+  void OnFlush() {  // only after messages of the user's were delivered
+    if (delivered_ && user_.on_flush) user_.on_flush(shared_from_this());
+    delivered_ = false;
+  }
   void Close(absl::Status reason) override { Inner()->Close(std::move(reason)); }
   std::string peer() const override { return Inner()->peer(); }
   bool closed() const override { return Inner()->closed(); }
@@ -175,6 +173,45 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
     std::vector<uint32_t> remote_index;
     bool confirmed = true;
   };
+
+  // The 'D' message carrying `message`: tensors of kCmaThreshold bytes or more (once the
+  // peer can read our memory) travel by address under a fresh *token, which then owns
+  // on_sent (moved out) until the peer's ack.
+  Message Wrap(Message message, std::function<void(absl::Status)>& on_sent, uint64_t* token) {
+    std::vector<Tensor> remote, inline_tensors;
+    std::vector<uint32_t> remote_index;
+    const bool cma = peer_can_read_.load(std::memory_order_acquire);
+    for (size_t i = 0; i < message.tensors.size(); ++i) {
+      const Tensor& t = message.tensors[i];
+      if (cma && t.defined() && t.nbytes() >= kCmaThreshold && t.dim() <= kMaxDims) {
+        remote.push_back(kernels::Contiguous(t));
+        remote_index.push_back(static_cast<uint32_t>(i));
+      } else {
+        inline_tensors.push_back(t);
+      }
+    }
+    Writer w('D');
+    *token = 0;
+    if (!remote.empty()) {
+      absl::MutexLock lock(&mu_);
+      *token = next_token_++;
+      Outgoing& out = outgoing_[*token];
+      out.tensors = remote;
+      for (const Tensor& t : remote) out.versions.push_back(t.storage()->version());
+      out.on_sent = std::move(on_sent);
+      on_sent = nullptr;
+    }
+    w.Put<uint64_t>(*token).Put<uint32_t>(static_cast<uint32_t>(remote.size()));
+    for (size_t i = 0; i < remote.size(); ++i) {
+      const Tensor& t = remote[i];
+      w.Put<uint32_t>(remote_index[i]).Put<uint8_t>(static_cast<uint8_t>(t.dtype()));
+      w.Put<uint8_t>(static_cast<uint8_t>(t.dim()));
+      for (int64_t d : t.sizes()) w.Put<int64_t>(d);
+      w.Put<uint64_t>(reinterpret_cast<uint64_t>(t.raw_data()));
+    }
+    w.str() += message.header;
+    return Message{w.Take(), std::move(inline_tensors)};
+  }
 
   std::shared_ptr<Connection> Inner() const {
     absl::MutexLock lock(&mu_);
@@ -213,6 +250,7 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
   std::atomic<bool> hello_sent_{false};
   pid_t peer_pid_ = 0;
   std::deque<Incoming> incoming_;
+  bool delivered_ = false;  // on_message ran since the last on_flush
 };
 
 class ShmTransport final : public Transport {
@@ -235,6 +273,9 @@ class ShmTransport final : public Transport {
                                  // Also for a connection that never sent a valid frame.
                                  Wrapper(inner, /*create=*/true)->OnClose(s);
                                  Forget(inner.get());
+                               },
+                               [this](const std::shared_ptr<Connection>& inner) {
+                                 if (auto w = Wrapper(inner, /*create=*/false)) w->OnFlush();
                                }});
   }
 
@@ -249,6 +290,9 @@ class ShmTransport final : public Transport {
                                 [this, weak](const std::shared_ptr<Connection>& c, const absl::Status& s) {
                                   if (auto w = weak.lock()) w->OnClose(s);
                                   Forget(c.get());
+                                },
+                                [weak](const std::shared_ptr<Connection>&) {
+                                  if (auto w = weak.lock()) w->OnFlush();
                                 }},
                                deadline);
     if (!inner.ok()) return inner.status();
@@ -453,6 +497,7 @@ void ShmConnection::DeliverReady() {
     Message m = std::move(incoming_.front().message);
     incoming_.pop_front();
     if (user_.on_message) user_.on_message(shared_from_this(), std::move(m));
+    delivered_ = true;
   }
 }
 

@@ -27,6 +27,7 @@ using Strand = asio::strand<asio::io_context::executor_type>;
 constexpr size_t kStagingBytes = 64 << 10;
 constexpr size_t kDirectReadBytes = 64 << 10;
 constexpr int kMaxIov = 64;
+constexpr size_t kCoalesceBytes = 16 << 10;  // larger frames are written at once
 constexpr absl::Duration kSendTimeout = absl::Seconds(60);
 
 absl::StatusOr<tcp::endpoint> ParseAddress(const std::string& address) {
@@ -82,44 +83,47 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       if (on_sent) on_sent(frame.status());
       return;
     }
-    Pending w{std::move(*frame), 0, std::move(on_sent)};
-    absl::Status result;
+    std::deque<Pending> frames;
+    frames.push_back(Pending{std::move(*frame), 0, std::move(on_sent)});
+    Write(std::move(frames));
+  }
+
+  void SendCoalesced(Message message, std::function<void(absl::Status)> on_sent) override {
+    absl::StatusOr<EncodedFrame> frame = EncodeFrame(message, limits_);
+    if (!frame.ok()) {
+      if (on_sent) on_sent(frame.status());
+      return;
+    }
+    if (frame->total_bytes() > kCoalesceBytes) {
+      std::deque<Pending> frames;
+      frames.push_back(Pending{std::move(*frame), 0, std::move(on_sent)});
+      Write(std::move(frames));
+      return;
+    }
+    absl::Status closed;
     {
       absl::MutexLock lock(&mu_);
-      if (closed_) {
-        result = close_reason_;
-      } else if (io_writing_ || !queue_.empty()) {
-        w.frame.Snapshot();  // written later by the I/O thread
-        queue_.push_back(std::move(w));
-        return;
-      } else {
-        switch (TryWrite(w)) {
-          case WriteResult::kDone:
-            result = absl::OkStatus();
-            break;
-          case WriteResult::kBlocked:
-            if (!strand_.running_in_this_thread()) {
-              // Finish the frame on this thread, so that every byte has left the
-              // caller's tensors when Send returns (they may be modified right after).
-              result = WriteBlocking(w);
-              break;
-            }
-            // On the I/O thread we must not block (the peer may be sending to us too):
-            // keep private copies and let the I/O thread finish.
-            w.frame.Snapshot();
-            queue_.push_back(std::move(w));
-            io_writing_ = true;
-            asio::post(strand_, [self = shared_from_this()] { self->WaitWritable(); });
-            return;
-          case WriteResult::kError:
-            result = absl::UnavailableError(absl::StrCat("send to ", peer_, " failed: ",
-                                                         std::strerror(errno)));
-            break;
+      if (!closed_) {
+        frame->Snapshot();
+        queue_.push_back(Pending{std::move(*frame), 0, std::move(on_sent)});
+        if (!io_writing_) {
+          io_writing_ = true;
+          asio::post(strand_, [self = shared_from_this()] { self->OnWritable({}); });
         }
-        if (!result.ok()) Close(result);
+        return;
       }
+      closed = close_reason_;
     }
-    if (w.on_sent) w.on_sent(result);
+    if (on_sent) on_sent(closed);
+  }
+
+  void SendMany(std::vector<Message> messages) override {
+    std::deque<Pending> frames;
+    for (Message& m : messages) {
+      absl::StatusOr<EncodedFrame> frame = EncodeFrame(m, limits_);
+      if (frame.ok()) frames.push_back(Pending{std::move(*frame), 0, nullptr});
+    }
+    if (!frames.empty()) Write(std::move(frames));
   }
 
   void Close(absl::Status reason) override {
@@ -141,41 +145,107 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   };
   enum class WriteResult { kDone, kBlocked, kError };
 
-  // Writes as much of w as the socket takes without blocking.
-  WriteResult TryWrite(Pending& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const size_t total = w.frame.total_bytes();
-    while (w.offset < total) {
+  // Writes frames in order, as one gather-write per syscall (several frames per
+  // sendmsg when they are queued together), on the calling thread when nothing is queued.
+  void Write(std::deque<Pending> frames) {
+    std::vector<std::function<void(absl::Status)>> done;
+    absl::Status result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) {
+        result = close_reason_;
+      } else if (io_writing_ || !queue_.empty()) {
+        for (Pending& w : frames) {
+          w.frame.Snapshot();  // written later by the I/O thread
+          queue_.push_back(std::move(w));
+        }
+        return;
+      } else {
+        switch (TryWrite(frames, done)) {
+          case WriteResult::kDone:
+            break;
+          case WriteResult::kBlocked:
+            if (!strand_.running_in_this_thread()) {
+              // Finish the frames on this thread, so that every byte has left the
+              // caller's tensors when Send returns (they may be modified right after).
+              result = WriteBlocking(frames, done);
+              break;
+            }
+            // On the I/O thread we must not block (the peer may be sending to us too):
+            // keep private copies and let the I/O thread finish.
+            for (Pending& w : frames) {
+              w.frame.Snapshot();
+              queue_.push_back(std::move(w));
+            }
+            frames.clear();
+            io_writing_ = true;
+            asio::post(strand_, [self = shared_from_this()] { self->WaitWritable(); });
+            break;
+          case WriteResult::kError:
+            result = absl::UnavailableError(absl::StrCat("send to ", peer_, " failed: ",
+                                                         std::strerror(errno)));
+            break;
+        }
+        if (!result.ok()) Close(result);
+      }
+    }
+    for (auto& cb : done) {
+      if (cb) cb(absl::OkStatus());
+    }
+    for (Pending& w : frames) {
+      if (w.on_sent) w.on_sent(result);
+    }
+  }
+
+  // Writes as much of `frames` (front first) as the socket takes without blocking;
+  // completed frames leave the deque and their on_sent moves to `done`.
+  WriteResult TryWrite(std::deque<Pending>& frames, std::vector<std::function<void(absl::Status)>>& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!frames.empty()) {
       iovec iov[kMaxIov];
       int n = 0;
-      size_t skip = w.offset;
-      auto add = [&](const char* p, size_t len) {
-        if (n == kMaxIov || len == 0) return;
-        if (skip >= len) {
-          skip -= len;
-          return;
-        }
-        iov[n++] = {const_cast<char*>(p + skip), len - skip};
-        skip = 0;
-      };
-      add(w.frame.prefix.data(), w.frame.prefix.size());
-      for (const auto& s : w.frame.spans) add(s.data(), s.size());
+      for (Pending& w : frames) {
+        size_t skip = w.offset;
+        auto add = [&](const char* p, size_t len) {
+          if (n == kMaxIov || len == 0) return;
+          if (skip >= len) {
+            skip -= len;
+            return;
+          }
+          iov[n++] = {const_cast<char*>(p + skip), len - skip};
+          skip = 0;
+        };
+        add(w.frame.prefix.data(), w.frame.prefix.size());
+        for (const auto& s : w.frame.spans) add(s.data(), s.size());
+        if (n == kMaxIov) break;
+      }
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = static_cast<size_t>(n);
-      const ssize_t sent = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      const ssize_t sent = n == 0 ? 0 : ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (sent < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return WriteResult::kBlocked;
         return WriteResult::kError;
       }
-      w.offset += static_cast<size_t>(sent);
+      size_t left = static_cast<size_t>(sent);
+      while (!frames.empty()) {
+        Pending& w = frames.front();
+        const size_t take = std::min(left, w.frame.total_bytes() - w.offset);
+        w.offset += take;
+        left -= take;
+        if (w.offset < w.frame.total_bytes()) break;
+        done.push_back(std::move(w.on_sent));
+        frames.pop_front();
+      }
     }
     return WriteResult::kDone;
   }
 
-  // Writes the rest of w, waiting for the socket to drain (bounded by kSendTimeout, and
-  // abandoned when the connection is being closed).
-  absl::Status WriteBlocking(Pending& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Writes the rest of `frames`, waiting for the socket to drain (bounded by
+  // kSendTimeout, and abandoned when the connection is being closed).
+  absl::Status WriteBlocking(std::deque<Pending>& frames, std::vector<std::function<void(absl::Status)>>& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::Time deadline = absl::Now() + kSendTimeout;
     while (true) {
       pollfd pfd{fd_, POLLOUT, 0};
@@ -183,7 +253,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       if (closing_.load(std::memory_order_acquire)) return absl::CancelledError("connection closing");
       if (r < 0 && errno != EINTR) break;
       if (r > 0) {
-        const WriteResult wr = TryWrite(w);
+        const WriteResult wr = TryWrite(frames, done);
         if (wr == WriteResult::kDone) return absl::OkStatus();
         if (wr == WriteResult::kError) break;
       }
@@ -214,19 +284,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       if (ec) {
         error = absl::UnavailableError(absl::StrCat("send to ", peer_, " failed: ", ec.message()));
       } else {
-        while (!queue_.empty()) {
-          WriteResult r = TryWrite(queue_.front());
-          if (r == WriteResult::kDone) {
-            done.push_back(std::move(queue_.front().on_sent));
-            queue_.pop_front();
-          } else if (r == WriteResult::kBlocked) {
-            again = true;
-            break;
-          } else {
-            error = absl::UnavailableError(absl::StrCat("send to ", peer_, " failed: ",
-                                                        std::strerror(errno)));
-            break;
-          }
+        const WriteResult r = TryWrite(queue_, done);
+        if (r == WriteResult::kBlocked) {
+          again = true;
+        } else if (r == WriteResult::kError) {
+          error = absl::UnavailableError(absl::StrCat("send to ", peer_, " failed: ", std::strerror(errno)));
         }
         io_writing_ = again;
       }
@@ -282,6 +344,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
         DeliverIfReady();
       }
     }
+    if (delivered_ && callbacks_.on_flush) callbacks_.on_flush(shared_from_this());
+    delivered_ = false;
     if (!status.ok()) {
       CloseOnStrand(absl::DataLossError(absl::StrCat("closing the connection to ", peer_, ": ",
                                                      status.message())));
@@ -293,7 +357,10 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   void DeliverIfReady() {
     if (!decoder_.HasMessage()) return;
     Message m = decoder_.TakeMessage();
-    if (callbacks_.on_message && !closed()) callbacks_.on_message(shared_from_this(), std::move(m));
+    if (callbacks_.on_message && !closed()) {
+      callbacks_.on_message(shared_from_this(), std::move(m));
+      delivered_ = true;
+    }
   }
 
   void CloseOnStrand(const absl::Status& reason) {
@@ -325,6 +392,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   // Strand only.
   FrameDecoder decoder_;
   std::vector<char> staging_;
+  bool delivered_ = false;  // on_message ran since the last on_flush
 
   std::atomic<bool> closing_{false};
   mutable absl::Mutex mu_;
