@@ -100,6 +100,25 @@ absl::Status CmaRead(pid_t pid, uint64_t address, void* dst, size_t bytes) {
 
 class ShmTransport;
 
+#if defined(__SANITIZE_THREAD__)
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+#endif
+
+// The optimistic read of a seqlock: a copy of t that may race with a writer and is kept
+// only if t's storage version shows no write began or ended meanwhile. ThreadSanitizer
+// is told to ignore these reads (the version check makes the race harmless).
+Tensor SeqlockRead(const Tensor& t) {
+#if defined(__SANITIZE_THREAD__)
+  AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+#endif
+  Tensor copy = kernels::Clone(t);
+#if defined(__SANITIZE_THREAD__)
+  AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+#endif
+  return copy;
+}
+
 class ShmConnection final : public Connection, public std::enable_shared_from_this<ShmConnection> {
  public:
   ShmConnection(ShmTransport* transport, ConnectionCallbacks user) : transport_(transport), user_(std::move(user)) {}
@@ -453,7 +472,7 @@ void ShmConnection::OnAck(Reader& r) {
       for (int attempt = 0;; ++attempt) {
         const uint64_t before = t.storage()->version();
         if (before % 2 == 0) {
-          Tensor copy = kernels::Clone(t);
+          Tensor copy = SeqlockRead(t);
           if (t.storage()->version() == before) {
             t = std::move(copy);
             break;
