@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "codec.h"
+#include "rref_context.h"
 
 namespace gw::rpc {
 namespace {
@@ -90,6 +91,18 @@ class Agent::Impl {
     if (!address.ok()) return address.status();
 
     self_ = {options_.name, options_.rank, *address, static_cast<int64_t>(::getpid())};
+    internal::RRefContext::Hooks hooks;
+    hooks.agent = &agent;
+    hooks.self_rank = options_.rank;
+    hooks.invoke = [this](const std::string& caller, const std::string& function, ValueList args) {
+      return InvokeLocal(caller, function, std::move(args));
+    };
+    hooks.has_function = [this](const std::string& function) {
+      absl::MutexLock lock(&mu_);
+      return handlers_.contains(function);
+    };
+    rrefs_ = std::make_shared<internal::RRefContext>(std::move(hooks));
+    if (absl::Status s = rrefs_->RegisterFunctions(); !s.ok()) return s;
     // Functions are registered before this worker is announced: no peer can call it
     // before its handlers exist.
     if (setup) setup(agent);
@@ -174,8 +187,13 @@ class Agent::Impl {
                                                       to, ".", function, " not sent")));
       return;
     }
+    if (absl::Status s = rrefs_->PrepareOutgoing(&env.payload, rank); !s.ok()) {
+      Complete(env.id, absl::Status(s.code(), absl::StrCat("call to ", to, ".", function, ": ", s.message())));
+      return;
+    }
     absl::StatusOr<Message> message = internal::EncodeEnvelope(env);
     if (!message.ok()) {
+      rrefs_->AbandonOutgoing(&env.payload);
       Complete(env.id, absl::InvalidArgumentError(absl::StrCat("call to ", to, ".", function, ": ",
                                                                message.status().message())));
       return;
@@ -219,6 +237,7 @@ class Agent::Impl {
     }
     if (transport_) transport_->Shutdown();
     FailAll(reason);
+    if (rrefs_) rrefs_->Close();
     if (timer_.joinable()) timer_.join();
     pool_.Shutdown();
     {
@@ -308,6 +327,34 @@ class Agent::Impl {
       conn->Close(absl::DataLossError(absl::StrCat("bad envelope from ", conn->peer(), ": ",
                                                    env.status().message())));
       return;
+    }
+    if (env->has_rrefs) {
+      // RRefs in the payload become references held here (rref.h protocol).
+      int from = -1;
+      {
+        absl::MutexLock lock(&mu_);
+        if (env->kind == Kind::kResponse) {
+          auto it = pending_.find(env->id);
+          if (it != pending_.end()) from = it->second.rank;
+        } else {
+          auto it = conn_rank_.find(conn.get());
+          if (it != conn_rank_.end()) from = it->second;
+        }
+      }
+      absl::Status s = from < 0 ? absl::InvalidArgumentError("RRefs from an unidentified peer")
+                                : rrefs_->AdoptIncoming(&env->payload, from);
+      if (!s.ok()) {
+        if (env->kind == Kind::kResponse) {
+          Complete(env->id, s);
+        } else if (env->kind == Kind::kRequest) {
+          {
+            absl::MutexLock lock(&mu_);
+            ++inflight_handlers_;
+          }
+          Reply(conn, env->id, absl::InvalidArgumentError(absl::StrCat(env->function, ": ", s.message())), nullptr);
+        }
+        return;
+      }
     }
     switch (env->kind) {
       case Kind::kResponse:
@@ -457,8 +504,19 @@ class Agent::Impl {
     } else {
       env.status = result.status();
     }
+    int to = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = conn_rank_.find(conn.get());
+      if (it != conn_rank_.end()) to = it->second;
+    }
+    if (absl::Status s = rrefs_->PrepareOutgoing(&env.payload, to); !s.ok()) {
+      env.payload = Value();
+      env.status = s;
+    }
     absl::StatusOr<Message> m = internal::EncodeEnvelope(env);
     if (!m.ok()) {
+      rrefs_->AbandonOutgoing(&env.payload);
       env.payload = Value();
       env.status = absl::InternalError(absl::StrCat("cannot encode the result: ", m.status().message()));
       m = internal::EncodeEnvelope(env);
@@ -477,6 +535,7 @@ class Agent::Impl {
   void OnClose(const std::shared_ptr<Connection>& conn, const absl::Status& reason) {
     OnFlush(conn);  // requests read before the close still run (their replies are dropped)
     int rank = -1;
+    bool outgoing = false;
     {
       absl::MutexLock lock(&mu_);
       auto it = conn_rank_.find(conn.get());
@@ -484,9 +543,14 @@ class Agent::Impl {
         rank = it->second;
         conn_rank_.erase(it);
       }
-      if (rank < 0 || rank >= static_cast<int>(outgoing_.size()) || outgoing_[rank] != conn) return;
-      outgoing_[rank].reset();
+      if (rank >= 0 && rank < static_cast<int>(outgoing_.size()) && outgoing_[rank] == conn) {
+        outgoing_[rank].reset();
+        outgoing = true;
+      }
     }
+    // Connections close when the peer is dead or shut down: its references go (rref.h).
+    if (rank >= 0 && rrefs_) rrefs_->OnPeerGone(rank);
+    if (!outgoing) return;
     // Our outgoing connection to `rank` died: its calls cannot be answered.
     std::vector<std::function<void(absl::StatusOr<Value>)>> failed;
     std::vector<std::string> functions;
@@ -564,20 +628,26 @@ class Agent::Impl {
 
   absl::Status GracefulBarrier() {
     const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
-    // 1. Our own calls finish (or time out) first.
-    {
-      absl::MutexLock lock(&mu_);
-      auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_.empty(); };
-      mu_.AwaitWithDeadline(absl::Condition(&drained), deadline);
-    }
+    // 1. Our own calls, and the RRef control messages they caused, finish (or time out).
+    DrainCalls(deadline);
     // 2. Everyone reaches shutdown while still serving; 3. everyone saw that.
     absl::Status s = store_->Set(Key("shutdown/", options_.rank), "1");
-    std::vector<std::string> all, exited;
+    std::vector<std::string> all, drained, exited;
     for (int r = 0; r < options_.world_size; ++r) {
       all.push_back(Key("shutdown/", r));
+      drained.push_back(Key("rrefs_drained/", r));
       exited.push_back(Key("exited/", r));
     }
     if (s.ok()) s = store_->Wait(all, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    // Messages that peers sent us before they stopped may have started more RRef
+    // control traffic: a second drain round, then every owner's table is final.
+    absl::Status leaks;
+    if (s.ok()) {
+      DrainCalls(deadline);
+      s = store_->Set(Key("rrefs_drained/", options_.rank), "1");
+      if (s.ok()) s = store_->Wait(drained, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+      if (s.ok()) leaks = CheckLeaks();
+    }
     if (s.ok()) s = store_->Set(Key("exited/", options_.rank), "1");
     // Handlers still running for peers finish before we close.
     {
@@ -591,14 +661,84 @@ class Agent::Impl {
       return absl::DeadlineExceededError(absl::StrCat(options_.name, ": graceful shutdown did not complete: ",
                                                       s.message()));
     }
+    return leaks;
+  }
+
+  void DrainCalls(absl::Time deadline) {
+    while (absl::Now() < deadline) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (pending_.empty() && rrefs_->Idle()) return;
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+
+  absl::Status CheckLeaks() {
+    if (options_.rref_leak_check == AgentOptions::LeakCheck::kOff) return absl::OkStatus();
+    std::vector<std::string> leaks = rrefs_->Leaks();
+    if (leaks.empty()) return absl::OkStatus();
+    std::string report = absl::StrCat(options_.name, ": ", leaks.size(),
+                                      " owned RRef value(s) still referenced by other workers at shutdown "
+                                      "(they kept RRefs past Shutdown):\n  ",
+                                      absl::StrJoin(leaks, "\n  "));
+    std::fprintf(stderr, "gradwire: %s\n", report.c_str());
+    if (options_.rref_leak_check == AgentOptions::LeakCheck::kError) return absl::FailedPreconditionError(report);
     return absl::OkStatus();
   }
+
+  // Runs a registered function here, as a call from `caller` would.
+  Future<Value> InvokeLocal(const std::string& caller, const std::string& function, ValueList args) {
+    std::shared_ptr<Handler> handler;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = handlers_.find(function);
+      if (it != handlers_.end()) handler = it->second;
+    }
+    if (!handler) {
+      return MakeReadyFuture<Value>(pool_, absl::NotFoundError(absl::StrCat(options_.name, " has no function '",
+                                                                             function, "'")));
+    }
+    CallInfo info{caller, function};
+    auto run = [handler, info](ValueList args) -> Future<Value> { return handler->fn(info, std::move(args)); };
+    if (handler->mode == HandlerMode::kInline) {
+      try {
+        return run(std::move(args));
+      } catch (const std::exception& e) {
+        return MakeReadyFuture<Value>(pool_, absl::InternalError(absl::StrCat(function, " threw: ", e.what())));
+      }
+    }
+    Promise<Value> promise(pool_);
+    if (!pool_.Post([run, promise, function, args = std::move(args)]() mutable {
+          try {
+            run(std::move(args)).Then([promise](const absl::StatusOr<Value>& v) { promise.Set(v); });
+          } catch (const std::exception& e) {
+            promise.Set(absl::InternalError(absl::StrCat(function, " threw: ", e.what())));
+          }
+        })) {
+      promise.Set(absl::UnavailableError(absl::StrCat(options_.name, " is shutting down")));
+    }
+    return promise.future();
+  }
+
+ public:
+  RRefPtr RemoteRaw(const std::string& to, const std::string& function, ValueList args, CallOptions options,
+                    std::string type) {
+    auto it = by_name_.find(to);
+    return rrefs_->Remote(it == by_name_.end() ? -1 : it->second, function, std::move(args), options,
+                          std::move(type));
+  }
+  RRefPtr OwnRaw(Value value, std::string type) { return rrefs_->Own(std::move(value), std::move(type)); }
+  RRefStats rref_stats() const { return rrefs_->Stats(); }
+
+ private:
 
   AgentOptions options_;
   ThreadPool pool_;
   std::unique_ptr<StoreServer> store_server_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Transport> transport_;
+  std::shared_ptr<internal::RRefContext> rrefs_;
   WorkerInfo self_;
   std::vector<WorkerInfo> workers_;                     // immutable after Start
   absl::flat_hash_map<std::string, int> by_name_;       // immutable after Start
@@ -646,5 +786,11 @@ void Agent::CallRaw(const std::string& to, const std::string& function, ValueLis
   impl_->Call(to, function, std::move(args), options, std::move(done));
 }
 absl::Status Agent::Shutdown(bool graceful) { return impl_->Shutdown(graceful); }
+RRefPtr Agent::RemoteRaw(const std::string& to, const std::string& function, ValueList args, CallOptions options,
+                         std::string type) {
+  return impl_->RemoteRaw(to, function, std::move(args), options, std::move(type));
+}
+RRefPtr Agent::OwnRaw(Value value, std::string type) { return impl_->OwnRaw(std::move(value), std::move(type)); }
+RRefStats Agent::rref_stats() const { return impl_->rref_stats(); }
 
 }  // namespace gw::rpc

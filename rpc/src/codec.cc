@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gradwire/proto/rpc.pb.h"
+#include "gradwire/rpc/rref.h"
 
 namespace gw::rpc::internal {
 namespace {
@@ -33,6 +34,25 @@ absl::Status ToProto(const Value& v, std::vector<Tensor>* tensors, pb::Value* ou
       }
       return absl::OkStatus();
     }
+    absl::Status operator()(const RRefPtr& r) {
+      if (!r || r->attached()) {
+        return absl::InternalError("an RRef must be turned into a fork before it is encoded");
+      }
+      const RRefDescriptor& d = r->descriptor();
+      pb::RRef* out_ref = out->mutable_rref();
+      out_ref->set_rref_id(d.rref_id);
+      out_ref->set_fork_id(d.fork_id);
+      out_ref->set_owner(d.owner);
+      out_ref->set_parent(d.parent);
+      out_ref->set_parent_fork(d.parent_fork);
+      out_ref->set_type(d.type);
+      return absl::OkStatus();
+    }
+    absl::Status operator()(const Object& o) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot send an object of type ", o.type,
+          ": objects stay on the worker that made them; send an RRef to it (Agent::Own / Agent::Remote)"));
+    }
     absl::Status operator()(const ValueMap& m) {
       auto* map = out->mutable_map()->mutable_entries();
       for (const auto& [k, e] : m) {
@@ -44,7 +64,8 @@ absl::Status ToProto(const Value& v, std::vector<Tensor>* tensors, pb::Value* ou
   return std::visit(Visitor{tensors, out, depth}, v.storage());
 }
 
-absl::StatusOr<Value> FromProto(const pb::Value& v, const std::vector<Tensor>& tensors, int depth) {
+absl::StatusOr<Value> FromProto(const pb::Value& v, const std::vector<Tensor>& tensors, int depth,
+                                bool* has_rrefs) {
   if (depth > kMaxDepth) return absl::InvalidArgumentError("value nested more than 64 levels deep");
   switch (v.kind_case()) {
     case pb::Value::kNone:
@@ -64,16 +85,25 @@ absl::StatusOr<Value> FromProto(const pb::Value& v, const std::vector<Tensor>& t
       ValueList out;
       out.reserve(static_cast<size_t>(v.list().items_size()));
       for (const auto& e : v.list().items()) {
-        absl::StatusOr<Value> x = FromProto(e, tensors, depth + 1);
+        absl::StatusOr<Value> x = FromProto(e, tensors, depth + 1, has_rrefs);
         if (!x.ok()) return x.status();
         out.push_back(std::move(*x));
       }
       return Value(std::move(out));
     }
+    case pb::Value::kRref: {
+      const pb::RRef& r = v.rref();
+      if (r.rref_id() == 0 || r.owner() < 0 || r.parent() < 0) {
+        return absl::InvalidArgumentError("malformed RRef (zero id or negative rank)");
+      }
+      *has_rrefs = true;
+      return Value(std::make_shared<RRefState>(
+          RRefDescriptor{r.rref_id(), r.fork_id(), r.owner(), r.parent(), r.parent_fork(), r.type()}));
+    }
     case pb::Value::kMap: {
       ValueMap out;
       for (const auto& [k, e] : v.map().entries()) {
-        absl::StatusOr<Value> x = FromProto(e, tensors, depth + 1);
+        absl::StatusOr<Value> x = FromProto(e, tensors, depth + 1, has_rrefs);
         if (!x.ok()) return x.status();
         out.emplace(k, std::move(*x));
       }
@@ -117,7 +147,7 @@ absl::StatusOr<Envelope> DecodeEnvelope(Message m) {
     return absl::DataLossError(absl::StrCat("unknown status code ", code));
   }
   e.status = absl::Status(static_cast<absl::StatusCode>(code), env.status_message());
-  absl::StatusOr<Value> payload = FromProto(env.payload(), m.tensors, 0);
+  absl::StatusOr<Value> payload = FromProto(env.payload(), m.tensors, 0, &e.has_rrefs);
   if (!payload.ok()) return absl::DataLossError(payload.status().message());
   e.payload = std::move(*payload);
   return e;

@@ -21,6 +21,7 @@ struct Envelope {
   Value payload;
   absl::Status status;     // of a response
   int64_t timeout_ms = 0;  // caller's budget, informational
+  bool has_rrefs = false;  // decoding met an RRef (the agent must adopt it)
 };
 
 absl::StatusOr<Message> EncodeEnvelope(const Envelope& envelope);

@@ -1,13 +1,18 @@
 #include "gradwire/rpc/value.h"
 
+#include <cxxabi.h>
+
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gradwire/rpc/rref.h"
 
 namespace gw::rpc {
 
 const char* Value::kind() const {
-  static constexpr const char* kKinds[] = {"none",   "int",    "double", "bool",
-                                           "string", "tensor", "list",   "map"};
+  static constexpr const char* kKinds[] = {"none", "int",  "double", "bool", "string",
+                                           "tensor", "list", "map",  "rref", "object"};
   return kKinds[v_.index()];
 }
 
@@ -26,6 +31,12 @@ std::string Value::DebugString() const {
       for (const Value& v : l) parts.push_back(v.DebugString());
       return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
     }
+    std::string operator()(const RRefPtr& r) const {
+      if (!r) return "rref(null)";
+      const internal::RRefDescriptor& d = r->descriptor();
+      return absl::StrCat("rref(", d.type, " #", d.rref_id, " owned by rank ", d.owner, ")");
+    }
+    std::string operator()(const Object& o) const { return absl::StrCat("object(", o.type, ")"); }
     std::string operator()(const ValueMap& m) const {
       std::vector<std::string> parts;
       for (const auto& [k, v] : m) parts.push_back(absl::StrCat(k, ": ", v.DebugString()));
@@ -33,6 +44,14 @@ std::string Value::DebugString() const {
     }
   };
   return std::visit(Visitor{}, v_);
+}
+
+std::string internal::DemangledName(const std::type_info& type) {
+  int status = 0;
+  char* name = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+  std::string out = status == 0 && name ? name : type.name();
+  std::free(name);
+  return out;
 }
 
 absl::Status KindMismatch(const char* expected, const Value& got) {

@@ -99,6 +99,41 @@ void RegisterTestFunctions(Agent& agent) {
     return p.future();
   });
   (void)agent.Register("whoami", [self] { return self->self().name; });
+
+  // RRefs (rref_test.cc, agent_process_test.cc): a stash of references per worker.
+  struct Stash {
+    absl::Mutex mu;
+    std::vector<RRef<Tensor>> refs ABSL_GUARDED_BY(mu);
+  };
+  auto stash = std::make_shared<Stash>();
+  (void)agent.Register("rref_stash", [stash](RRef<Tensor> r) -> absl::StatusOr<double> {
+    absl::StatusOr<Tensor> t = r.ToHere();
+    if (!t.ok()) return t.status();
+    absl::MutexLock lock(&stash->mu);
+    stash->refs.push_back(r);
+    return kernels::Sum(*t).item();
+  });
+  (void)agent.Register("rref_clear", [stash] {
+    std::vector<RRef<Tensor>> dropped;
+    absl::MutexLock lock(&stash->mu);
+    dropped.swap(stash->refs);
+    return static_cast<int64_t>(dropped.size());
+  });
+  (void)agent.Register("rref_forward", [self](RRef<Tensor> r, std::string to) {
+    return self->Sync<double>(to, "rref_stash", r);
+  });
+  (void)agent.Register("rref_own", [self](Tensor t) { return self->Own(t); });
+  (void)agent.Register("rref_echo", [](RRef<Tensor> r) { return r; });
+  (void)agent.Register("rref_echo_object", [](RRef<std::shared_ptr<Counter>> r) { return r; });
+  (void)agent.Register("rref_stats", [self] {
+    const RRefStats s = self->rref_stats();
+    return std::map<std::string, int64_t>{{"owned", s.owned}, {"owner_forks", s.owner_forks},
+                                          {"users", s.users}, {"pending_control", s.pending_control}};
+  });
+  (void)agent.Register("make_full", [](int64_t n, double v) { return Tensor::Full({n}, v); });
+  (void)agent.Register("scale", [](Tensor t, double f) { return kernels::MulScalar(t, f); });
+  (void)agent.Register("make_counter", [](int64_t start) { return std::make_shared<Counter>(start); });
+  (void)agent.Register("counter_add", [](std::shared_ptr<Counter> c, int64_t d) { return c->Add(d); });
 }
 
 pid_t SpawnSelf(const std::string& role, const std::map<std::string, std::string>& env) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gradwire/rpc/agent.h"
 
 namespace gw::rpc::testing {
@@ -33,8 +34,26 @@ class AgentGroup {
   std::vector<std::shared_ptr<Agent>> agents_;
 };
 
+// An object that lives on its owner (RRef tests).
+class Counter {
+ public:
+  explicit Counter(int64_t start) : total_(start) {}
+  int64_t Add(int64_t d) {
+    absl::MutexLock lock(&mu_);
+    return total_ += d;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t total_ ABSL_GUARDED_BY(mu_);
+};
+
 // Registers the functions every test worker offers: "add", "echo", "sleep_ms", "fail",
-// "throw", "kinds", "later" (answers through a Future), "whoami".
+// "throw", "kinds", "later" (answers through a Future), "whoami"; for RRefs
+// "rref_stash" (keeps an RRef<Tensor>, returns the sum of its value), "rref_clear",
+// "rref_forward" (stashes it on another worker), "rref_own" (returns an RRef owned by
+// the callee), "rref_echo", "rref_stats", "make_full", "scale", "make_counter" and
+// "counter_add" (a Counter object and its method).
 void RegisterTestFunctions(Agent& agent);
 
 // Runs this binary as a child with GW_TEST_ROLE=role and the given extra environment.

@@ -22,6 +22,7 @@
 //     then waits (bounded by shutdown_timeout) until every worker reached shutdown while
 //     still serving their calls, then closes. Shutdown(false) closes at once and fails
 //     pending calls with CANCELLED. The destructor does Shutdown(false) if needed.
+//   - Remote/Own create remote references (rref.h); rref_stats() counts them.
 //   - Thread-safe: Register, calls and Shutdown may be used from any thread.
 #ifndef GRADWIRE_RPC_AGENT_H_
 #define GRADWIRE_RPC_AGENT_H_
@@ -45,6 +46,10 @@
 #include "gradwire/rpc/value.h"
 
 namespace gw::rpc {
+
+template <typename T>
+class RRef;
+struct RRefStats;
 
 struct WorkerInfo {
   std::string name;
@@ -71,6 +76,10 @@ struct AgentOptions {
   absl::Duration sync_spin = absl::Microseconds(200);
   int worker_threads = 2;
   TransportOptions transport_options;
+  // At graceful shutdown, owned RRef values still referenced by other workers are
+  // logged (kWarn) or also make Shutdown fail with FAILED_PRECONDITION (kError).
+  enum class LeakCheck { kOff, kWarn, kError };
+  LeakCheck rref_leak_check = LeakCheck::kWarn;
 
   // From the environment, as set by `gradwire launch` or torchrun: RANK, WORLD_SIZE,
   // MASTER_ADDR, MASTER_PORT (required); GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT,
@@ -196,6 +205,16 @@ RawHandler MakeHandler(F fn, Executor& ex) {
   };
 }
 
+// Appends a call argument converted with ValueTraits; a CallOptions sets the options.
+template <typename A>
+void AddArg(ValueList* values, CallOptions* options, A&& a) {
+  if constexpr (std::is_same_v<std::decay_t<A>, CallOptions>) {
+    *options = a;
+  } else {
+    values->push_back(ValueTraits<std::decay_t<A>>::To(std::forward<A>(a)));
+  }
+}
+
 template <typename R>
 absl::StatusOr<R> ConvertResult(absl::StatusOr<Value> v, const std::string& to,
                                 const std::string& function) {
@@ -248,7 +267,7 @@ class Agent {
   Future<R> Async(const std::string& to, const std::string& function, Args&&... args) {
     CallOptions options;
     ValueList values;
-    (AddArg(&values, &options, std::forward<Args>(args)), ...);
+    (internal::AddArg(&values, &options, std::forward<Args>(args)), ...);
     Promise<R> promise(executor());
     CallRaw(to, function, std::move(values), options,
             [promise, to, function](absl::StatusOr<Value> v) {
@@ -265,6 +284,17 @@ class Agent {
     return f.Get(absl::ZeroDuration());
   }
 
+  // Remote references (rref.h): runs `function` on worker `to` and returns at once an
+  // RRef to its result, owned by `to`; Own makes an RRef owned by this worker.
+  template <typename T, typename... Args>
+  RRef<T> Remote(const std::string& to, const std::string& function, Args&&... args);
+  template <typename T>
+  RRef<T> Own(T value);
+  RRefPtr RemoteRaw(const std::string& to, const std::string& function, ValueList args,
+                    CallOptions options, std::string type);
+  RRefPtr OwnRaw(Value value, std::string type);
+  RRefStats rref_stats() const;
+
   absl::Status Shutdown(bool graceful = true);
 
   class Impl;
@@ -272,18 +302,11 @@ class Agent {
  private:
   explicit Agent(std::unique_ptr<Impl> impl);
 
-  template <typename A>
-  static void AddArg(ValueList* values, CallOptions* options, A&& a) {
-    if constexpr (std::is_same_v<std::decay_t<A>, CallOptions>) {
-      *options = a;
-    } else {
-      values->push_back(ValueTraits<std::decay_t<A>>::To(std::forward<A>(a)));
-    }
-  }
-
   std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace gw::rpc
+
+#include "gradwire/rpc/rref.h"  // RRef<T>, Agent::Remote and Agent::Own
 
 #endif  // GRADWIRE_RPC_AGENT_H_

@@ -2,12 +2,15 @@
 // conversions that let users register and call plain C++ functions.
 //
 // Contract
-//   - A Value is none, int64, double, bool, string, Tensor, a list of Values or a
-//     string-keyed map of Values. Tensors travel out of band (raw buffers after the
-//     frame header), everything else inside the protobuf envelope.
+//   - A Value is none, int64, double, bool, string, Tensor, a list of Values, a
+//     string-keyed map of Values, an RRef (rref.h) or an Object. Tensors travel out of
+//     band (raw buffers after the frame header), everything else inside the protobuf
+//     envelope. An Object (a C++ object held by std::shared_ptr, e.g. a module) never
+//     travels: it stays on the worker that made it and is reached through an RRef.
 //   - ValueTraits<T> converts between Value and the C++ types a handler may take or
 //     return: integral types, float/double, bool, std::string, Tensor, Value,
-//     std::vector<T>, std::map<std::string, T>. From() reports a mismatch as
+//     std::vector<T>, std::map<std::string, T>, RRef<T> (rref.h) and std::shared_ptr<C>
+//     of a class C (an Object, checked by type name). From() reports a mismatch as
 //     INVALID_ARGUMENT naming the expected and actual kinds; integers convert to double
 //     but not the reverse.
 //   - Thread safety: Values are plain data; Tensors inside share storage (see tensor.h).
@@ -16,8 +19,10 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <variant>
 #include <vector>
 
@@ -30,10 +35,29 @@ class Value;
 using ValueList = std::vector<Value>;
 using ValueMap = std::map<std::string, Value>;
 
+namespace internal {
+class RRefState;  // rref.h
+// The readable (demangled) name of T, e.g. "gw::Tensor"; the same in every process
+// built by the same compiler.
+std::string DemangledName(const std::type_info& type);
+template <typename T>
+std::string TypeName() {
+  return DemangledName(typeid(T));
+}
+}  // namespace internal
+
+using RRefPtr = std::shared_ptr<internal::RRefState>;
+
+// A C++ object owned by this process, held by a Value (see the contract above).
+struct Object {
+  std::shared_ptr<void> ptr;
+  std::string type;  // internal::TypeName of the object's class
+};
+
 class Value {
  public:
   using Storage = std::variant<std::monostate, int64_t, double, bool, std::string, Tensor,
-                               ValueList, ValueMap>;
+                               ValueList, ValueMap, RRefPtr, Object>;
 
   Value() = default;
   template <typename I,
@@ -46,10 +70,12 @@ class Value {
   Value(Tensor v) : v_(std::move(v)) {}       // NOLINT
   Value(ValueList v) : v_(std::move(v)) {}    // NOLINT
   Value(ValueMap v) : v_(std::move(v)) {}     // NOLINT
+  Value(RRefPtr v) : v_(std::move(v)) {}      // NOLINT
+  Value(Object v) : v_(std::move(v)) {}       // NOLINT
 
   const Storage& storage() const { return v_; }
   Storage& storage() { return v_; }
-  // "none", "int", "double", "bool", "string", "tensor", "list", "map".
+  // "none", "int", "double", "bool", "string", "tensor", "list", "map", "rref", "object".
   const char* kind() const;
   std::string DebugString() const;
 
@@ -169,6 +195,21 @@ struct ValueTraits<std::map<std::string, T>> {
       out.emplace(k, std::move(*x));
     }
     return out;
+  }
+};
+
+template <typename C>
+struct ValueTraits<std::shared_ptr<C>, std::enable_if_t<std::is_class_v<C> && !std::is_same_v<C, Tensor>>> {
+  static constexpr const char* kName = "object";
+  static Value To(std::shared_ptr<C> v) { return Value(Object{std::move(v), internal::TypeName<C>()}); }
+  static absl::StatusOr<std::shared_ptr<C>> From(const Value& v) {
+    if (!v.is<Object>()) return KindMismatch(kName, v);
+    const Object& o = v.get<Object>();
+    if (o.type != internal::TypeName<C>()) {
+      return absl::InvalidArgumentError("expected an object of type " + internal::TypeName<C>() +
+                                        ", got one of type " + o.type);
+    }
+    return std::static_pointer_cast<C>(o.ptr);
   }
 };
 

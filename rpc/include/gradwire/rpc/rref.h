@@ -1,0 +1,222 @@
+// RRef<T>: a reference to a value that lives on one worker, its owner.
+//
+// Contract
+//   - Agent::Remote<T>(worker, function, args...) runs `function` on `worker` and returns
+//     at once an RRef owned by that worker; Agent::Own<T>(value) makes an RRef owned here.
+//     T is what the owner holds: a Value type (Tensor, int, list, ...) or
+//     std::shared_ptr<C> for any C++ object (a module, a table), which never leaves its
+//     owner (ToHere of it works on the owner only; call its methods instead).
+//   - RRef API: IsOwner, Owner (worker name), ConfirmedByOwner, ToHere(timeout) (copies
+//     the value here; waits until it exists), LocalValue (owner only), and method proxies
+//     Sync/Async/Remote(method, args...): run the registered function `method` on the
+//     owner with the owned value as first argument (like rref.rpc_sync().method()).
+//     Errors: UNAVAILABLE naming the owner when it is dead, DEADLINE_EXCEEDED,
+//     FAILED_PRECONDITION after the agent shut down, the function's own error.
+//   - RRefs are Values: they may be arguments and results of any call, to any worker.
+//     Copies of an RRef<T> in one process share one reference (one fork).
+//   - Introspection: Agent::rref_stats() counts owned values, their forks and users.
+//   - Thread-safe.
+//
+// Reference counting protocol (rref_context.cc). Every reference held outside the owner
+// is a *fork* with a 64-bit id; the owner keeps, per owned value, the set of forks that
+// exist (with the worker holding each) and a count of its own local handles. The value
+// is freed exactly when both are empty. Ids carry the allocating worker's rank in the
+// top 16 bits, so no two workers ever allocate the same one.
+//
+//   Fork states at the worker holding it (a user):
+//     PENDING   created, the owner has not acknowledged it yet
+//     CONFIRMED the owner acknowledged it (it is in the owner's fork set)
+//     FAILED    creation failed (Remote of an unknown function, owner dead)
+//     RELEASED  no local handle left; the fork lingers while it is PENDING or has
+//               unconfirmed children, then a DELETE goes to the owner and it is gone
+//   Messages (all idempotent; retried until acknowledged or the peer is dead):
+//     REMOTE(rref, fork, fn, args)  user -> owner: create the value (if not known yet)
+//                                   and add `fork`; acknowledged before fn finishes.
+//     FORK(rref, fork)              new user -> owner: add `fork` (creating the entry if
+//                                   the REMOTE has not arrived yet: messages from
+//                                   different workers arrive in any order).
+//     ACCEPT(parent_fork, fork)     new user (or owner) -> parent: the child is known to
+//                                   the owner; the parent may now be released.
+//     DELETE([(rref, fork)...])     user -> owner, batched per owner: drop the forks.
+//   Sending an RRef from worker P to worker X creates a child fork c:
+//     P is the owner: c is added to the owner's set before sending; X's fork is
+//       CONFIRMED on arrival (no FORK, no ACCEPT).
+//     P is a user:    P remembers c as an unconfirmed child, which keeps P's own fork
+//       (and so the value) alive: guarantee 2, a parent is not released before the
+//       owner confirmed the child. On arrival X sends FORK to the owner, and once it is
+//       acknowledged, ACCEPT to P. If X is the owner itself, it takes a local handle and
+//       sends ACCEPT at once.
+//   A user sends DELETE only for a CONFIRMED fork without unconfirmed children, so the
+//   owner learns of every user's deletion (guarantee 1) after it learned of the fork.
+//   Failures: when a worker is declared dead (its connections closed), its owner drops
+//   the forks that worker held, users drop forks owned by it (their calls fail with
+//   UNAVAILABLE naming it), and parents drop unconfirmed children sent to it.
+//   At graceful shutdown every worker first drains its control messages; then each
+//   owner reports values still referenced by forks of other workers (leaks), as
+//   AgentOptions::rref_leak_check says.
+#ifndef GRADWIRE_RPC_RREF_H_
+#define GRADWIRE_RPC_RREF_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/future.h"
+#include "gradwire/rpc/value.h"
+
+namespace gw::rpc {
+
+// What one agent holds (Agent::rref_stats).
+struct RRefStats {
+  int64_t owned = 0;        // values owned here
+  int64_t owner_forks = 0;  // forks of owned values held by users
+  int64_t owner_local = 0;  // this worker's own handles to owned values
+  int64_t users = 0;        // forks held here (user RRefs), including released ones
+                            // still waiting for a confirmation
+  int64_t pending_control = 0;  // control messages sent and not yet acknowledged
+};
+
+namespace internal {
+
+class RRefContext;
+
+// The wire form of one fork of an RRef.
+struct RRefDescriptor {
+  uint64_t rref_id = 0;
+  uint64_t fork_id = 0;      // 0 for the owner's own handles
+  int owner = -1;            // rank
+  int parent = -1;           // rank that sent this fork
+  uint64_t parent_fork = 0;  // the sender's fork (0: the sender is the owner)
+  std::string type;          // TypeName<T>() of the owned value
+};
+
+// One reference held by this process; shared by every RRef<T> copy of it. Detached
+// (no context) while in transit, between decoding a frame and adoption by the agent.
+class RRefState {
+ public:
+  explicit RRefState(RRefDescriptor d) : d_(std::move(d)) {}
+  RRefState(std::shared_ptr<RRefContext> ctx, RRefDescriptor d, bool is_owner)
+      : ctx_(std::move(ctx)), d_(std::move(d)), is_owner_(is_owner) {}
+  ~RRefState();
+  RRefState(const RRefState&) = delete;
+  RRefState& operator=(const RRefState&) = delete;
+
+  const RRefDescriptor& descriptor() const { return d_; }
+  bool attached() const { return ctx_ != nullptr; }
+  bool is_owner() const { return is_owner_; }
+  std::string owner_name() const;
+  bool confirmed() const;
+  Future<Value> Fetch(CallOptions options) const;
+  absl::StatusOr<Value> LocalValue() const;
+  Future<Value> Call(const std::string& method, ValueList args, CallOptions options) const;
+  std::shared_ptr<RRefState> Remote(const std::string& method, ValueList args, CallOptions options,
+                                    std::string type) const;
+
+ private:
+  const std::shared_ptr<RRefContext> ctx_;
+  const RRefDescriptor d_;
+  const bool is_owner_ = false;
+};
+
+}  // namespace internal
+
+template <typename T>
+class RRef {
+ public:
+  RRef() = default;  // null
+  explicit RRef(std::shared_ptr<internal::RRefState> state) : state_(std::move(state)) {}
+
+  bool valid() const { return state_ != nullptr; }
+  bool IsOwner() const { return state_->is_owner(); }
+  std::string Owner() const { return state_->owner_name(); }
+  int owner_rank() const { return state_->descriptor().owner; }
+  uint64_t id() const { return state_->descriptor().rref_id; }
+  bool ConfirmedByOwner() const { return state_->confirmed(); }
+
+  Future<T> ToHereAsync(CallOptions options = {}) const {
+    return state_->Fetch(options).Then([](const absl::StatusOr<Value>& v) -> absl::StatusOr<T> {
+      if (!v.ok()) return v.status();
+      return ValueTraits<T>::From(*v);
+    });
+  }
+  absl::StatusOr<T> ToHere(absl::Duration timeout = absl::ZeroDuration()) const {
+    // Converted on this thread: a handler blocking a pool thread here needs no other.
+    absl::StatusOr<Value> v = state_->Fetch(CallOptions{timeout}).Get();
+    if (!v.ok()) return v.status();
+    return ValueTraits<T>::From(*v);
+  }
+  // REQUIRES: IsOwner() (else FAILED_PRECONDITION).
+  absl::StatusOr<T> LocalValue() const {
+    absl::StatusOr<Value> v = state_->LocalValue();
+    if (!v.ok()) return v.status();
+    return ValueTraits<T>::From(*v);
+  }
+
+  // Runs the registered function `method` on the owner as method(value, args...).
+  template <typename R, typename... Args>
+  Future<R> Async(const std::string& method, Args&&... args) const {
+    CallOptions options;
+    ValueList values;
+    (internal::AddArg(&values, &options, std::forward<Args>(args)), ...);
+    const std::string owner = Owner();
+    return state_->Call(method, std::move(values), options)
+        .Then([owner, method](const absl::StatusOr<Value>& v) {
+          return internal::ConvertResult<R>(v, owner, method);
+        });
+  }
+  template <typename R, typename... Args>
+  absl::StatusOr<R> Sync(const std::string& method, Args&&... args) const {
+    CallOptions options;
+    ValueList values;
+    (internal::AddArg(&values, &options, std::forward<Args>(args)), ...);
+    return internal::ConvertResult<R>(state_->Call(method, std::move(values), options).Get(), Owner(), method);
+  }
+  // Like Async, but the result stays on the owner: an RRef to it.
+  template <typename R, typename... Args>
+  RRef<R> Remote(const std::string& method, Args&&... args) const {
+    CallOptions options;
+    ValueList values;
+    (internal::AddArg(&values, &options, std::forward<Args>(args)), ...);
+    return RRef<R>(state_->Remote(method, std::move(values), options, internal::TypeName<R>()));
+  }
+
+  const std::shared_ptr<internal::RRefState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<internal::RRefState> state_;
+};
+
+template <typename T>
+struct ValueTraits<RRef<T>> {
+  static constexpr const char* kName = "rref";
+  static Value To(RRef<T> r) { return Value(r.state()); }
+  static absl::StatusOr<RRef<T>> From(const Value& v) {
+    if (!v.is<RRefPtr>() || !v.get<RRefPtr>()) return KindMismatch(kName, v);
+    const RRefPtr& s = v.get<RRefPtr>();
+    if (s->descriptor().type != internal::TypeName<T>()) {
+      return absl::InvalidArgumentError(absl::StrCat("expected an RRef of ", internal::TypeName<T>(),
+                                                     ", got an RRef of ", s->descriptor().type));
+    }
+    return RRef<T>(s);
+  }
+};
+
+template <typename T, typename... Args>
+RRef<T> Agent::Remote(const std::string& to, const std::string& function, Args&&... args) {
+  CallOptions options;
+  ValueList values;
+  (internal::AddArg(&values, &options, std::forward<Args>(args)), ...);
+  return RRef<T>(RemoteRaw(to, function, std::move(values), options, internal::TypeName<T>()));
+}
+
+template <typename T>
+RRef<T> Agent::Own(T value) {
+  return RRef<T>(OwnRaw(ValueTraits<T>::To(std::move(value)), internal::TypeName<T>()));
+}
+
+}  // namespace gw::rpc
+
+#endif  // GRADWIRE_RPC_RREF_H_

@@ -1,0 +1,812 @@
+#include "rref_context.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace gw::rpc::internal {
+namespace {
+
+constexpr char kRemoteFn[] = "__rref.remote";
+constexpr char kFetchFn[] = "__rref.fetch";
+constexpr char kCallFn[] = "__rref.call";
+constexpr char kForkFn[] = "__rref.fork";
+constexpr char kAcceptFn[] = "__rref.accept";
+constexpr char kDeleteFn[] = "__rref.delete";
+constexpr int kControlAttempts = 3;
+
+int64_t I(uint64_t x) { return static_cast<int64_t>(x); }
+uint64_t U(const Value& v) { return static_cast<uint64_t>(v.get<int64_t>()); }
+
+// The first `ints` arguments must be integers, then `strings` strings.
+absl::Status CheckArgs(const ValueList& a, size_t n, size_t ints, const char* what) {
+  if (a.size() != n) return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", n, " arguments"));
+  for (size_t i = 0; i < ints; ++i) {
+    if (!a[i].is<int64_t>()) return absl::InvalidArgumentError(absl::StrCat(what, ": argument ", i + 1, " is not an id"));
+  }
+  return absl::OkStatus();
+}
+
+// Errors after which retrying a control message cannot help.
+bool Permanent(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kResourceExhausted:
+      return false;
+    default:
+      return true;
+  }
+}
+
+// f.Then(fn), but at once on this thread when f is already complete: a caller that
+// blocks a pool thread on the result must not need another pool thread to get it.
+template <typename F>
+Future<Value> ThenNow(const Future<Value>& f, Executor& ex, F fn) {
+  if (!f.IsReady()) return f.Then(std::move(fn));
+  using R = std::invoke_result_t<F, const absl::StatusOr<Value>&>;
+  if constexpr (std::is_same_v<R, Future<Value>>) {
+    return fn(f.Get(absl::ZeroDuration()));
+  } else {
+    return MakeReadyFuture<Value>(ex, fn(f.Get(absl::ZeroDuration())));
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ RRefState
+
+RRefState::~RRefState() {
+  if (ctx_) ctx_->Release(d_, is_owner_);
+}
+
+std::string RRefState::owner_name() const {
+  return ctx_ ? ctx_->WorkerName(d_.owner) : absl::StrCat("rank ", d_.owner);
+}
+
+bool RRefState::confirmed() const { return ctx_ && ctx_->Confirmed(d_, is_owner_); }
+
+Future<Value> RRefState::Fetch(CallOptions options) const { return ctx_->Fetch(d_, is_owner_, options); }
+
+absl::StatusOr<Value> RRefState::LocalValue() const {
+  if (!is_owner_) {
+    return absl::FailedPreconditionError(absl::StrCat("LocalValue of RRef #", d_.rref_id, ": this worker is not its owner (",
+                                                      owner_name(), " is); use ToHere"));
+  }
+  return ctx_->LocalValue(d_);
+}
+
+Future<Value> RRefState::Call(const std::string& method, ValueList args, CallOptions options) const {
+  return ctx_->Call(d_, is_owner_, method, std::move(args), options);
+}
+
+std::shared_ptr<RRefState> RRefState::Remote(const std::string& method, ValueList args, CallOptions options,
+                                             std::string type) const {
+  return ctx_->Remote(d_.owner, method, std::move(args), options, std::move(type), d_.rref_id);
+}
+
+// ------------------------------------------------------------------ RRefContext
+
+RRefContext::RRefContext(Hooks hooks) : hooks_(std::move(hooks)) {}
+
+absl::Status RRefContext::RegisterFunctions() {
+  // All quick and non-blocking: they run on the I/O thread that received them.
+  const RegisterOptions inline_mode{HandlerMode::kInline};
+  auto self = this;  // the agent owns this context and outlives its handlers
+  auto status_handler = [self](absl::Status (RRefContext::*fn)(ValueList)) -> RawHandler {
+    return [self, fn](const CallInfo&, ValueList args) {
+      absl::Status s = (self->*fn)(std::move(args));
+      return MakeReadyFuture<Value>(self->hooks_.agent->executor(),
+                                    s.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(s));
+    };
+  };
+  Agent& agent = *hooks_.agent;
+  for (absl::Status s : {
+           agent.RegisterRaw(kRemoteFn, [self](const CallInfo& i, ValueList a) { return self->OnRemote(i, std::move(a)); },
+                             inline_mode),
+           agent.RegisterRaw(kFetchFn, [self](const CallInfo&, ValueList a) { return self->OnFetch(std::move(a)); },
+                             inline_mode),
+           agent.RegisterRaw(kCallFn, [self](const CallInfo& i, ValueList a) { return self->OnCall(i, std::move(a)); },
+                             inline_mode),
+           agent.RegisterRaw(kForkFn, status_handler(&RRefContext::OnFork), inline_mode),
+           agent.RegisterRaw(kAcceptFn, status_handler(&RRefContext::OnAccept), inline_mode),
+           agent.RegisterRaw(kDeleteFn, status_handler(&RRefContext::OnDelete), inline_mode),
+       }) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+uint64_t RRefContext::NewId() {
+  // The rank (+1, so that no id is 0) in the top 16 bits, a counter below.
+  return (static_cast<uint64_t>(hooks_.self_rank + 1) << 48) | next_id_.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::string RRefContext::WorkerName(int rank) const {
+  const std::vector<WorkerInfo>& w = hooks_.agent->workers();
+  if (rank >= 0 && rank < static_cast<int>(w.size())) return w[static_cast<size_t>(rank)].name;
+  return absl::StrCat("rank ", rank);
+}
+
+RRefContext::Owned& RRefContext::OwnedEntry(uint64_t rref_id, const std::string& type) {
+  auto it = owned_.find(rref_id);
+  if (it == owned_.end()) it = owned_.emplace(rref_id, Owned(hooks_.agent->executor())).first;
+  if (it->second.type.empty()) it->second.type = type;
+  return it->second;
+}
+
+Future<Value> RRefContext::Failed(absl::Status s) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return MakeReadyFuture<Value>(closed_executor_, std::move(s));
+  return MakeReadyFuture<Value>(hooks_.agent->executor(), std::move(s));
+}
+
+void RRefContext::Run(Outbox& out) {
+  for (auto& action : out.actions) action();
+  out.actions.clear();
+  out.garbage.clear();  // may release RRefs held by freed values: mu_ is not held here
+}
+
+// ------------------------------------------------------------------ creation
+
+void RRefContext::StartCreation(Promise<Value> promise, const std::string& caller, const std::string& function,
+                                ValueList args, std::optional<Future<Value>> self_value) {
+  auto ctx = shared_from_this();
+  auto start = [ctx, promise, caller, function](ValueList args) {
+    ctx->hooks_.invoke(caller, function, std::move(args)).Then([promise](const absl::StatusOr<Value>& v) {
+      promise.Set(v);
+    });
+  };
+  if (!self_value) {
+    start(std::move(args));
+    return;
+  }
+  (void)ThenNow(*self_value, hooks_.agent->executor(),
+                [start, promise, args = std::move(args)](const absl::StatusOr<Value>& v) mutable -> absl::StatusOr<Value> {
+                  if (!v.ok()) {
+                    promise.Set(v.status());
+                  } else {
+                    args.insert(args.begin(), *v);
+                    start(std::move(args));
+                  }
+                  return Value();
+                });
+}
+
+RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList args, CallOptions options,
+                            std::string type, uint64_t self_rref) {
+  const int self = hooks_.self_rank;
+  const uint64_t id = NewId();
+  if (owner == self) {
+    std::optional<Promise<Value>> promise;
+    std::optional<Future<Value>> self_value;
+    {
+      absl::MutexLock lock(&mu_);
+      Owned& e = OwnedEntry(id, type);
+      e.created = true;
+      e.local = 1;
+      promise = e.promise;
+      if (closed_) {
+        e.promise.Set(absl::FailedPreconditionError("the agent has shut down"));
+      } else if (self_rref != 0) {
+        auto it = owned_.find(self_rref);
+        if (it != owned_.end()) self_value = it->second.value;
+      }
+    }
+    if (!closed() && !hooks_.has_function(function)) {
+      promise->Set(absl::NotFoundError(absl::StrCat(WorkerName(self), " has no function '", function, "'")));
+    } else if (!closed()) {
+      StartCreation(*promise, WorkerName(self), function, std::move(args), std::move(self_value));
+    }
+    return std::make_shared<RRefState>(shared_from_this(), RRefDescriptor{id, 0, self, self, 0, type}, true);
+  }
+  const uint64_t fork = NewId();
+  bool send = false;
+  {
+    absl::MutexLock lock(&mu_);
+    UserFork& u = users_[fork];
+    u.rref_id = id;
+    u.owner = owner;
+    if (closed_) {
+      u.state = ForkState::kFailed;
+      u.error = absl::FailedPreconditionError("the agent has shut down");
+    } else if (owner < 0 || owner >= static_cast<int>(hooks_.agent->workers().size())) {
+      u.state = ForkState::kFailed;
+      u.error = absl::NotFoundError(absl::StrCat("Remote: no worker of rank ", owner));
+    } else {
+      ++in_flight_;
+      send = true;
+    }
+  }
+  auto state = std::make_shared<RRefState>(shared_from_this(), RRefDescriptor{id, fork, owner, self, 0, type}, false);
+  if (send) {
+    ValueList message{Value(I(id)),       Value(I(fork)),      Value(int64_t{self}), Value(function),
+                      Value(std::move(args)), Value(I(self_rref)), Value(type)};
+    auto ctx = shared_from_this();
+    hooks_.agent->CallRaw(WorkerName(owner), kRemoteFn, std::move(message), options,
+                          [ctx, fork](absl::StatusOr<Value> r) {
+                            {
+                              absl::MutexLock lock(&ctx->mu_);
+                              --ctx->in_flight_;
+                            }
+                            ctx->Confirm(fork, r.status());
+                          });
+  }
+  return state;
+}
+
+RRefPtr RRefContext::Own(Value value, std::string type) {
+  const uint64_t id = NewId();
+  {
+    absl::MutexLock lock(&mu_);
+    Owned& e = OwnedEntry(id, type);
+    e.created = true;
+    e.local = 1;
+    e.promise.Set(std::move(value));
+  }
+  return std::make_shared<RRefState>(shared_from_this(),
+                                     RRefDescriptor{id, 0, hooks_.self_rank, hooks_.self_rank, 0, type}, true);
+}
+
+Future<Value> RRefContext::OnRemote(const CallInfo& info, ValueList a) {
+  if (absl::Status s = CheckArgs(a, 7, 3, kRemoteFn); !s.ok()) return Failed(s);
+  if (!a[3].is<std::string>() || !a[4].is<ValueList>() || !a[5].is<int64_t>() || !a[6].is<std::string>()) {
+    return Failed(absl::InvalidArgumentError("__rref.remote: malformed request"));
+  }
+  const uint64_t id = U(a[0]), fork = U(a[1]), self_rref = U(a[5]);
+  const int from = static_cast<int>(a[2].get<int64_t>());
+  const std::string& function = a[3].get<std::string>();
+  if (!hooks_.has_function(function)) {
+    return Failed(absl::NotFoundError(absl::StrCat(WorkerName(hooks_.self_rank), " has no function '", function,
+                                                   "' (Remote)")));
+  }
+  std::optional<Promise<Value>> promise;
+  std::optional<Future<Value>> self_value;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return MakeReadyFuture<Value>(closed_executor_, absl::FailedPreconditionError("shutting down"));
+    if (self_rref != 0) {
+      auto it = owned_.find(self_rref);
+      if (it == owned_.end()) {
+        return MakeReadyFuture<Value>(hooks_.agent->executor(),
+                                      absl::NotFoundError(absl::StrCat("RRef #", self_rref, " is not owned by ",
+                                                                       WorkerName(hooks_.self_rank), " (freed?)")));
+      }
+      self_value = it->second.value;
+    }
+    Owned& e = OwnedEntry(id, a[6].get<std::string>());
+    e.forks[fork] = from;
+    if (!e.created) {  // else: a retried request
+      e.created = true;
+      promise = e.promise;
+    }
+  }
+  if (promise) {
+    StartCreation(*promise, info.caller, function, std::move(std::get<ValueList>(a[4].storage())),
+                  std::move(self_value));
+  }
+  return MakeReadyFuture<Value>(hooks_.agent->executor(), Value());  // the acknowledgement
+}
+
+// ------------------------------------------------------------------ forks
+
+absl::Status RRefContext::Walk(Value* v, const std::function<absl::Status(RRefPtr&)>& fn) {
+  auto& storage = v->storage();
+  if (auto* r = std::get_if<RRefPtr>(&storage)) return *r ? fn(*r) : absl::OkStatus();
+  if (auto* l = std::get_if<ValueList>(&storage)) {
+    for (Value& e : *l) {
+      if (absl::Status s = Walk(&e, fn); !s.ok()) return s;
+    }
+  } else if (auto* m = std::get_if<ValueMap>(&storage)) {
+    for (auto& [_, e] : *m) {
+      if (absl::Status s = Walk(&e, fn); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool RRefContext::ContainsRRef(const Value& v) {
+  const auto& storage = v.storage();
+  if (std::holds_alternative<RRefPtr>(storage)) return true;
+  if (const auto* l = std::get_if<ValueList>(&storage)) {
+    return std::any_of(l->begin(), l->end(), [](const Value& e) { return ContainsRRef(e); });
+  }
+  if (const auto* m = std::get_if<ValueMap>(&storage)) {
+    return std::any_of(m->begin(), m->end(), [](const auto& e) { return ContainsRRef(e.second); });
+  }
+  return false;
+}
+
+absl::Status RRefContext::PrepareOutgoing(Value* payload, int dest) {
+  if (!ContainsRRef(*payload)) return absl::OkStatus();  // the common case: no lock
+  if (dest < 0) return absl::InvalidArgumentError("cannot send RRefs to an unidentified peer");
+  const int self = hooks_.self_rank;
+  std::vector<RRefPtr> replaced;  // released after mu_
+  std::vector<RRefDescriptor> made;
+  Outbox out;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    status = Walk(payload, [&](RRefPtr& r) ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
+      if (!r->attached()) return absl::InternalError("an RRef in transit was sent on without being adopted");
+      const RRefDescriptor& d = r->descriptor();
+      RRefDescriptor child{d.rref_id, NewId(), d.owner, self, 0, d.type};
+      if (r->is_owner()) {
+        auto it = owned_.find(d.rref_id);
+        if (it == owned_.end()) return absl::FailedPreconditionError(absl::StrCat("RRef #", d.rref_id, " was freed"));
+        it->second.forks[child.fork_id] = dest;
+      } else {
+        auto it = users_.find(d.fork_id);
+        if (it == users_.end()) return absl::FailedPreconditionError(absl::StrCat("RRef #", d.rref_id, " was released"));
+        if (it->second.state == ForkState::kFailed) {
+          return absl::FailedPreconditionError(absl::StrCat("cannot send RRef #", d.rref_id,
+                                                            ": it is not valid: ", it->second.error.message()));
+        }
+        it->second.children[child.fork_id] = dest;
+        child.parent_fork = d.fork_id;
+      }
+      made.push_back(child);
+      replaced.push_back(std::move(r));
+      r = std::make_shared<RRefState>(child);
+      return absl::OkStatus();
+    });
+    if (!status.ok()) {
+      for (const RRefDescriptor& c : made) Unfork(c, out);
+    }
+  }
+  Run(out);
+  return status;
+}
+
+void RRefContext::Unfork(const RRefDescriptor& child, Outbox& out) {
+  if (child.parent_fork == 0) {
+    auto it = owned_.find(child.rref_id);
+    if (it == owned_.end()) return;
+    it->second.forks.erase(child.fork_id);
+    MaybeFree(child.rref_id, out);
+  } else {
+    auto it = users_.find(child.parent_fork);
+    if (it == users_.end()) return;
+    it->second.children.erase(child.fork_id);
+    MaybeDelete(child.parent_fork, out);
+  }
+}
+
+void RRefContext::AbandonOutgoing(Value* payload) {
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    (void)Walk(payload, [&](RRefPtr& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (!r->attached() && r->descriptor().parent == hooks_.self_rank) Unfork(r->descriptor(), out);
+      return absl::OkStatus();
+    });
+  }
+  Run(out);
+}
+
+absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
+  const int self = hooks_.self_rank;
+  const int world = static_cast<int>(hooks_.agent->workers().size());
+  Outbox out;
+  std::vector<RRefPtr> replaced;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::FailedPreconditionError("the agent has shut down");
+    status = Walk(payload, [&](RRefPtr& r) ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
+      if (r->attached()) return absl::OkStatus();  // sent to ourselves through a local path
+      const RRefDescriptor d = r->descriptor();
+      if (d.owner >= world || d.parent >= world || d.parent != from || (d.parent_fork == 0) != (d.parent == d.owner)) {
+        return absl::InvalidArgumentError(absl::StrCat("malformed RRef #", d.rref_id, " from rank ", from));
+      }
+      auto ctx = shared_from_this();
+      if (d.owner == self) {
+        Owned& e = OwnedEntry(d.rref_id, d.type);
+        ++e.local;
+        if (d.parent == self) {
+          e.forks.erase(d.fork_id);
+        } else {
+          const uint64_t parent_fork = d.parent_fork, fork = d.fork_id;
+          const int parent = d.parent;
+          ++in_flight_;
+          out.actions.push_back([ctx, parent, parent_fork, fork] {
+            ctx->SendControl(parent, kAcceptFn, {Value(I(parent_fork)), Value(I(fork))}, [ctx](absl::Status) {
+              absl::MutexLock lock(&ctx->mu_);
+              --ctx->in_flight_;
+            });
+          });
+        }
+        replaced.push_back(std::move(r));
+        r = std::make_shared<RRefState>(ctx, RRefDescriptor{d.rref_id, 0, self, self, 0, d.type}, true);
+        return absl::OkStatus();
+      }
+      UserFork& u = users_[d.fork_id];
+      u.rref_id = d.rref_id;
+      u.owner = d.owner;
+      if (d.parent == d.owner) {
+        u.state = ForkState::kConfirmed;  // the owner registered it before sending
+      } else {
+        u.state = ForkState::kPending;
+        u.accept_to = d.parent;
+        u.accept_parent_fork = d.parent_fork;
+        ++in_flight_;
+        const uint64_t rref_id = d.rref_id, fork = d.fork_id;
+        const int owner = d.owner;
+        out.actions.push_back([ctx, owner, rref_id, fork, self] {
+          ctx->SendControl(owner, kForkFn, {Value(I(rref_id)), Value(I(fork)), Value(int64_t{self})},
+                           [ctx, fork](absl::Status s) {
+                             {
+                               absl::MutexLock lock(&ctx->mu_);
+                               --ctx->in_flight_;
+                             }
+                             ctx->Confirm(fork, s);
+                           });
+        });
+      }
+      replaced.push_back(std::move(r));
+      r = std::make_shared<RRefState>(ctx, d, false);
+      return absl::OkStatus();
+    });
+  }
+  Run(out);
+  return status;
+}
+
+void RRefContext::Confirm(uint64_t fork, absl::Status status) {
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = users_.find(fork);
+    if (it == users_.end() || it->second.state != ForkState::kPending) return;
+    UserFork& u = it->second;
+    if (status.ok()) {
+      u.state = ForkState::kConfirmed;
+      if (u.accept_to >= 0) {
+        auto ctx = shared_from_this();
+        const int parent = u.accept_to;
+        const uint64_t parent_fork = u.accept_parent_fork;
+        u.accept_to = -1;
+        ++in_flight_;
+        out.actions.push_back([ctx, parent, parent_fork, fork] {
+          ctx->SendControl(parent, kAcceptFn, {Value(I(parent_fork)), Value(I(fork))}, [ctx](absl::Status) {
+            absl::MutexLock lock(&ctx->mu_);
+            --ctx->in_flight_;
+          });
+        });
+      }
+    } else {
+      u.state = ForkState::kFailed;
+      u.error = absl::Status(status.code(), absl::StrCat("RRef #", u.rref_id, " owned by ", WorkerName(u.owner),
+                                                         ": ", status.message()));
+      // A timed-out request may still have registered the fork: drop it (idempotent).
+      if (status.code() == absl::StatusCode::kDeadlineExceeded) QueueDelete(u.owner, u.rref_id, fork, out);
+    }
+    MaybeDelete(fork, out);
+  }
+  Run(out);
+}
+
+void RRefContext::MaybeDelete(uint64_t fork, Outbox& out) {
+  auto it = users_.find(fork);
+  if (it == users_.end()) return;
+  UserFork& u = it->second;
+  if (!u.released || !u.children.empty() || u.state == ForkState::kPending) return;
+  if (u.state == ForkState::kConfirmed) QueueDelete(u.owner, u.rref_id, fork, out);
+  users_.erase(it);
+}
+
+void RRefContext::MaybeFree(uint64_t rref_id, Outbox& out) {
+  auto it = owned_.find(rref_id);
+  if (it == owned_.end() || !it->second.forks.empty() || it->second.local > 0) return;
+  out.garbage.push_back(std::move(it->second));
+  owned_.erase(it);
+}
+
+void RRefContext::QueueDelete(int owner, uint64_t rref_id, uint64_t fork, Outbox& out) {
+  DeleteQueue& q = deletes_[owner];
+  q.queued.emplace_back(rref_id, fork);
+  if (q.in_flight) return;  // goes with the next batch
+  q.in_flight = true;
+  auto ctx = shared_from_this();
+  out.actions.push_back([ctx, owner] { ctx->SendDeletes(owner); });
+}
+
+// One DELETE message at a time per owner; deletes queued meanwhile travel together.
+void RRefContext::SendDeletes(int owner) {
+  ValueList batch;
+  {
+    absl::MutexLock lock(&mu_);
+    DeleteQueue& q = deletes_[owner];
+    if (q.queued.empty() || closed_) {
+      q.in_flight = false;
+      return;
+    }
+    for (const auto& [rref_id, fork] : q.queued) {
+      batch.push_back(Value(I(rref_id)));
+      batch.push_back(Value(I(fork)));
+    }
+    q.queued.clear();
+    ++in_flight_;
+  }
+  auto ctx = shared_from_this();
+  SendControl(owner, kDeleteFn, {Value(std::move(batch))}, [ctx, owner](absl::Status) {
+    {
+      absl::MutexLock lock(&ctx->mu_);
+      --ctx->in_flight_;
+    }
+    ctx->SendDeletes(owner);
+  });
+}
+
+void RRefContext::SendControl(int to, const std::string& function, ValueList args,
+                              std::function<void(absl::Status)> done, int attempt) {
+  auto ctx = shared_from_this();
+  if (closed()) {
+    done(absl::FailedPreconditionError("the agent has shut down"));
+    return;
+  }
+  hooks_.agent->CallRaw(WorkerName(to), function, args, {},
+                        [ctx, to, function, args, done, attempt](absl::StatusOr<Value> r) {
+                          if (r.ok() || Permanent(r.status()) || attempt + 1 >= kControlAttempts) {
+                            done(r.status());
+                          } else {
+                            ctx->SendControl(to, function, args, done, attempt + 1);
+                          }
+                        });
+}
+
+absl::Status RRefContext::OnFork(ValueList a) {
+  if (absl::Status s = CheckArgs(a, 3, 3, kForkFn); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError("shutting down");
+  // May come before the REMOTE that creates the value (another worker sent it).
+  OwnedEntry(U(a[0]), "").forks[U(a[1])] = static_cast<int>(a[2].get<int64_t>());
+  return absl::OkStatus();
+}
+
+absl::Status RRefContext::OnAccept(ValueList a) {
+  if (absl::Status s = CheckArgs(a, 2, 2, kAcceptFn); !s.ok()) return s;
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = users_.find(U(a[0]));
+    if (it != users_.end()) {
+      it->second.children.erase(U(a[1]));
+      MaybeDelete(U(a[0]), out);
+    }
+  }
+  Run(out);
+  return absl::OkStatus();
+}
+
+absl::Status RRefContext::OnDelete(ValueList a) {
+  if (a.size() != 1 || !a[0].is<ValueList>() || a[0].get<ValueList>().size() % 2 != 0) {
+    return absl::InvalidArgumentError("__rref.delete: malformed request");
+  }
+  const ValueList& pairs = a[0].get<ValueList>();
+  for (const Value& v : pairs) {
+    if (!v.is<int64_t>()) return absl::InvalidArgumentError("__rref.delete: malformed request");
+  }
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < pairs.size(); i += 2) {
+      auto it = owned_.find(U(pairs[i]));
+      if (it == owned_.end()) continue;  // a repeated delete
+      it->second.forks.erase(U(pairs[i + 1]));
+      MaybeFree(U(pairs[i]), out);
+    }
+  }
+  Run(out);
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ values
+
+Future<Value> RRefContext::ValueOf(uint64_t rref_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = owned_.find(rref_id);
+    if (it != owned_.end()) return it->second.value;
+  }
+  return Failed(absl::NotFoundError(absl::StrCat("RRef #", rref_id, " is not owned by ",
+                                                 WorkerName(hooks_.self_rank), " (already freed?)")));
+}
+
+Future<Value> RRefContext::OnFetch(ValueList a) {
+  if (absl::Status s = CheckArgs(a, 1, 1, kFetchFn); !s.ok()) return Failed(s);
+  const uint64_t id = U(a[0]);
+  return ThenNow(ValueOf(id), hooks_.agent->executor(), [id](const absl::StatusOr<Value>& v) -> absl::StatusOr<Value> {
+    if (v.ok() && v->is<Object>()) {
+      return absl::FailedPreconditionError(absl::StrCat("RRef #", id, " holds an object of type ", v->get<Object>().type,
+                                                        ", which stays on its owner: call its methods instead of ToHere"));
+    }
+    return v;
+  });
+}
+
+Future<Value> RRefContext::OnCall(const CallInfo& info, ValueList a) {
+  if (a.size() != 3 || !a[0].is<int64_t>() || !a[1].is<std::string>() || !a[2].is<ValueList>()) {
+    return Failed(absl::InvalidArgumentError("__rref.call: malformed request"));
+  }
+  auto ctx = shared_from_this();
+  return ThenNow(ValueOf(U(a[0])), hooks_.agent->executor(),
+                 [ctx, caller = info.caller, method = a[1].get<std::string>(),
+                  args = std::move(std::get<ValueList>(a[2].storage()))](
+                     const absl::StatusOr<Value>& v) mutable -> Future<Value> {
+    if (!v.ok()) return ctx->Failed(v.status());
+    args.insert(args.begin(), *v);
+    return ctx->hooks_.invoke(caller, method, std::move(args));
+  });
+}
+
+Future<Value> RRefContext::Fetch(const RRefDescriptor& d, bool is_owner, CallOptions options) {
+  if (is_owner) return ValueOf(d.rref_id);
+  if (absl::Status s = UsableFork(d); !s.ok()) return Failed(s);
+  Promise<Value> promise(hooks_.agent->executor());
+  hooks_.agent->CallRaw(WorkerName(d.owner), kFetchFn, {Value(I(d.rref_id))}, options, Completion(d, promise));
+  return promise.future();
+}
+
+Future<Value> RRefContext::Call(const RRefDescriptor& d, bool is_owner, const std::string& method, ValueList args,
+                                CallOptions options) {
+  if (is_owner) {
+    ValueList a{Value(I(d.rref_id)), Value(method), Value(std::move(args))};
+    return OnCall(CallInfo{WorkerName(hooks_.self_rank), method}, std::move(a));
+  }
+  if (absl::Status s = UsableFork(d); !s.ok()) return Failed(s);
+  Promise<Value> promise(hooks_.agent->executor());
+  hooks_.agent->CallRaw(WorkerName(d.owner), kCallFn, {Value(I(d.rref_id)), Value(method), Value(std::move(args))},
+                        options, Completion(d, promise));
+  return promise.future();
+}
+
+// Requests through a fork may be sent before the owner acknowledged it; when the
+// creation failed, the owner's reply to them is "not found", and the creation's own error
+// (which arrived first, on the same connection) is the one to report.
+std::function<void(absl::StatusOr<Value>)> RRefContext::Completion(const RRefDescriptor& d, Promise<Value> promise) {
+  auto ctx = shared_from_this();
+  return [ctx, d, promise](absl::StatusOr<Value> r) {
+    if (!r.ok()) {
+      if (absl::Status s = ctx->UsableFork(d); !s.ok()) r = s;
+    }
+    promise.Set(std::move(r));
+  };
+}
+
+absl::Status RRefContext::UsableFork(const RRefDescriptor& d) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError("the agent has shut down");
+  auto it = users_.find(d.fork_id);
+  if (it != users_.end() && it->second.state == ForkState::kFailed) return it->second.error;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Value> RRefContext::LocalValue(const RRefDescriptor& d) {
+  Future<Value> v = ValueOf(d.rref_id);
+  return v.Get(hooks_.agent->options().default_timeout);
+}
+
+bool RRefContext::Confirmed(const RRefDescriptor& d, bool is_owner) const {
+  if (is_owner) return true;
+  absl::MutexLock lock(&mu_);
+  auto it = users_.find(d.fork_id);
+  return it != users_.end() && it->second.state == ForkState::kConfirmed;
+}
+
+void RRefContext::Release(const RRefDescriptor& d, bool is_owner) {
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    if (is_owner) {
+      auto it = owned_.find(d.rref_id);
+      if (it != owned_.end()) {
+        --it->second.local;
+        MaybeFree(d.rref_id, out);
+      }
+    } else {
+      auto it = users_.find(d.fork_id);
+      if (it != users_.end()) {
+        it->second.released = true;
+        MaybeDelete(d.fork_id, out);
+      }
+    }
+  }
+  Run(out);
+}
+
+// ------------------------------------------------------------------ failures, shutdown
+
+void RRefContext::OnPeerGone(int rank) {
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_ || rank == hooks_.self_rank) return;
+    std::vector<uint64_t> owned_ids, user_ids;
+    for (auto& [id, e] : owned_) {
+      absl::erase_if(e.forks, [rank](const auto& f) { return f.second == rank; });
+      owned_ids.push_back(id);
+    }
+    for (auto& [fork, u] : users_) {
+      absl::erase_if(u.children, [rank](const auto& c) { return c.second == rank; });
+      if (u.owner == rank && u.state != ForkState::kFailed) {
+        u.state = ForkState::kFailed;
+        u.error = absl::UnavailableError(absl::StrCat("RRef #", u.rref_id, ": its owner ", WorkerName(rank),
+                                                      " is gone"));
+        u.children.clear();
+      }
+      if (u.accept_to == rank) u.accept_to = -1;
+      user_ids.push_back(fork);
+    }
+    deletes_[rank].queued.clear();
+    for (uint64_t id : owned_ids) MaybeFree(id, out);
+    for (uint64_t fork : user_ids) MaybeDelete(fork, out);
+  }
+  Run(out);
+}
+
+bool RRefContext::Idle() const {
+  absl::MutexLock lock(&mu_);
+  if (in_flight_ > 0) return false;
+  for (const auto& [_, q] : deletes_) {
+    if (q.in_flight || !q.queued.empty()) return false;
+  }
+  return true;
+}
+
+bool RRefContext::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+std::vector<std::string> RRefContext::Leaks() const {
+  std::vector<std::string> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : owned_) {
+    if (e.forks.empty()) continue;
+    std::vector<std::string> holders;
+    for (const auto& [_, rank] : e.forks) holders.push_back(WorkerName(rank));
+    std::sort(holders.begin(), holders.end());
+    holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+    out.push_back(absl::StrCat("RRef #", id, " (", e.type.empty() ? "unknown type" : e.type, ") owned by ",
+                               WorkerName(hooks_.self_rank), " is still referenced by ", e.forks.size(),
+                               " fork(s) on ", absl::StrJoin(holders, ", ")));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+RRefStats RRefContext::Stats() const {
+  RRefStats s;
+  absl::MutexLock lock(&mu_);
+  s.owned = static_cast<int64_t>(owned_.size());
+  for (const auto& [_, e] : owned_) {
+    s.owner_forks += static_cast<int64_t>(e.forks.size());
+    s.owner_local += e.local;
+  }
+  s.users = static_cast<int64_t>(users_.size());
+  s.pending_control = in_flight_;
+  return s;
+}
+
+void RRefContext::Close() {
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    for (auto& [_, e] : owned_) {
+      e.promise.Set(absl::CancelledError("the agent shut down before the value was created"));
+      out.garbage.push_back(std::move(e));
+    }
+    owned_.clear();
+    users_.clear();
+    deletes_.clear();
+  }
+  Run(out);
+}
+
+}  // namespace gw::rpc::internal

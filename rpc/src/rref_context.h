@@ -1,0 +1,152 @@
+// Internal: RRefContext, one per agent: the owner table, the user forks, and the
+// reference-counting protocol described in rpc/include/gradwire/rpc/rref.h.
+//
+// Threading: every method may be called from any thread (user threads, transport I/O
+// threads, the worker pool). mu_ guards all state; no call into the Agent, no
+// completion and no RRefState destructor runs while mu_ is held.
+#ifndef GRADWIRE_RPC_SRC_RREF_CONTEXT_H_
+#define GRADWIRE_RPC_SRC_RREF_CONTEXT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/rref.h"
+
+namespace gw::rpc::internal {
+
+class RRefContext : public std::enable_shared_from_this<RRefContext> {
+ public:
+  // What the context needs from its agent.
+  struct Hooks {
+    Agent* agent = nullptr;
+    int self_rank = 0;
+    // Runs the registered function `function` here (on the pool unless it is inline).
+    std::function<Future<Value>(const std::string& caller, const std::string& function, ValueList args)> invoke;
+    std::function<bool(const std::string& function)> has_function;
+  };
+
+  explicit RRefContext(Hooks hooks);
+  // Registers the protocol's functions (__rref.*) on the agent.
+  absl::Status RegisterFunctions();
+
+  RRefPtr Remote(int owner, const std::string& function, ValueList args, CallOptions options,
+                 std::string type, uint64_t self_rref = 0);
+  RRefPtr Own(Value value, std::string type);
+
+  // Outgoing payloads: every attached RRef becomes a new child fork for `dest`. On
+  // error nothing was forked. Incoming payloads: forks become attached references.
+  absl::Status PrepareOutgoing(Value* payload, int dest);
+  absl::Status AdoptIncoming(Value* payload, int from);
+  // A prepared payload that will not be sent: its new forks are withdrawn.
+  void AbandonOutgoing(Value* payload);
+
+  // A worker's connections closed: it is dead to us.
+  void OnPeerGone(int rank);
+  // True when no control message is in flight or queued and no released fork waits for
+  // a confirmation.
+  bool Idle() const;
+  // Owned values still referenced by other workers, one line each.
+  std::vector<std::string> Leaks() const;
+  RRefStats Stats() const;
+  // The agent is closing: fail everything, break reference cycles.
+  void Close();
+
+  // For RRefState.
+  std::string WorkerName(int rank) const;
+  bool Confirmed(const RRefDescriptor& d, bool is_owner) const;
+  Future<Value> Fetch(const RRefDescriptor& d, bool is_owner, CallOptions options);
+  absl::StatusOr<Value> LocalValue(const RRefDescriptor& d);
+  Future<Value> Call(const RRefDescriptor& d, bool is_owner, const std::string& method, ValueList args,
+                     CallOptions options);
+  void Release(const RRefDescriptor& d, bool is_owner);
+
+ private:
+  struct Owned {
+    explicit Owned(Executor& ex) : promise(ex), value(promise.future()) {}
+    Promise<Value> promise;  // completed when the creating function finishes
+    Future<Value> value;
+    absl::flat_hash_map<uint64_t, int> forks;  // fork id -> rank holding it
+    int64_t local = 0;                         // this worker's handles
+    bool created = false;                      // REMOTE (or Own) arrived
+    std::string type;
+  };
+  enum class ForkState { kPending, kConfirmed, kFailed };
+  struct UserFork {
+    uint64_t rref_id = 0;
+    int owner = -1;
+    ForkState state = ForkState::kPending;
+    absl::Status error;
+    bool released = false;
+    absl::flat_hash_map<uint64_t, int> children;  // unconfirmed child forks -> rank sent to
+    int accept_to = -1;                           // parent to tell once confirmed
+    uint64_t accept_parent_fork = 0;
+  };
+  struct DeleteQueue {
+    std::vector<std::pair<uint64_t, uint64_t>> queued;  // (rref, fork)
+    bool in_flight = false;
+  };
+  // Work found under mu_ and done after it is released.
+  struct Outbox {
+    std::vector<std::function<void()>> actions;
+    std::vector<Owned> garbage;  // freed values: destroying them may release RRefs
+  };
+
+  uint64_t NewId();
+  bool closed() const;
+  static bool ContainsRRef(const Value& v);
+  void StartCreation(Promise<Value> promise, const std::string& caller, const std::string& function, ValueList args,
+                     std::optional<Future<Value>> self_value);
+  void Unfork(const RRefDescriptor& child, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UsableFork(const RRefDescriptor& d);
+  std::function<void(absl::StatusOr<Value>)> Completion(const RRefDescriptor& d, Promise<Value> promise);
+  Owned& OwnedEntry(uint64_t rref_id, const std::string& type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFree(uint64_t rref_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeDelete(uint64_t fork_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Confirm(uint64_t fork_id, absl::Status status);
+  void QueueDelete(int owner, uint64_t rref_id, uint64_t fork_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendDeletes(int owner);
+  // A control message, retried on errors other than a dead peer or a closed agent.
+  void SendControl(int to, const std::string& function, ValueList args, std::function<void(absl::Status)> done,
+                   int attempt = 0);
+  void Run(Outbox& out);
+  Future<Value> Failed(absl::Status s);
+  Future<Value> ValueOf(uint64_t rref_id);
+  absl::Status Walk(Value* v, const std::function<absl::Status(RRefPtr&)>& fn);
+
+  // Handlers of the protocol's messages.
+  Future<Value> OnRemote(const CallInfo& info, ValueList args);
+  Future<Value> OnFetch(ValueList args);
+  Future<Value> OnCall(const CallInfo& info, ValueList args);
+  absl::Status OnFork(ValueList args);
+  absl::Status OnAccept(ValueList args);
+  absl::Status OnDelete(ValueList args);
+
+  const Hooks hooks_;
+  // Completes futures after the agent closed (callbacks then run inline).
+  class ClosedExecutor final : public Executor {
+   public:
+    bool Post(std::function<void()>) override { return false; }
+  } closed_executor_;
+
+  mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> next_id_{1};
+  absl::flat_hash_map<uint64_t, Owned> owned_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, UserFork> users_ ABSL_GUARDED_BY(mu_);  // by fork id
+  absl::flat_hash_map<int, DeleteQueue> deletes_ ABSL_GUARDED_BY(mu_);   // by owner rank
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace gw::rpc::internal
+
+#endif  // GRADWIRE_RPC_SRC_RREF_CONTEXT_H_

@@ -1,0 +1,260 @@
+// RRefs between agents over real loopback connections (three agents on threads of this
+// process; rref death tests with real processes are in agent_process_test.cc).
+#include "gradwire/rpc/rref.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "gradwire/tensor/kernels.h"
+#include "test_support.h"
+
+namespace gw::rpc {
+namespace {
+
+using testing::AgentGroup;
+
+std::unique_ptr<AgentGroup> StartGroup(int n) {
+  AgentOptions o;
+  o.rref_leak_check = AgentOptions::LeakCheck::kError;
+  o.default_timeout = absl::Seconds(20);
+  return AgentGroup::Start(n, testing::RegisterTestFunctions, o);
+}
+
+std::string Describe(const RRefStats& s) {
+  return absl::StrCat("owned=", s.owned, " forks=", s.owner_forks, " local=", s.owner_local, " users=", s.users,
+                      " pending=", s.pending_control);
+}
+
+// Every agent's tables drain to empty (the protocol finished and freed everything).
+void ExpectAllReleased(AgentGroup& g, absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int r = 0; r < g.size(); ++r) {
+    RRefStats s;
+    while (true) {
+      s = g[r].rref_stats();
+      if ((s.owned == 0 && s.users == 0 && s.pending_control == 0) || absl::Now() > deadline) break;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    EXPECT_EQ(s.owned, 0) << "worker" << r << ": " << Describe(s);
+    EXPECT_EQ(s.users, 0) << "worker" << r << ": " << Describe(s);
+    EXPECT_EQ(s.pending_control, 0) << "worker" << r << ": " << Describe(s);
+  }
+}
+
+TEST(RRefTest, RemoteThenToHereCopiesTheValueAndTheOwnerFreesItAfterTheLastUser) {
+  auto g = StartGroup(2);
+  ASSERT_NE(g, nullptr);
+  {
+    RRef<Tensor> r = (*g)[0].Remote<Tensor>("worker1", "make_full", int64_t{1000}, 2.5);
+    EXPECT_FALSE(r.IsOwner());
+    EXPECT_EQ(r.Owner(), "worker1");
+    absl::StatusOr<Tensor> t = r.ToHere();
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->sizes(), Shape({1000}));
+    EXPECT_EQ(kernels::Sum(*t).item(), 2500.0);
+    EXPECT_TRUE(r.ConfirmedByOwner());  // the fetch came after the acknowledgement
+    EXPECT_EQ((*g)[1].rref_stats().owned, 1);
+    EXPECT_EQ((*g)[1].rref_stats().owner_forks, 1);
+    RRef<Tensor> copy = r;  // copies share one fork
+    EXPECT_EQ((*g)[0].rref_stats().users, 1);
+  }
+  ExpectAllReleased(*g);
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+TEST(RRefTest, OwnerHandlesSeeTheSameStorageAndUsersGetCopies) {
+  auto g = StartGroup(2);
+  ASSERT_NE(g, nullptr);
+  Tensor t = Tensor::Full({4}, 1.0);
+  {
+    RRef<Tensor> mine = (*g)[0].Own(t);
+    EXPECT_TRUE(mine.IsOwner());
+    EXPECT_TRUE(mine.ConfirmedByOwner());
+    absl::StatusOr<Tensor> local = mine.LocalValue();
+    ASSERT_TRUE(local.ok());
+    EXPECT_EQ(local->raw_data(), t.raw_data());  // the very tensor, not a copy
+    // worker1 stashes a fork, and reads the value through it.
+    absl::StatusOr<double> sum = (*g)[0].Sync<double>("worker1", "rref_stash", mine);
+    ASSERT_TRUE(sum.ok()) << sum.status();
+    EXPECT_EQ(*sum, 4.0);
+    EXPECT_EQ((*g)[0].rref_stats().owner_forks, 1);
+    // A user cannot read the value in place.
+    RRef<Tensor> theirs = (*g)[1].Remote<Tensor>("worker0", "make_full", int64_t{2}, 1.0);
+    EXPECT_EQ(theirs.LocalValue().status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  ASSERT_TRUE((*g)[0].Sync<int64_t>("worker1", "rref_clear").ok());
+  ExpectAllReleased(*g);
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+TEST(RRefTest, MethodProxiesRunOnTheOwner) {
+  auto g = StartGroup(2);
+  ASSERT_NE(g, nullptr);
+  {
+    RRef<Tensor> r = (*g)[0].Remote<Tensor>("worker1", "make_full", int64_t{3}, 2.0);
+    absl::StatusOr<Tensor> scaled = r.Sync<Tensor>("scale", 5.0);
+    ASSERT_TRUE(scaled.ok()) << scaled.status();
+    EXPECT_EQ(scaled->ToVector<float>(), std::vector<float>(3, 10.0f));
+    RRef<Tensor> chained = r.Remote<Tensor>("scale", 3.0);  // stays on worker1
+    EXPECT_EQ(chained.Owner(), "worker1");
+    absl::StatusOr<Tensor> v = chained.ToHere();
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->ToVector<float>(), std::vector<float>(3, 6.0f));
+    // An unknown method, and a method whose first parameter does not fit the value.
+    EXPECT_EQ(r.Sync<Tensor>("no_such_method").status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(r.Sync<int64_t>("counter_add", int64_t{1}).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  ExpectAllReleased(*g);
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+TEST(RRefTest, ObjectsStayOnTheirOwnerAndConcurrentProxiesSeeOneObject) {
+  auto g = StartGroup(3);
+  ASSERT_NE(g, nullptr);
+  {
+    RRef<std::shared_ptr<testing::Counter>> counter =
+        (*g)[0].Remote<std::shared_ptr<testing::Counter>>("worker2", "make_counter", int64_t{100});
+    constexpr int kThreads = 4, kEach = 50;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&] {
+        for (int i = 0; i < kEach; ++i) EXPECT_TRUE(counter.Sync<int64_t>("counter_add", int64_t{1}).ok());
+      });
+    }
+    // worker1 calls it too, through a fork of its own.
+    RRef<std::shared_ptr<testing::Counter>> forked =
+        *(*g)[0].Sync<RRef<std::shared_ptr<testing::Counter>>>("worker1", "rref_echo_object", counter);
+    for (auto& t : threads) t.join();
+    absl::StatusOr<int64_t> total = counter.Sync<int64_t>("counter_add", int64_t{0});
+    ASSERT_TRUE(total.ok()) << total.status();
+    EXPECT_EQ(*total, 100 + kThreads * kEach);
+    EXPECT_EQ(*forked.Sync<int64_t>("counter_add", int64_t{1}), 100 + kThreads * kEach + 1);
+    // The object cannot be copied to another worker.
+    absl::StatusOr<std::shared_ptr<testing::Counter>> here = counter.ToHere();
+    EXPECT_EQ(here.status().code(), absl::StatusCode::kFailedPrecondition) << here.status();
+    EXPECT_NE(here.status().message().find("stays on its owner"), std::string::npos) << here.status();
+    // Nor sent as a plain argument.
+    auto obj = std::make_shared<testing::Counter>(0);
+    EXPECT_EQ((*g)[0].Sync<int64_t>("worker1", "counter_add", obj, int64_t{1}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  ExpectAllReleased(*g);
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+// An RRef owned by `owner`, obtained on `first`, handed to `second` (which stashes it and
+// reads it), then handed by `second` to `third`, in every assignment of three workers.
+TEST(RRefTest, ForksAcrossThreeWorkersInEveryOrder) {
+  auto g = StartGroup(3);
+  ASSERT_NE(g, nullptr);
+  int cases = 0;
+  for (int owner = 0; owner < 3; ++owner) {
+    for (int first = 0; first < 3; ++first) {
+      for (int second = 0; second < 3; ++second) {
+        for (int third = 0; third < 3; ++third) {
+          SCOPED_TRACE(absl::StrCat("owner ", owner, " first ", first, " second ", second, " third ", third));
+          const double value = owner * 100 + first * 10 + second + third * 0.5;
+          const std::string second_name = absl::StrCat("worker", second);
+          {
+            Agent& a = (*g)[first];
+            RRef<Tensor> r = first == owner ? a.Own(Tensor::Full({2}, value))
+                                            : a.Remote<Tensor>(absl::StrCat("worker", owner), "make_full",
+                                                               int64_t{2}, value);
+            absl::StatusOr<double> s1 = a.Sync<double>(second_name, "rref_stash", r);
+            ASSERT_TRUE(s1.ok()) << s1.status();
+            EXPECT_EQ(*s1, 2 * value);
+            // second forwards its fork to third: a grandchild.
+            absl::StatusOr<double> s2 =
+                a.Sync<double>(second_name, "rref_forward", r, absl::StrCat("worker", third));
+            ASSERT_TRUE(s2.ok()) << s2.status();
+            EXPECT_EQ(*s2, 2 * value);
+            // An RRef returned as a result comes back as a new fork.
+            absl::StatusOr<RRef<Tensor>> back = a.Sync<RRef<Tensor>>(second_name, "rref_echo", r);
+            ASSERT_TRUE(back.ok()) << back.status();
+            EXPECT_EQ(back->id(), r.id());
+            EXPECT_EQ(kernels::Sum(*back->ToHere()).item(), 2 * value);
+          }  // first drops its handles while the others still hold forks
+          for (int w = 0; w < 3; ++w) {
+            ASSERT_TRUE((*g)[0].Sync<int64_t>(absl::StrCat("worker", w), "rref_clear").ok());
+          }
+          ExpectAllReleased(*g);
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 81);  // 3^4 assignments
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+TEST(RRefTest, RRefsReturnedByTheOwnerAreConfirmedOnArrival) {
+  auto g = StartGroup(2);
+  ASSERT_NE(g, nullptr);
+  {
+    absl::StatusOr<RRef<Tensor>> r = (*g)[0].Sync<RRef<Tensor>>("worker1", "rref_own", Tensor::Full({5}, 3.0));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->Owner(), "worker1");
+    EXPECT_TRUE(r->ConfirmedByOwner());
+    EXPECT_EQ(kernels::Sum(*r->ToHere()).item(), 15.0);
+  }
+  ExpectAllReleased(*g);
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+TEST(RRefTest, TenThousandRRefsCreatedAndDroppedLeaveTheOwnerEmpty) {
+  auto g = StartGroup(2);
+  ASSERT_NE(g, nullptr);
+  for (int i = 0; i < 10000; ++i) {
+    RRef<Tensor> r = (*g)[0].Remote<Tensor>("worker1", "make_full", int64_t{1}, static_cast<double>(i));
+    if (i % 1000 == 0) {
+      EXPECT_EQ(kernels::Sum(*r.ToHere()).item(), static_cast<double>(i));
+    }
+  }
+  ExpectAllReleased(*g, absl::Seconds(60));
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+TEST(RRefTest, FailedCreationReportsTheErrorAndLeavesNothingBehind) {
+  auto g = StartGroup(2);
+  ASSERT_NE(g, nullptr);
+  {
+    RRef<Tensor> missing = (*g)[0].Remote<Tensor>("worker1", "no_such_function");
+    absl::StatusOr<Tensor> t = missing.ToHere();
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kNotFound) << t.status();
+    EXPECT_NE(t.status().message().find("no_such_function"), std::string::npos) << t.status();
+    EXPECT_FALSE(missing.ConfirmedByOwner());
+    // It cannot be passed on either.
+    EXPECT_EQ((*g)[0].Sync<double>("worker1", "rref_stash", missing).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    // The function ran and failed: the RRef exists, its value is the error.
+    RRef<Tensor> failing = (*g)[0].Remote<Tensor>("worker1", "fail", std::string("broken on purpose"));
+    absl::StatusOr<Tensor> f = failing.ToHere();
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(f.status().message().find("broken on purpose"), std::string::npos) << f.status();
+    // No such worker.
+    RRef<Tensor> nowhere = (*g)[0].Remote<Tensor>("worker9", "make_full", int64_t{1}, 1.0);
+    EXPECT_EQ(nowhere.ToHere().status().code(), absl::StatusCode::kNotFound);
+    // The wrong RRef type for a function's parameter.
+    RRef<int64_t> wrong = (*g)[0].Own(int64_t{7});
+    EXPECT_EQ((*g)[0].Sync<double>("worker1", "rref_stash", wrong).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  ExpectAllReleased(*g);
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+TEST(RRefTest, GracefulShutdownReportsValuesStillReferencedByUsers) {
+  auto g = StartGroup(2);
+  ASSERT_NE(g, nullptr);
+  RRef<Tensor> kept = (*g)[1].Remote<Tensor>("worker0", "make_full", int64_t{1}, 1.0);
+  ASSERT_TRUE(kept.ToHere().ok());
+  absl::Status s = g->ShutdownAll();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("still referenced by 1 fork(s) on worker1"), std::string::npos) << s;
+  // After shutdown the handle fails cleanly.
+  EXPECT_EQ(kept.ToHere().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace gw::rpc
