@@ -1,8 +1,8 @@
-// Benchmarks W1 rpc_latency, W2 tensor_echo and W3 async_pipelined of
+// Benchmarks W1 rpc_latency, W2 tensor_echo, W3 async_pipelined and W4 rref of
 // ../shared/BENCHMARKS.md for gradwire: this process is rank 0 (caller), a copy of it
 // started with GW_BENCH_ROLE=server is rank 1 (callee), both on 127.0.0.1.
 //
-//   rpc_bench [--quick] rpc_latency|tensor_echo|async_pipelined
+//   rpc_bench [--quick] rpc_latency|tensor_echo|async_pipelined|rref
 //
 // rpc_latency also measures a raw TCP ping-pong of 64 bytes between the same two
 // processes (blocking send/recv, TCP_NODELAY): the floor any RPC stack sits on.
@@ -103,6 +103,10 @@ int Server(int port, int raw_port) {
     (void)a.Register("noop_inline", [] { return int64_t{0}; },
                      gw::rpc::RegisterOptions{.mode = gw::rpc::HandlerMode::kInline});
     (void)a.Register("echo", [](Tensor t) { return t; });
+    (void)a.Register("make_tensor", [](int64_t numel) { return Tensor::Full({numel}, 1.0); });
+    (void)a.Register("small", [] { return int64_t{7}; });
+    (void)a.Register("owner_rrefs", [&a] { return a.rref_stats().owned; },
+                     gw::rpc::RegisterOptions{.mode = gw::rpc::HandlerMode::kInline});
   });
   if (!agent.ok()) {
     std::fprintf(stderr, "rpc_bench server: %s\n", std::string(agent.status().message()).c_str());
@@ -192,6 +196,67 @@ double PipelinedCallsPerSecond(Agent& agent, const char* function, int total) {
   return total / (gw::bench::NowSeconds() - t0);
 }
 
+void RRefs(Agent& agent, bool quick) {
+  // remote() of a 1 MiB tensor made on the owner, then ToHere.
+  constexpr int64_t kNumel = 262144;
+  const int warmup = quick ? 3 : 20, iters = quick ? 20 : 200;
+  std::vector<double> ms;
+  for (int i = 0; i < warmup + iters; ++i) {
+    const double t0 = gw::bench::NowSeconds();
+    gw::rpc::RRef<Tensor> r = agent.Remote<Tensor>("worker1", "make_tensor", kNumel);
+    absl::StatusOr<Tensor> t = r.ToHere();
+    if (i >= warmup) ms.push_back((gw::bench::NowSeconds() - t0) * 1e3);
+    if (!t.ok() || t->numel() != kNumel) {
+      std::fprintf(stderr, "rref: remote_1MiB_to_here: %s\n", std::string(t.status().message()).c_str());
+      std::exit(1);
+    }
+  }
+  gw::bench::Report("rref", "remote_1MiB_to_here_median", gw::bench::Quantile(ms, 0.5), "ms");
+  gw::bench::Report("rref", "remote_1MiB_to_here_p90", gw::bench::Quantile(ms, 0.9), "ms");
+
+  // Churn: RRefs created with Remote and dropped at once; the owner's count must drain.
+  const int count = quick ? 500 : 5000;
+  auto owned = [&agent] {
+    absl::StatusOr<int64_t> n = agent.Sync<int64_t>("worker1", "owner_rrefs");
+    if (!n.ok()) {
+      std::fprintf(stderr, "rref: owner_rrefs: %s\n", std::string(n.status().message()).c_str());
+      std::exit(1);
+    }
+    return *n;
+  };
+  for (const absl::Time settle = absl::Now() + absl::Seconds(10); owned() != 0 && absl::Now() < settle;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const int64_t base = owned();
+  const double t0 = gw::bench::NowSeconds();
+  for (int i = 0; i < count; ++i) {
+    gw::rpc::RRef<int64_t> r = agent.Remote<int64_t>("worker1", "small");
+  }
+  const double t_loop = gw::bench::NowSeconds();
+  const int64_t at_end = owned() - base;
+  double t_back = -1;
+  int64_t after_1s = -1, n = at_end;
+  while (true) {
+    const double now = gw::bench::NowSeconds();
+    if (after_1s < 0 && now >= t_loop + 1.0) after_1s = n;
+    if (n <= 0 && t_back < 0) t_back = now;
+    if (t_back >= 0 && after_1s >= 0) break;
+    if (now - t_loop > 60) {
+      std::fprintf(stderr, "rref: churn: the owner still holds %lld RRefs 60 s after the loop\n",
+                   static_cast<long long>(n));
+      std::exit(1);
+    }
+    absl::SleepFor(absl::Milliseconds(t_back < 0 ? 0.2 : 10));
+    n = owned() - base;
+  }
+  std::fprintf(stderr, "rref: churn: loop %.4f s, owner count at loop end %lld, back to %lld after %.4f s\n",
+               t_loop - t0, static_cast<long long>(at_end), static_cast<long long>(base), t_back - t_loop);
+  gw::bench::Report("rref", "rref_churn_rate", count / (t_back - t0), "RRefs/s");
+  gw::bench::Report("rref", "owner_rrefs_after_1s", static_cast<double>(after_1s), "count");
+  gw::bench::Report("rref", "owner_rrefs_at_end_of_loop", static_cast<double>(at_end), "count");
+  gw::bench::Report("rref", "owner_rrefs_drain_s", t_back - t_loop, "s");
+}
+
 void AsyncPipelined(Agent& agent, bool quick) {
   const int total = quick ? 2000 : 20000;
   gw::bench::Report("async_pipelined", "calls_per_s", PipelinedCallsPerSecond(agent, "noop", total),
@@ -220,8 +285,9 @@ int main(int argc, char** argv) {
       workload = argv[i];
     }
   }
-  if (workload != "rpc_latency" && workload != "tensor_echo" && workload != "async_pipelined") {
-    std::fprintf(stderr, "usage: rpc_bench [--quick] rpc_latency|tensor_echo|async_pipelined\n");
+  if (workload != "rpc_latency" && workload != "tensor_echo" && workload != "async_pipelined" &&
+      workload != "rref") {
+    std::fprintf(stderr, "usage: rpc_bench [--quick] rpc_latency|tensor_echo|async_pipelined|rref\n");
     return 2;
   }
   absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
@@ -254,6 +320,7 @@ int main(int argc, char** argv) {
   if (workload == "rpc_latency") RpcLatency(**agent, quick, *raw_port);
   if (workload == "tensor_echo") TensorEcho(**agent, quick);
   if (workload == "async_pipelined") AsyncPipelined(**agent, quick);
+  if (workload == "rref") RRefs(**agent, quick);
   if (workload != "rpc_latency") {  // let the raw echo server exit
     std::vector<double> unused = RawPingPongUs(*raw_port, 0, 1);
   }

@@ -489,7 +489,8 @@ class Agent::Impl {
       Reply(conn, r.id, result.Get(absl::ZeroDuration()), replies);  // answered synchronously: no hop
     } else {
       const uint64_t id = r.id;
-      result.Then([this, conn, id](const absl::StatusOr<Value>& v) { Reply(conn, id, v, nullptr); });
+      // Sent by the thread that completes the handler's future: no pool hop.
+      result.Subscribe([this, conn, id](const absl::StatusOr<Value>& v) { Reply(conn, id, v, nullptr); });
     }
   }
 
@@ -536,8 +537,10 @@ class Agent::Impl {
     OnFlush(conn);  // requests read before the close still run (their replies are dropped)
     int rank = -1;
     bool outgoing = false;
+    bool running = false;
     {
       absl::MutexLock lock(&mu_);
+      running = state_ == State::kRunning;
       auto it = conn_rank_.find(conn.get());
       if (it != conn_rank_.end()) {
         rank = it->second;
@@ -549,7 +552,9 @@ class Agent::Impl {
       }
     }
     // Connections close when the peer is dead or shut down: its references go (rref.h).
-    if (rank >= 0 && rrefs_) rrefs_->OnPeerGone(rank);
+    // Not while we shut down ourselves: peers closing then is expected, and dropping their
+    // forks would hide the leaks the shutdown check reports.
+    if (rank >= 0 && rrefs_ && running) rrefs_->OnPeerGone(rank);
     if (!outgoing) return;
     // Our outgoing connection to `rank` died: its calls cannot be answered.
     std::vector<std::function<void(absl::StatusOr<Value>)>> failed;
@@ -711,7 +716,7 @@ class Agent::Impl {
     Promise<Value> promise(pool_);
     if (!pool_.Post([run, promise, function, args = std::move(args)]() mutable {
           try {
-            run(std::move(args)).Then([promise](const absl::StatusOr<Value>& v) { promise.Set(v); });
+            run(std::move(args)).Subscribe([promise](const absl::StatusOr<Value>& v) { promise.Set(v); });
           } catch (const std::exception& e) {
             promise.Set(absl::InternalError(absl::StrCat(function, " threw: ", e.what())));
           }

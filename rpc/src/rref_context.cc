@@ -41,17 +41,21 @@ bool Permanent(const absl::Status& s) {
   }
 }
 
-// f.Then(fn), but at once on this thread when f is already complete: a caller that
-// blocks a pool thread on the result must not need another pool thread to get it.
+// fn(result of f) as a future, run on the thread that completes f (or at once): results
+// move along without a pool hop, so a caller blocking a pool thread on them never needs
+// another one. fn returns absl::StatusOr<Value> or Future<Value>.
 template <typename F>
-Future<Value> ThenNow(const Future<Value>& f, Executor& ex, F fn) {
-  if (!f.IsReady()) return f.Then(std::move(fn));
-  using R = std::invoke_result_t<F, const absl::StatusOr<Value>&>;
-  if constexpr (std::is_same_v<R, Future<Value>>) {
-    return fn(f.Get(absl::ZeroDuration()));
-  } else {
-    return MakeReadyFuture<Value>(ex, fn(f.Get(absl::ZeroDuration())));
-  }
+Future<Value> Chain(const Future<Value>& f, Executor& ex, F fn) {
+  Promise<Value> out(ex);
+  f.Subscribe([out, fn = std::move(fn)](const absl::StatusOr<Value>& v) mutable {
+    using R = std::invoke_result_t<F&, const absl::StatusOr<Value>&>;
+    if constexpr (std::is_same_v<R, Future<Value>>) {
+      fn(v).Subscribe([out](const absl::StatusOr<Value>& r) { out.Set(r); });
+    } else {
+      out.Set(fn(v));
+    }
+  });
+  return out.future();
 }
 
 }  // namespace
@@ -155,7 +159,7 @@ void RRefContext::StartCreation(Promise<Value> promise, const std::string& calle
                                 ValueList args, std::optional<Future<Value>> self_value) {
   auto ctx = shared_from_this();
   auto start = [ctx, promise, caller, function](ValueList args) {
-    ctx->hooks_.invoke(caller, function, std::move(args)).Then([promise](const absl::StatusOr<Value>& v) {
+    ctx->hooks_.invoke(caller, function, std::move(args)).Subscribe([promise](const absl::StatusOr<Value>& v) {
       promise.Set(v);
     });
   };
@@ -163,16 +167,14 @@ void RRefContext::StartCreation(Promise<Value> promise, const std::string& calle
     start(std::move(args));
     return;
   }
-  (void)ThenNow(*self_value, hooks_.agent->executor(),
-                [start, promise, args = std::move(args)](const absl::StatusOr<Value>& v) mutable -> absl::StatusOr<Value> {
-                  if (!v.ok()) {
-                    promise.Set(v.status());
-                  } else {
-                    args.insert(args.begin(), *v);
-                    start(std::move(args));
-                  }
-                  return Value();
-                });
+  self_value->Subscribe([start, promise, args = std::move(args)](const absl::StatusOr<Value>& v) mutable {
+    if (!v.ok()) {
+      promise.Set(v.status());
+    } else {
+      args.insert(args.begin(), *v);
+      start(std::move(args));
+    }
+  });
 }
 
 RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList args, CallOptions options,
@@ -618,7 +620,7 @@ Future<Value> RRefContext::ValueOf(uint64_t rref_id) {
 Future<Value> RRefContext::OnFetch(ValueList a) {
   if (absl::Status s = CheckArgs(a, 1, 1, kFetchFn); !s.ok()) return Failed(s);
   const uint64_t id = U(a[0]);
-  return ThenNow(ValueOf(id), hooks_.agent->executor(), [id](const absl::StatusOr<Value>& v) -> absl::StatusOr<Value> {
+  return Chain(ValueOf(id), hooks_.agent->executor(), [id](const absl::StatusOr<Value>& v) -> absl::StatusOr<Value> {
     if (v.ok() && v->is<Object>()) {
       return absl::FailedPreconditionError(absl::StrCat("RRef #", id, " holds an object of type ", v->get<Object>().type,
                                                         ", which stays on its owner: call its methods instead of ToHere"));
@@ -632,7 +634,7 @@ Future<Value> RRefContext::OnCall(const CallInfo& info, ValueList a) {
     return Failed(absl::InvalidArgumentError("__rref.call: malformed request"));
   }
   auto ctx = shared_from_this();
-  return ThenNow(ValueOf(U(a[0])), hooks_.agent->executor(),
+  return Chain(ValueOf(U(a[0])), hooks_.agent->executor(),
                  [ctx, caller = info.caller, method = a[1].get<std::string>(),
                   args = std::move(std::get<ValueList>(a[2].storage()))](
                      const absl::StatusOr<Value>& v) mutable -> Future<Value> {

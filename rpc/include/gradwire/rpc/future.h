@@ -10,6 +10,9 @@
 //     (fn may return U, absl::StatusOr<U> or Future<U>). fn always runs on the promise's
 //     Executor, never inline in Then() and never while a lock is held. If fn throws, the
 //     returned future fails with INTERNAL carrying the exception's message.
+//   - Subscribe(fn) is the exception, for plumbing inside gradwire: fn runs on the thread
+//     that completes the promise (or at once if it is complete), so results are passed
+//     along without a thread hop. fn must be quick and must not block or throw.
 //   - Futures are cheap shared handles; all methods are thread-safe.
 #ifndef GRADWIRE_RPC_FUTURE_H_
 #define GRADWIRE_RPC_FUTURE_H_
@@ -47,6 +50,7 @@ struct FutureState {
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::StatusOr<T> result ABSL_GUARDED_BY(mu) = absl::UnknownError("pending");
   std::vector<std::function<void()>> callbacks ABSL_GUARDED_BY(mu);
+  std::vector<std::function<void(const absl::StatusOr<T>&)>> subscribers ABSL_GUARDED_BY(mu);
 };
 
 template <typename U>
@@ -141,6 +145,18 @@ class Future {
 
   rpc::Executor* executor() const { return state_->executor; }
 
+  // Runs fn(result) on the completing thread (see the contract).
+  void Subscribe(std::function<void(const absl::StatusOr<T>&)> fn) const {
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (!state_->done) {
+        state_->subscribers.push_back(std::move(fn));
+        return;
+      }
+    }
+    fn(ResultRef());
+  }
+
  private:
   friend class Promise<T>;
   explicit Future(std::shared_ptr<internal::FutureState<T>> s) : state_(std::move(s)) {}
@@ -174,6 +190,7 @@ class Promise {
   // Completes the future; returns false if it was already completed.
   bool Set(absl::StatusOr<T> result) const {
     std::vector<std::function<void()>> callbacks;
+    std::vector<std::function<void(const absl::StatusOr<T>&)>> subscribers;
     {
       absl::MutexLock lock(&state_->mu);
       if (state_->done) return false;
@@ -181,7 +198,9 @@ class Promise {
       state_->done = true;
       state_->ready.store(true, std::memory_order_release);
       callbacks.swap(state_->callbacks);
+      subscribers.swap(state_->subscribers);
     }
+    for (auto& fn : subscribers) fn(state_->result);  // immutable once done
     for (auto& cb : callbacks) {
       if (!state_->executor->Post(cb)) cb();
     }
