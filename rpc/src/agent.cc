@@ -97,6 +97,10 @@ class Agent::Impl {
     hooks.invoke = [this](const std::string& caller, const std::string& function, ValueList args) {
       return InvokeLocal(caller, function, std::move(args));
     };
+    hooks.invoke_here = [this](const std::string& caller, const std::string& function, ValueList args) {
+      return InvokeLocal(caller, function, std::move(args), /*here=*/true);
+    };
+    hooks.defer = [this](std::function<void()> fn) { Defer(std::move(fn)); };
     hooks.has_function = [this](const std::string& function) {
       absl::MutexLock lock(&mu_);
       return handlers_.contains(function);
@@ -403,7 +407,10 @@ class Agent::Impl {
   struct ReadBatch {
     std::vector<Request> pool;
     std::vector<Message> replies;
+    std::vector<std::function<void()>> deferred;  // pool work started by inline handlers
   };
+  // The read batch of the inline handler running on this I/O thread (see Defer).
+  static thread_local ReadBatch* t_read_batch;
 
   void HandleRequest(const std::shared_ptr<Connection>& conn, Envelope env) {
     std::shared_ptr<Handler> handler;
@@ -432,7 +439,9 @@ class Agent::Impl {
                                              "' (registered: ", absl::StrJoin(names, ", "), ")")),
             &batch.replies);
     } else if (request.handler->mode == HandlerMode::kInline) {
+      t_read_batch = &batch;  // Defer() called by the handler lands in this read's batch
       Run(conn, std::move(request), &batch.replies);
+      t_read_batch = nullptr;
     } else {
       batch.pool.push_back(std::move(request));
     }
@@ -440,6 +449,17 @@ class Agent::Impl {
     ReadBatch& pending = batches_[conn.get()];
     for (Message& m : batch.replies) pending.replies.push_back(std::move(m));
     for (Request& r : batch.pool) pending.pool.push_back(std::move(r));
+    for (auto& fn : batch.deferred) pending.deferred.push_back(std::move(fn));
+  }
+
+  // Runs fn on the worker pool; from an inline handler, with the rest of its read's pool
+  // work (one hand-off for the whole read).
+  void Defer(std::function<void()> fn) {
+    if (t_read_batch != nullptr) {
+      t_read_batch->deferred.push_back(std::move(fn));
+    } else {
+      (void)pool_.Post(std::move(fn));  // dropped after shutdown, as queued work is
+    }
   }
 
   // on_flush: the read's requests are all in; hand them off.
@@ -453,12 +473,15 @@ class Agent::Impl {
       batches_.erase(it);
     }
     if (!batch.replies.empty()) conn->SendMany(std::move(batch.replies));
-    const size_t n = batch.pool.size();
-    const size_t tasks = std::min(n, pool_.num_threads());
+    const size_t n = batch.pool.size(), d = batch.deferred.size();
+    const size_t tasks = std::min(std::max(n, d), pool_.num_threads());
     for (size_t t = 0; t < tasks; ++t) {
       std::vector<Request> chunk;
       for (size_t i = t * n / tasks; i < (t + 1) * n / tasks; ++i) chunk.push_back(std::move(batch.pool[i]));
-      auto run = [this, conn, chunk = std::move(chunk)]() mutable {
+      std::vector<std::function<void()>> deferred;
+      for (size_t i = t * d / tasks; i < (t + 1) * d / tasks; ++i) deferred.push_back(std::move(batch.deferred[i]));
+      auto run = [this, conn, chunk = std::move(chunk), deferred = std::move(deferred)]() mutable {
+        for (auto& fn : deferred) fn();
         std::vector<Message> replies;
         for (Request& r : chunk) Run(conn, std::move(r), &replies);
         if (!replies.empty()) conn->SendMany(std::move(replies));
@@ -693,7 +716,9 @@ class Agent::Impl {
   }
 
   // Runs a registered function here, as a call from `caller` would.
-  Future<Value> InvokeLocal(const std::string& caller, const std::string& function, ValueList args) {
+  // With `here`, on this thread whatever the function's mode (the caller is a pool thread).
+  Future<Value> InvokeLocal(const std::string& caller, const std::string& function, ValueList args,
+                            bool here = false) {
     std::shared_ptr<Handler> handler;
     {
       absl::MutexLock lock(&mu_);
@@ -706,7 +731,7 @@ class Agent::Impl {
     }
     CallInfo info{caller, function};
     auto run = [handler, info](ValueList args) -> Future<Value> { return handler->fn(info, std::move(args)); };
-    if (handler->mode == HandlerMode::kInline) {
+    if (here || handler->mode == HandlerMode::kInline) {
       try {
         return run(std::move(args));
       } catch (const std::exception& e) {
@@ -763,6 +788,8 @@ class Agent::Impl {
   absl::Mutex batch_mu_;
   absl::flat_hash_map<Connection*, ReadBatch> batches_ ABSL_GUARDED_BY(batch_mu_);
 };
+
+thread_local Agent::Impl::ReadBatch* Agent::Impl::t_read_batch = nullptr;
 
 absl::StatusOr<std::shared_ptr<Agent>> Agent::Start(AgentOptions options,
                                                    const std::function<void(Agent&)>& setup) {

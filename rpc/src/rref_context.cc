@@ -158,9 +158,11 @@ void RRefContext::Run(Outbox& out) {
 void RRefContext::StartCreation(Promise<Value> promise, const std::string& caller, const std::string& function,
                                 ValueList args, std::optional<Future<Value>> self_value) {
   auto ctx = shared_from_this();
+  // The function runs on the pool, handed off with the rest of the current read's work.
   auto start = [ctx, promise, caller, function](ValueList args) {
-    ctx->hooks_.invoke(caller, function, std::move(args)).Subscribe([promise](const absl::StatusOr<Value>& v) {
-      promise.Set(v);
+    ctx->hooks_.defer([ctx, promise, caller, function, args = std::move(args)]() mutable {
+      ctx->hooks_.invoke_here(caller, function, std::move(args))
+          .Subscribe([promise](const absl::StatusOr<Value>& v) { promise.Set(v); });
     });
   };
   if (!self_value) {

@@ -32,6 +32,12 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     int self_rank = 0;
     // Runs the registered function `function` here (on the pool unless it is inline).
     std::function<Future<Value>(const std::string& caller, const std::string& function, ValueList args)> invoke;
+    // The same, on this thread whatever the function's mode (the caller is a pool thread).
+    std::function<Future<Value>(const std::string& caller, const std::string& function, ValueList args)>
+        invoke_here;
+    // Runs work on the pool (batched with the current read's work when called from an
+    // inline handler).
+    std::function<void(std::function<void()>)> defer;
     std::function<bool(const std::string& function)> has_function;
   };
 
