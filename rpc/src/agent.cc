@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -25,6 +26,8 @@ using internal::Kind;
 // With at least this many calls of this agent awaiting replies, new requests are sent
 // coalesced (Connection::SendCoalesced): throughput over the last microseconds of latency.
 constexpr size_t kPipelinedCalls = 4;
+// How long the shutdown leak check waits for late RRef deletes.
+constexpr absl::Duration kLeakGrace = absl::Milliseconds(500);
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -177,7 +180,10 @@ class Agent::Impl {
     bool pipelined = false;
     {
       absl::MutexLock lock(&mu_);
-      running = state_ == State::kRunning;
+      // RRef control messages still flow while shutting down: references released late
+      // (by a thread finishing a completion) must still reach their owner.
+      running = state_ == State::kRunning ||
+                (state_ == State::kShuttingDown && absl::StartsWith(function, "__rref."));
       pipelined = pending_.size() >= kPipelinedCalls;
       if (running) {
         env.id = next_id_++;
@@ -704,7 +710,13 @@ class Agent::Impl {
 
   absl::Status CheckLeaks() {
     if (options_.rref_leak_check == AgentOptions::LeakCheck::kOff) return absl::OkStatus();
+    // A peer's last reference may be released a moment after its drain (by the thread
+    // that completed the call which carried it): give such deletes a short grace period.
     std::vector<std::string> leaks = rrefs_->Leaks();
+    for (const absl::Time grace = absl::Now() + kLeakGrace; !leaks.empty() && absl::Now() < grace;) {
+      absl::SleepFor(absl::Milliseconds(2));
+      leaks = rrefs_->Leaks();
+    }
     if (leaks.empty()) return absl::OkStatus();
     std::string report = absl::StrCat(options_.name, ": ", leaks.size(),
                                       " owned RRef value(s) still referenced by other workers at shutdown "

@@ -88,5 +88,46 @@ TEST(AgentProcessTest, PeerKilledMidCallFailsTheCallWithUnavailable) {
   EXPECT_EQ(Reap(g.children[0]), 128 + SIGKILL);
 }
 
+TEST(AgentProcessTest, OwnerKilledMakesUsersFailWithUnavailableNamingIt) {
+  Group g = StartWithChildren(2);
+  ASSERT_NE(g.agent, nullptr);
+  RRef<Tensor> r = g.agent->Remote<Tensor>("worker1", "make_full", int64_t{4}, 1.5);
+  ASSERT_TRUE(r.ToHere().ok());
+  ::kill(g.children[0], SIGKILL);
+  EXPECT_EQ(Reap(g.children[0]), 128 + SIGKILL);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Tensor> t = r.ToHere(absl::Seconds(10));
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kUnavailable) << t.status();
+  EXPECT_NE(t.status().message().find("worker1"), std::string::npos) << t.status();
+  absl::StatusOr<Tensor> m = r.Sync<Tensor>("scale", 2.0, CallOptions{.timeout = absl::Seconds(10)});
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // Dropping the reference to a dead owner neither hangs nor lingers.
+  r = RRef<Tensor>();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (g.agent->rref_stats().users != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(g.agent->rref_stats().users, 0);
+  EXPECT_EQ(g.agent->rref_stats().pending_control, 0);
+}
+
+TEST(AgentProcessTest, UserKilledMakesTheOwnerDropItsReferences) {
+  Group g = StartWithChildren(2);
+  ASSERT_NE(g.agent, nullptr);
+  {
+    RRef<Tensor> mine = g.agent->Own(Tensor::Full({3}, 2.0));
+    absl::StatusOr<double> sum = g.agent->Sync<double>("worker1", "rref_stash", mine);
+    ASSERT_TRUE(sum.ok()) << sum.status();
+    EXPECT_EQ(*sum, 6.0);
+    EXPECT_EQ(g.agent->rref_stats().owner_forks, 1);  // worker1 keeps a fork
+    ::kill(g.children[0], SIGKILL);
+    EXPECT_EQ(Reap(g.children[0]), 128 + SIGKILL);
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (g.agent->rref_stats().owner_forks != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    EXPECT_EQ(g.agent->rref_stats().owner_forks, 0);
+    EXPECT_EQ(g.agent->rref_stats().owned, 1);  // ours is still alive
+  }
+  EXPECT_EQ(g.agent->rref_stats().owned, 0);
+}
+
 }  // namespace
 }  // namespace gw::rpc

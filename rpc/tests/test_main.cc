@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include "gradwire/nn/layers.h"
+#include "gradwire/rpc/remote_module.h"
 #include "gradwire/tensor/kernels.h"
 #include "test_support.h"
 
@@ -125,6 +127,7 @@ void RegisterTestFunctions(Agent& agent) {
   (void)agent.Register("rref_own", [self](Tensor t) { return self->Own(t); });
   (void)agent.Register("rref_echo", [](RRef<Tensor> r) { return r; });
   (void)agent.Register("rref_echo_object", [](RRef<std::shared_ptr<Counter>> r) { return r; });
+  (void)agent.Register("module_echo", [](ModuleRRef r) { return r; });
   (void)agent.Register("rref_stats", [self] {
     const RRefStats s = self->rref_stats();
     return std::map<std::string, int64_t>{{"owned", s.owned}, {"owner_forks", s.owner_forks},
@@ -134,6 +137,14 @@ void RegisterTestFunctions(Agent& agent) {
   (void)agent.Register("scale", [](Tensor t, double f) { return kernels::MulScalar(t, f); });
   (void)agent.Register("make_counter", [](int64_t start) { return std::make_shared<Counter>(start); });
   (void)agent.Register("counter_add", [](std::shared_ptr<Counter> c, int64_t d) { return c->Add(d); });
+  (void)agent.Register("add_in_place", [](Tensor t, double v) {
+    kernels::AddInPlace(t, Tensor::Full(t.sizes(), v));
+    return true;
+  });
+  (void)RegisterModuleFactory(agent, "linear", [](int64_t in, int64_t out, int64_t seed) {
+    Generator gen(static_cast<uint64_t>(seed));
+    return std::make_shared<nn::Linear>(in, out, gen);
+  });
 }
 
 pid_t SpawnSelf(const std::string& role, const std::map<std::string, std::string>& env) {

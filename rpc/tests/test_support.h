@@ -53,7 +53,8 @@ class Counter {
 // "rref_stash" (keeps an RRef<Tensor>, returns the sum of its value), "rref_clear",
 // "rref_forward" (stashes it on another worker), "rref_own" (returns an RRef owned by
 // the callee), "rref_echo", "rref_stats", "make_full", "scale", "make_counter" and
-// "counter_add" (a Counter object and its method).
+// "counter_add" (a Counter object and its method), "add_in_place" (adds a constant to
+// a tensor in place), and the module factory "linear" (in, out, seed) -> nn::Linear.
 void RegisterTestFunctions(Agent& agent);
 
 // Runs this binary as a child with GW_TEST_ROLE=role and the given extra environment.

@@ -1,0 +1,87 @@
+// RemoteModule: an nn::Module that lives on one worker and is called from many.
+//
+// Contract
+//   - Module factories are registered by name on the workers that may host modules:
+//       RegisterModuleFactory(agent, "mlp", [](int64_t hidden) { return std::make_shared<Mlp>(hidden); });
+//     A factory takes arguments with ValueTraits and returns a std::shared_ptr to any
+//     nn::Module subclass. Registering one also registers the methods RemoteModule uses
+//     ("__module.*"), once per agent.
+//   - RemoteModule::Create(agent, worker, factory, args...) builds the module on `worker`
+//     and returns once it exists, or the factory's error (NOT_FOUND for an unknown
+//     factory, naming the worker).
+//   - Forward(x) / ForwardAsync(x) run module->Forward(x) on its worker. Any number of
+//     clients and threads may call one RemoteModule concurrently (nn::Module's Forward
+//     contract: modules without mutable state). Without a distributed-autograd context
+//     the forward records no autograd graph on the owner.
+//   - RemoteParameters() returns RRefs of the module's parameters, owned by its worker:
+//     the parameter tensors themselves (an optimizer step there changes the module).
+//   - module_rref() is the module's RRef, for user-registered methods that take
+//     std::shared_ptr<nn::Module> as first parameter (rref.Sync<R>("method", ...)).
+//   - Copies share the module; it is freed on its worker when the last copy anywhere is
+//     gone (RRef protocol, rref.h). Thread-safe.
+#ifndef GRADWIRE_RPC_REMOTE_MODULE_H_
+#define GRADWIRE_RPC_REMOTE_MODULE_H_
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gradwire/nn/module.h"
+#include "gradwire/rpc/agent.h"
+
+namespace gw::rpc {
+
+using ModuleRRef = RRef<std::shared_ptr<nn::Module>>;
+
+namespace internal {
+
+// A factory with the user's parameter list that returns the module as nn::Module.
+template <typename F, typename Args>
+struct ModuleFactory;
+template <typename F, typename... A>
+struct ModuleFactory<F, std::tuple<A...>> {
+  F make;
+  std::shared_ptr<nn::Module> operator()(A... args) const { return make(std::move(args)...); }
+};
+
+absl::Status RegisterModuleMethods(Agent& agent);
+
+}  // namespace internal
+
+template <typename F>
+absl::Status RegisterModuleFactory(Agent& agent, const std::string& name, F factory) {
+  if (absl::Status s = internal::RegisterModuleMethods(agent); !s.ok()) return s;
+  using Args = typename internal::FnTraits<std::decay_t<F>>::Args;
+  return agent.Register(name, internal::ModuleFactory<std::decay_t<F>, Args>{std::move(factory)});
+}
+
+class RemoteModule {
+ public:
+  template <typename... Args>
+  static absl::StatusOr<RemoteModule> Create(Agent& agent, const std::string& worker, const std::string& factory,
+                                             Args&&... args) {
+    return Created(agent.Remote<std::shared_ptr<nn::Module>>(worker, factory, std::forward<Args>(args)...));
+  }
+
+  absl::StatusOr<Tensor> Forward(const Tensor& input, CallOptions options = {}) const;
+  Future<Tensor> ForwardAsync(const Tensor& input, CallOptions options = {}) const;
+  absl::StatusOr<std::vector<RRef<Tensor>>> RemoteParameters(CallOptions options = {}) const;
+  // The module's ToString(), as built on its worker.
+  absl::StatusOr<std::string> Describe() const;
+
+  const ModuleRRef& module_rref() const { return module_; }
+  std::string worker() const { return module_.Owner(); }
+
+ private:
+  explicit RemoteModule(ModuleRRef module) : module_(std::move(module)) {}
+  static absl::StatusOr<RemoteModule> Created(ModuleRRef module);
+
+  ModuleRRef module_;
+};
+
+}  // namespace gw::rpc
+
+#endif  // GRADWIRE_RPC_REMOTE_MODULE_H_
