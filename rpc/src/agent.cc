@@ -201,6 +201,13 @@ class Agent::Impl {
       Complete(env.id, absl::Status(s.code(), absl::StrCat("call to ", to, ".", function, ": ", s.message())));
       return;
     }
+    if (hooks_) {
+      if (absl::Status s = hooks_->OnSendRequest(rank, env.payload, env.meta); !s.ok()) {
+        rrefs_->AbandonOutgoing(&env.payload);
+        Complete(env.id, absl::Status(s.code(), absl::StrCat("call to ", to, ".", function, ": ", s.message())));
+        return;
+      }
+    }
     absl::StatusOr<Message> message = internal::EncodeEnvelope(env);
     if (!message.ok()) {
       rrefs_->AbandonOutgoing(&env.payload);
@@ -366,6 +373,18 @@ class Agent::Impl {
         return;
       }
     }
+    if (env->kind == Kind::kResponse && hooks_ && env->status.ok()) {
+      int from = -1;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = pending_.find(env->id);
+        if (it != pending_.end()) from = it->second.rank;
+      }
+      if (absl::Status s = hooks_->OnReceiveReply(from, env->payload, env->meta); !s.ok()) {
+        Complete(env->id, s);
+        return;
+      }
+    }
     switch (env->kind) {
       case Kind::kResponse:
         Complete(env->id, env->status.ok() ? absl::StatusOr<Value>(std::move(env->payload))
@@ -409,6 +428,7 @@ class Agent::Impl {
     CallInfo info;
     uint64_t id;
     ValueList args;
+    CallHooks::Scope scope;  // from CallHooks::OnReceiveRequest
   };
   struct ReadBatch {
     std::vector<Request> pool;
@@ -431,8 +451,19 @@ class Agent::Impl {
       request.info.caller = r != conn_rank_.end() ? workers_[r->second].name : "unknown";
       ++inflight_handlers_;
     }
-    if (env.payload.is<ValueList>()) request.args = std::move(std::get<ValueList>(env.payload.storage()));
     ReadBatch batch;
+    if (hooks_) {
+      absl::StatusOr<CallHooks::Scope> scope = hooks_->OnReceiveRequest(RankOf(conn), env.payload, env.meta);
+      if (!scope.ok()) {
+        Reply(conn, request.id, absl::Status(scope.status().code(), absl::StrCat(env.function, ": ", scope.status().message())),
+              &batch.replies);
+        request.handler = nullptr;
+        MergeBatch(conn, batch);
+        return;
+      }
+      request.scope = std::move(*scope);
+    }
+    if (env.payload.is<ValueList>()) request.args = std::move(std::get<ValueList>(env.payload.storage()));
     if (!request.handler) {
       std::vector<std::string> names;
       {
@@ -451,6 +482,10 @@ class Agent::Impl {
     } else {
       batch.pool.push_back(std::move(request));
     }
+    MergeBatch(conn, batch);
+  }
+
+  void MergeBatch(const std::shared_ptr<Connection>& conn, ReadBatch& batch) {
     absl::MutexLock lock(&batch_mu_);
     ReadBatch& pending = batches_[conn.get()];
     for (Message& m : batch.replies) pending.replies.push_back(std::move(m));
@@ -458,9 +493,20 @@ class Agent::Impl {
     for (auto& fn : batch.deferred) pending.deferred.push_back(std::move(fn));
   }
 
+  int RankOf(const std::shared_ptr<Connection>& conn) {
+    absl::MutexLock lock(&mu_);
+    auto it = conn_rank_.find(conn.get());
+    return it == conn_rank_.end() ? -1 : it->second;
+  }
+
   // Runs fn on the worker pool; from an inline handler, with the rest of its read's pool
   // work (one hand-off for the whole read).
   void Defer(std::function<void()> fn) {
+    if (hooks_) {
+      if (CallHooks::Scope scope = hooks_->CurrentScope()) {
+        fn = [hooks = hooks_, scope, fn = std::move(fn)] { hooks->RunInScope(scope, fn); };
+      }
+    }
     if (t_read_batch != nullptr) {
       t_read_batch->deferred.push_back(std::move(fn));
     } else {
@@ -508,24 +554,34 @@ class Agent::Impl {
   // is sent on its own when it arrives.
   void Run(const std::shared_ptr<Connection>& conn, Request r, std::vector<Message>* replies) {
     Future<Value> result;
-    try {
-      result = r.handler->fn(r.info, std::move(r.args));
-    } catch (const std::exception& e) {
-      Reply(conn, r.id, absl::InternalError(absl::StrCat(r.info.function, " threw: ", e.what())), replies);
-      return;
-    }
-    if (result.IsReady()) {
-      Reply(conn, r.id, result.Get(absl::ZeroDuration()), replies);  // answered synchronously: no hop
+    absl::Status thrown;
+    auto call = [&] {
+      try {
+        result = r.handler->fn(r.info, std::move(r.args));
+      } catch (const std::exception& e) {
+        thrown = absl::InternalError(absl::StrCat(r.info.function, " threw: ", e.what()));
+      }
+    };
+    if (hooks_) {
+      hooks_->RunInScope(r.scope, call);
     } else {
-      const uint64_t id = r.id;
+      call();
+    }
+    if (!thrown.ok()) {
+      Reply(conn, r.id, thrown, replies, r.scope);
+    } else if (result.IsReady()) {
+      Reply(conn, r.id, result.Get(absl::ZeroDuration()), replies, r.scope);  // answered synchronously: no hop
+    } else {
       // Sent by the thread that completes the handler's future: no pool hop.
-      result.Subscribe([this, conn, id](const absl::StatusOr<Value>& v) { Reply(conn, id, v, nullptr); });
+      result.Subscribe([this, conn, id = r.id, scope = r.scope](const absl::StatusOr<Value>& v) {
+        Reply(conn, id, v, nullptr, scope);
+      });
     }
   }
 
   // Encodes the response to call `id`; appends it to `batch`, or sends it now if null.
   void Reply(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::StatusOr<Value>& result,
-             std::vector<Message>* batch) {
+             std::vector<Message>* batch, const CallHooks::Scope& scope = nullptr) {
     Envelope env;
     env.kind = Kind::kResponse;
     env.id = id;
@@ -543,6 +599,12 @@ class Agent::Impl {
     if (absl::Status s = rrefs_->PrepareOutgoing(&env.payload, to); !s.ok()) {
       env.payload = Value();
       env.status = s;
+    } else if (hooks_ && env.status.ok()) {
+      if (absl::Status h = hooks_->OnSendReply(to, scope, env.payload, env.meta); !h.ok()) {
+        rrefs_->AbandonOutgoing(&env.payload);
+        env.payload = Value();
+        env.status = h;
+      }
     }
     absl::StatusOr<Message> m = internal::EncodeEnvelope(env);
     if (!m.ok()) {
@@ -772,6 +834,7 @@ class Agent::Impl {
   }
   RRefPtr OwnRaw(Value value, std::string type) { return rrefs_->Own(std::move(value), std::move(type)); }
   RRefStats rref_stats() const { return rrefs_->Stats(); }
+  void SetCallHooks(std::shared_ptr<CallHooks> hooks) { hooks_ = std::move(hooks); }
 
  private:
 
@@ -781,6 +844,7 @@ class Agent::Impl {
   std::unique_ptr<Store> store_;
   std::unique_ptr<Transport> transport_;
   std::shared_ptr<internal::RRefContext> rrefs_;
+  std::shared_ptr<CallHooks> hooks_;  // set in setup (SetCallHooks), then read-only
   WorkerInfo self_;
   std::vector<WorkerInfo> workers_;                     // immutable after Start
   absl::flat_hash_map<std::string, int> by_name_;       // immutable after Start
@@ -836,5 +900,6 @@ RRefPtr Agent::RemoteRaw(const std::string& to, const std::string& function, Val
 }
 RRefPtr Agent::OwnRaw(Value value, std::string type) { return impl_->OwnRaw(std::move(value), std::move(type)); }
 RRefStats Agent::rref_stats() const { return impl_->rref_stats(); }
+void Agent::SetCallHooks(std::shared_ptr<CallHooks> hooks) { impl_->SetCallHooks(std::move(hooks)); }
 
 }  // namespace gw::rpc

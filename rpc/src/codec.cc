@@ -125,6 +125,9 @@ absl::StatusOr<Message> EncodeEnvelope(const Envelope& e) {
   env.set_status_message(std::string(e.status.message()));
   Message m;
   if (absl::Status s = ToProto(e.payload, &m.tensors, env.mutable_payload(), 0); !s.ok()) return s;
+  if (!e.meta.is<std::monostate>()) {
+    if (absl::Status s = ToProto(e.meta, &m.tensors, env.mutable_meta(), 0); !s.ok()) return s;
+  }
   if (!env.SerializeToString(&m.header)) return absl::InternalError("cannot serialize envelope");
   return m;
 }
@@ -150,6 +153,13 @@ absl::StatusOr<Envelope> DecodeEnvelope(Message m) {
   absl::StatusOr<Value> payload = FromProto(env.payload(), m.tensors, 0, &e.has_rrefs);
   if (!payload.ok()) return absl::DataLossError(payload.status().message());
   e.payload = std::move(*payload);
+  if (env.has_meta()) {
+    bool meta_rrefs = false;
+    absl::StatusOr<Value> meta = FromProto(env.meta(), m.tensors, 0, &meta_rrefs);
+    if (!meta.ok()) return absl::DataLossError(meta.status().message());
+    if (meta_rrefs) return absl::DataLossError("envelope meta carries an RRef");
+    e.meta = std::move(*meta);
+  }
   return e;
 }
 

@@ -21,6 +21,7 @@ struct Envelope {
   Value payload;
   absl::Status status;     // of a response
   int64_t timeout_ms = 0;  // caller's budget, informational
+  Value meta;              // filled and read by CallHooks (call_hooks.h)
   bool has_rrefs = false;  // decoding met an RRef (the agent must adopt it)
 };
 

@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "gradwire/rpc/call_hooks.h"
 #include "gradwire/rpc/executor.h"
 #include "gradwire/rpc/future.h"
 #include "gradwire/rpc/store.h"
@@ -294,6 +295,9 @@ class Agent {
                     CallOptions options, std::string type);
   RRefPtr OwnRaw(Value value, std::string type);
   RRefStats rref_stats() const;
+  // Installs the hooks that follow every call (call_hooks.h). REQUIRES: called in
+  // Start's setup, before any call is made or received.
+  void SetCallHooks(std::shared_ptr<CallHooks> hooks);
 
   absl::Status Shutdown(bool graceful = true);
 
