@@ -100,7 +100,7 @@ void GraphTask::Execute(const std::shared_ptr<Node>& node, std::vector<Tensor> i
   }
 
   std::vector<Tensor> outputs;
-  if (any_defined) {
+  if (any_defined || node->RunsWithoutGradient()) {
     NoGradGuard no_grad;  // backward math is never recorded
     outputs = node->Apply(std::move(inputs));
     GW_CHECK(outputs.size() == node->next_edges().size(), node->name(), "returned ",
@@ -110,7 +110,7 @@ void GraphTask::Execute(const std::shared_ptr<Node>& node, std::vector<Tensor> i
   const std::vector<Edge>& edges = node->next_edges();
   for (size_t i = 0; i < edges.size(); ++i) {
     if (!edges[i].valid()) continue;
-    Deliver(edges[i], any_defined ? std::move(outputs[i]) : Tensor());
+    Deliver(edges[i], outputs.empty() ? Tensor() : std::move(outputs[i]));
   }
 }
 

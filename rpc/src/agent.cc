@@ -87,16 +87,12 @@ class Agent::Impl {
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
 
-    auto transport = MakeTransport(options_.transport, options_.transport_options);
-    if (!transport.ok()) return transport.status();
-    transport_ = std::move(*transport);
-    auto address = transport_->Listen(options_.listen_host, Callbacks());
-    if (!address.ok()) return address.status();
-
-    self_ = {options_.name, options_.rank, *address, static_cast<int64_t>(::getpid())};
+    // The RRef context exists before any peer can reach us.
     internal::RRefContext::Hooks hooks;
     hooks.agent = &agent;
     hooks.self_rank = options_.rank;
+    hooks.world_size = options_.world_size;
+    hooks.default_timeout = options_.default_timeout;
     hooks.invoke = [this](const std::string& caller, const std::string& function, ValueList args) {
       return InvokeLocal(caller, function, std::move(args));
     };
@@ -110,6 +106,13 @@ class Agent::Impl {
     };
     rrefs_ = std::make_shared<internal::RRefContext>(std::move(hooks));
     if (absl::Status s = rrefs_->RegisterFunctions(); !s.ok()) return s;
+    auto transport = MakeTransport(options_.transport, options_.transport_options);
+    if (!transport.ok()) return transport.status();
+    transport_ = std::move(*transport);
+    auto address = transport_->Listen(options_.listen_host, Callbacks());
+    if (!address.ok()) return address.status();
+
+    self_ = {options_.name, options_.rank, *address, static_cast<int64_t>(::getpid())};
     // Functions are registered before this worker is announced: no peer can call it
     // before its handlers exist.
     if (setup) setup(agent);
@@ -142,6 +145,9 @@ class Agent::Impl {
       }
       by_name_[w.name] = r;
     }
+    std::vector<std::string> names;
+    for (const WorkerInfo& w : workers_) names.push_back(w.name);
+    rrefs_->SetWorkerNames(std::move(names));
     outgoing_.resize(workers_.size());
     dial_mu_ = std::vector<absl::Mutex>(workers_.size());
     timer_ = std::thread([this] { TimerLoop(); });
@@ -180,10 +186,12 @@ class Agent::Impl {
     bool pipelined = false;
     {
       absl::MutexLock lock(&mu_);
-      // RRef control messages still flow while shutting down: references released late
-      // (by a thread finishing a completion) must still reach their owner.
+      // While shutting down, handlers still serve peers and may call out; RRef control
+      // messages still flow (references released late must reach their owner).
       running = state_ == State::kRunning ||
-                (state_ == State::kShuttingDown && absl::StartsWith(function, "__rref."));
+                (state_ == State::kShuttingDown &&
+                 (t_handler_depth > 0 || function == "__rref.fork" || function == "__rref.accept" ||
+                  function == "__rref.delete"));
       pipelined = pending_.size() >= kPipelinedCalls;
       if (running) {
         env.id = next_id_++;
@@ -217,6 +225,7 @@ class Agent::Impl {
     }
     absl::StatusOr<std::shared_ptr<Connection>> conn = Outgoing(rank);
     if (!conn.ok()) {
+      rrefs_->AbandonOutgoing(&env.payload);
       Complete(env.id, conn.status());
       return;
     }
@@ -350,13 +359,10 @@ class Agent::Impl {
       int from = -1;
       {
         absl::MutexLock lock(&mu_);
-        if (env->kind == Kind::kResponse) {
-          auto it = pending_.find(env->id);
-          if (it != pending_.end()) from = it->second.rank;
-        } else {
-          auto it = conn_rank_.find(conn.get());
-          if (it != conn_rank_.end()) from = it->second;
-        }
+        // Also for a reply to a call that already timed out: its RRefs must still be
+        // adopted (and then dropped), or their owner would keep them.
+        auto it = conn_rank_.find(conn.get());
+        if (it != conn_rank_.end()) from = it->second;
       }
       absl::Status s = from < 0 ? absl::InvalidArgumentError("RRefs from an unidentified peer")
                                 : rrefs_->AdoptIncoming(&env->payload, from);
@@ -437,6 +443,8 @@ class Agent::Impl {
   };
   // The read batch of the inline handler running on this I/O thread (see Defer).
   static thread_local ReadBatch* t_read_batch;
+  // > 0 while this thread runs a handler (which may call out during graceful shutdown).
+  static thread_local int t_handler_depth;
 
   void HandleRequest(const std::shared_ptr<Connection>& conn, Envelope env) {
     std::shared_ptr<Handler> handler;
@@ -449,6 +457,7 @@ class Agent::Impl {
       if (h != handlers_.end()) request.handler = h->second;
       auto r = conn_rank_.find(conn.get());
       request.info.caller = r != conn_rank_.end() ? workers_[r->second].name : "unknown";
+      request.info.caller_rank = r != conn_rank_.end() ? r->second : -1;
       ++inflight_handlers_;
     }
     ReadBatch batch;
@@ -533,7 +542,9 @@ class Agent::Impl {
       std::vector<std::function<void()>> deferred;
       for (size_t i = t * d / tasks; i < (t + 1) * d / tasks; ++i) deferred.push_back(std::move(batch.deferred[i]));
       auto run = [this, conn, chunk = std::move(chunk), deferred = std::move(deferred)]() mutable {
+        ++t_handler_depth;  // deferred work belongs to handlers
         for (auto& fn : deferred) fn();
+        --t_handler_depth;
         std::vector<Message> replies;
         for (Request& r : chunk) Run(conn, std::move(r), &replies);
         if (!replies.empty()) conn->SendMany(std::move(replies));
@@ -562,11 +573,13 @@ class Agent::Impl {
         thrown = absl::InternalError(absl::StrCat(r.info.function, " threw: ", e.what()));
       }
     };
+    ++t_handler_depth;
     if (hooks_) {
       hooks_->RunInScope(r.scope, call);
     } else {
       call();
     }
+    --t_handler_depth;
     if (!thrown.ok()) {
       Reply(conn, r.id, thrown, replies, r.scope);
     } else if (result.IsReady()) {
@@ -645,7 +658,9 @@ class Agent::Impl {
     // Connections close when the peer is dead or shut down: its references go (rref.h).
     // Not while we shut down ourselves: peers closing then is expected, and dropping their
     // forks would hide the leaks the shutdown check reports.
-    if (rank >= 0 && rrefs_ && running) rrefs_->OnPeerGone(rank);
+    // Only a peer that closed or reset the connection counts as gone (not a malformed
+    // frame or a stalled send, after which the peer may well be alive).
+    if (rank >= 0 && rrefs_ && running && reason.code() == absl::StatusCode::kUnavailable) rrefs_->OnPeerGone(rank);
     if (!outgoing) return;
     // Our outgoing connection to `rank` died: its calls cannot be answered.
     std::vector<std::function<void(absl::StatusOr<Value>)>> failed;
@@ -762,10 +777,12 @@ class Agent::Impl {
 
   void DrainCalls(absl::Time deadline) {
     while (absl::Now() < deadline) {
+      bool calls_done;
       {
         absl::MutexLock lock(&mu_);
-        if (pending_.empty() && rrefs_->Idle()) return;
+        calls_done = pending_.empty();
       }
+      if (calls_done && rrefs_->Idle()) return;  // not under mu_: the context's lock comes first
       absl::SleepFor(absl::Milliseconds(1));
     }
   }
@@ -803,7 +820,8 @@ class Agent::Impl {
       return MakeReadyFuture<Value>(pool_, absl::NotFoundError(absl::StrCat(options_.name, " has no function '",
                                                                              function, "'")));
     }
-    CallInfo info{caller, function};
+    auto caller_it = by_name_.find(caller);
+    CallInfo info{caller, function, caller_it == by_name_.end() ? -1 : caller_it->second};
     auto run = [handler, info](ValueList args) -> Future<Value> { return handler->fn(info, std::move(args)); };
     if (here || handler->mode == HandlerMode::kInline) {
       try {
@@ -866,6 +884,7 @@ class Agent::Impl {
 };
 
 thread_local Agent::Impl::ReadBatch* Agent::Impl::t_read_batch = nullptr;
+thread_local int Agent::Impl::t_handler_depth = 0;
 
 absl::StatusOr<std::shared_ptr<Agent>> Agent::Start(AgentOptions options,
                                                    const std::function<void(Agent&)>& setup) {

@@ -1,7 +1,5 @@
 #include "gradwire/rpc/remote_module.h"
 
-#include "gradwire/autograd/grad_mode.h"
-
 namespace gw::rpc {
 namespace {
 
@@ -15,10 +13,7 @@ absl::Status internal::RegisterModuleMethods(Agent& agent) {
   Agent* self = &agent;
   for (absl::Status s : {
            agent.Register(kForward,
-                          [](std::shared_ptr<nn::Module> m, Tensor x) {
-                            autograd::NoGradGuard no_grad;  // no graph nobody will walk
-                            return m->Forward(x);
-                          }),
+                          [](std::shared_ptr<nn::Module> m, Tensor x) { return m->Forward(x); }),
            agent.Register(kParameters,
                           [self](std::shared_ptr<nn::Module> m) {
                             std::vector<RRef<Tensor>> out;

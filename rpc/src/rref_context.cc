@@ -35,6 +35,7 @@ bool Permanent(const absl::Status& s) {
     case absl::StatusCode::kDeadlineExceeded:
     case absl::StatusCode::kInternal:
     case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kUnavailable:  // a dropped connection to a live peer redials
       return false;
     default:
       return true;
@@ -70,6 +71,10 @@ std::string RRefState::owner_name() const {
   return ctx_ ? ctx_->WorkerName(d_.owner) : absl::StrCat("rank ", d_.owner);
 }
 
+absl::Duration RRefState::WaitBudget(absl::Duration timeout) const {
+  return ctx_ ? ctx_->WaitBudget(timeout) : absl::Seconds(1);
+}
+
 bool RRefState::confirmed() const { return ctx_ && ctx_->Confirmed(d_, is_owner_); }
 
 Future<Value> RRefState::Fetch(CallOptions options) const { return ctx_->Fetch(d_, is_owner_, options); }
@@ -102,8 +107,7 @@ absl::Status RRefContext::RegisterFunctions() {
   auto status_handler = [self](absl::Status (RRefContext::*fn)(ValueList)) -> RawHandler {
     return [self, fn](const CallInfo&, ValueList args) {
       absl::Status s = (self->*fn)(std::move(args));
-      return MakeReadyFuture<Value>(self->hooks_.agent->executor(),
-                                    s.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(s));
+      return MakeReadyFuture<Value>(self->Exec(), s.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(s));
     };
   };
   Agent& agent = *hooks_.agent;
@@ -114,7 +118,13 @@ absl::Status RRefContext::RegisterFunctions() {
                              inline_mode),
            agent.RegisterRaw(kCallFn, [self](const CallInfo& i, ValueList a) { return self->OnCall(i, std::move(a)); },
                              inline_mode),
-           agent.RegisterRaw(kForkFn, status_handler(&RRefContext::OnFork), inline_mode),
+           agent.RegisterRaw(kForkFn,
+                             [self](const CallInfo& i, ValueList a) {
+                               absl::Status s = self->OnFork(i, std::move(a));
+                               return MakeReadyFuture<Value>(
+                                   self->Exec(), s.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(s));
+                             },
+                             inline_mode),
            agent.RegisterRaw(kAcceptFn, status_handler(&RRefContext::OnAccept), inline_mode),
            agent.RegisterRaw(kDeleteFn, status_handler(&RRefContext::OnDelete), inline_mode),
        }) {
@@ -128,24 +138,34 @@ uint64_t RRefContext::NewId() {
   return (static_cast<uint64_t>(hooks_.self_rank + 1) << 48) | next_id_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void RRefContext::SetWorkerNames(std::vector<std::string> names) {
+  std::atomic_store(&names_, std::shared_ptr<const std::vector<std::string>>(
+                                 std::make_shared<std::vector<std::string>>(std::move(names))));
+}
+
 std::string RRefContext::WorkerName(int rank) const {
-  const std::vector<WorkerInfo>& w = hooks_.agent->workers();
-  if (rank >= 0 && rank < static_cast<int>(w.size())) return w[static_cast<size_t>(rank)].name;
+  std::shared_ptr<const std::vector<std::string>> names = std::atomic_load(&names_);
+  if (names && rank >= 0 && rank < static_cast<int>(names->size())) return (*names)[static_cast<size_t>(rank)];
   return absl::StrCat("rank ", rank);
+}
+
+absl::Duration RRefContext::WaitBudget(absl::Duration timeout) const {
+  return timeout > absl::ZeroDuration() ? timeout + absl::Seconds(1) : hooks_.default_timeout + absl::Seconds(1);
+}
+
+Executor& RRefContext::Exec() {
+  if (closed_.load()) return closed_executor_;
+  return hooks_.agent->executor();
 }
 
 RRefContext::Owned& RRefContext::OwnedEntry(uint64_t rref_id, const std::string& type) {
   auto it = owned_.find(rref_id);
-  if (it == owned_.end()) it = owned_.emplace(rref_id, Owned(hooks_.agent->executor())).first;
+  if (it == owned_.end()) it = owned_.emplace(rref_id, Owned(Exec())).first;
   if (it->second.type.empty()) it->second.type = type;
   return it->second;
 }
 
-Future<Value> RRefContext::Failed(absl::Status s) {
-  absl::MutexLock lock(&mu_);
-  if (closed_) return MakeReadyFuture<Value>(closed_executor_, std::move(s));
-  return MakeReadyFuture<Value>(hooks_.agent->executor(), std::move(s));
-}
+Future<Value> RRefContext::Failed(absl::Status s) { return MakeReadyFuture<Value>(Exec(), std::move(s)); }
 
 void RRefContext::Run(Outbox& out) {
   for (auto& action : out.actions) action();
@@ -216,7 +236,7 @@ RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList ar
     if (closed_) {
       u.state = ForkState::kFailed;
       u.error = absl::FailedPreconditionError("the agent has shut down");
-    } else if (owner < 0 || owner >= static_cast<int>(hooks_.agent->workers().size())) {
+    } else if (owner < 0 || owner >= hooks_.world_size) {
       u.state = ForkState::kFailed;
       u.error = absl::NotFoundError(absl::StrCat("Remote: no worker of rank ", owner));
     } else {
@@ -230,13 +250,7 @@ RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList ar
                       Value(std::move(args)), Value(I(self_rref)), Value(type)};
     auto ctx = shared_from_this();
     hooks_.agent->CallRaw(WorkerName(owner), kRemoteFn, std::move(message), options,
-                          [ctx, fork](absl::StatusOr<Value> r) {
-                            {
-                              absl::MutexLock lock(&ctx->mu_);
-                              --ctx->in_flight_;
-                            }
-                            ctx->Confirm(fork, r.status());
-                          });
+                          [ctx, fork](absl::StatusOr<Value> r) { ctx->Confirm(fork, r.status(), true); });
   }
   return state;
 }
@@ -260,11 +274,14 @@ Future<Value> RRefContext::OnRemote(const CallInfo& info, ValueList a) {
     return Failed(absl::InvalidArgumentError("__rref.remote: malformed request"));
   }
   const uint64_t id = U(a[0]), fork = U(a[1]), self_rref = U(a[5]);
-  const int from = static_cast<int>(a[2].get<int64_t>());
+  const int from = info.caller_rank;  // the connection's, not what the message claims
   const std::string& function = a[3].get<std::string>();
+  if (from < 0 || id == 0 || fork == 0) return Failed(absl::InvalidArgumentError("__rref.remote: malformed request"));
   if (!hooks_.has_function(function)) {
-    return Failed(absl::NotFoundError(absl::StrCat(WorkerName(hooks_.self_rank), " has no function '", function,
-                                                   "' (Remote)")));
+    absl::Status s = absl::NotFoundError(absl::StrCat(WorkerName(hooks_.self_rank), " has no function '", function,
+                                                      "' (Remote)"));
+    FailUnfilled(id, s);  // forks of it that arrived first must not wait for it
+    return Failed(s);
   }
   std::optional<Promise<Value>> promise;
   std::optional<Future<Value>> self_value;
@@ -274,9 +291,17 @@ Future<Value> RRefContext::OnRemote(const CallInfo& info, ValueList a) {
     if (self_rref != 0) {
       auto it = owned_.find(self_rref);
       if (it == owned_.end()) {
-        return MakeReadyFuture<Value>(hooks_.agent->executor(),
-                                      absl::NotFoundError(absl::StrCat("RRef #", self_rref, " is not owned by ",
-                                                                       WorkerName(hooks_.self_rank), " (freed?)")));
+        absl::Status s = absl::NotFoundError(absl::StrCat("RRef #", self_rref, " is not owned by ",
+                                                          WorkerName(hooks_.self_rank), " (freed?)"));
+        auto e = owned_.find(id);
+        if (e != owned_.end() && !e->second.created) {
+          e->second.created = true;
+          promise = e->second.promise;
+        }
+        mu_.Unlock();
+        if (promise) promise->Set(s);
+        mu_.Lock();
+        return MakeReadyFuture<Value>(Exec(), s);
       }
       self_value = it->second.value;
     }
@@ -291,7 +316,32 @@ Future<Value> RRefContext::OnRemote(const CallInfo& info, ValueList a) {
     StartCreation(*promise, info.caller, function, std::move(std::get<ValueList>(a[4].storage())),
                   std::move(self_value));
   }
-  return MakeReadyFuture<Value>(hooks_.agent->executor(), Value());  // the acknowledgement
+  return MakeReadyFuture<Value>(Exec(), Value());  // the acknowledgement
+}
+
+void RRefContext::FailUnfilled(uint64_t rref_id, const absl::Status& s) {
+  constexpr size_t kRemembered = 10000;
+  std::optional<Promise<Value>> promise;
+  {
+    absl::MutexLock lock(&mu_);
+    if (failed_creations_.emplace(rref_id, s).second) {
+      failed_order_.push_back(rref_id);
+      if (failed_order_.size() > kRemembered) {
+        failed_creations_.erase(failed_order_.front());
+        failed_order_.pop_front();
+      }
+    }
+    auto it = owned_.find(rref_id);
+    if (it == owned_.end() || it->second.created) return;
+    it->second.created = true;
+    promise = it->second.promise;
+  }
+  promise->Set(s);
+}
+
+bool RRefContext::KnownOrForeign(uint64_t rref_id) const {
+  // Ids carry their creator's rank: one of ours that is not in the table was freed.
+  return owned_.contains(rref_id) || (rref_id >> 48) != static_cast<uint64_t>(hooks_.self_rank + 1);
 }
 
 // ------------------------------------------------------------------ forks
@@ -392,7 +442,7 @@ void RRefContext::AbandonOutgoing(Value* payload) {
 
 absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
   const int self = hooks_.self_rank;
-  const int world = static_cast<int>(hooks_.agent->workers().size());
+  const int world = hooks_.world_size;
   Outbox out;
   std::vector<RRefPtr> replaced;
   absl::Status status;
@@ -402,11 +452,18 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
     status = Walk(payload, [&](RRefPtr& r) ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
       if (r->attached()) return absl::OkStatus();  // sent to ourselves through a local path
       const RRefDescriptor d = r->descriptor();
-      if (d.owner >= world || d.parent >= world || d.parent != from || (d.parent_fork == 0) != (d.parent == d.owner)) {
+      if (d.owner >= world || d.parent >= world || d.parent != from || d.fork_id == 0 ||
+          (d.parent_fork == 0) != (d.parent == d.owner)) {
         return absl::InvalidArgumentError(absl::StrCat("malformed RRef #", d.rref_id, " from rank ", from));
       }
       auto ctx = shared_from_this();
       if (d.owner == self) {
+        if (!KnownOrForeign(d.rref_id)) {
+          return absl::NotFoundError(absl::StrCat("RRef #", d.rref_id, " sent by rank ", from, " was already freed"));
+        }
+        if (auto f = failed_creations_.find(d.rref_id); f != failed_creations_.end() && !owned_.contains(d.rref_id)) {
+          return f->second;
+        }
         Owned& e = OwnedEntry(d.rref_id, d.type);
         ++e.local;
         if (d.parent == self) {
@@ -426,6 +483,9 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
         r = std::make_shared<RRefState>(ctx, RRefDescriptor{d.rref_id, 0, self, self, 0, d.type}, true);
         return absl::OkStatus();
       }
+      if (users_.contains(d.fork_id)) {
+        return absl::InvalidArgumentError(absl::StrCat("RRef fork #", d.fork_id, " from rank ", from, " arrived twice"));
+      }
       UserFork& u = users_[d.fork_id];
       u.rref_id = d.rref_id;
       u.owner = d.owner;
@@ -440,13 +500,7 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
         const int owner = d.owner;
         out.actions.push_back([ctx, owner, rref_id, fork, self] {
           ctx->SendControl(owner, kForkFn, {Value(I(rref_id)), Value(I(fork)), Value(int64_t{self})},
-                           [ctx, fork](absl::Status s) {
-                             {
-                               absl::MutexLock lock(&ctx->mu_);
-                               --ctx->in_flight_;
-                             }
-                             ctx->Confirm(fork, s);
-                           });
+                           [ctx, fork](absl::Status s) { ctx->Confirm(fork, s, true); });
         });
       }
       replaced.push_back(std::move(r));
@@ -458,34 +512,37 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
   return status;
 }
 
-void RRefContext::Confirm(uint64_t fork, absl::Status status) {
+void RRefContext::Confirm(uint64_t fork, absl::Status status, bool in_flight) {
   Outbox out;
   {
     absl::MutexLock lock(&mu_);
+    if (in_flight) --in_flight_;  // in the same critical section as what follows (Idle)
     auto it = users_.find(fork);
     if (it == users_.end() || it->second.state != ForkState::kPending) return;
     UserFork& u = it->second;
     if (status.ok()) {
       u.state = ForkState::kConfirmed;
-      if (u.accept_to >= 0) {
-        auto ctx = shared_from_this();
-        const int parent = u.accept_to;
-        const uint64_t parent_fork = u.accept_parent_fork;
-        u.accept_to = -1;
-        ++in_flight_;
-        out.actions.push_back([ctx, parent, parent_fork, fork] {
-          ctx->SendControl(parent, kAcceptFn, {Value(I(parent_fork)), Value(I(fork))}, [ctx](absl::Status) {
-            absl::MutexLock lock(&ctx->mu_);
-            --ctx->in_flight_;
-          });
-        });
-      }
     } else {
       u.state = ForkState::kFailed;
       u.error = absl::Status(status.code(), absl::StrCat("RRef #", u.rref_id, " owned by ", WorkerName(u.owner),
                                                          ": ", status.message()));
-      // A timed-out request may still have registered the fork: drop it (idempotent).
-      if (status.code() == absl::StatusCode::kDeadlineExceeded) QueueDelete(u.owner, u.rref_id, fork, out);
+      // A timed-out request may still have registered the fork: it is deleted like a
+      // confirmed one once its children are settled (DELETE is idempotent).
+      u.maybe_registered = status.code() == absl::StatusCode::kDeadlineExceeded;
+    }
+    // Confirmed or failed, the parent may now let go of its own fork.
+    if (u.accept_to >= 0) {
+      auto ctx = shared_from_this();
+      const int parent = u.accept_to;
+      const uint64_t parent_fork = u.accept_parent_fork;
+      u.accept_to = -1;
+      ++in_flight_;
+      out.actions.push_back([ctx, parent, parent_fork, fork] {
+        ctx->SendControl(parent, kAcceptFn, {Value(I(parent_fork)), Value(I(fork))}, [ctx](absl::Status) {
+          absl::MutexLock lock(&ctx->mu_);
+          --ctx->in_flight_;
+        });
+      });
     }
     MaybeDelete(fork, out);
   }
@@ -497,7 +554,7 @@ void RRefContext::MaybeDelete(uint64_t fork, Outbox& out) {
   if (it == users_.end()) return;
   UserFork& u = it->second;
   if (!u.released || !u.children.empty() || u.state == ForkState::kPending) return;
-  if (u.state == ForkState::kConfirmed) QueueDelete(u.owner, u.rref_id, fork, out);
+  if (u.state == ForkState::kConfirmed || u.maybe_registered) QueueDelete(u.owner, u.rref_id, fork, out);
   users_.erase(it);
 }
 
@@ -545,10 +602,17 @@ void RRefContext::SendDeletes(int owner) {
 }
 
 void RRefContext::SendControl(int to, const std::string& function, ValueList args,
-                              std::function<void(absl::Status)> done, int attempt) {
+                              std::function<void(absl::Status)> done, int attempt, bool on_pool) {
   auto ctx = shared_from_this();
   if (closed()) {
     done(absl::FailedPreconditionError("the agent has shut down"));
+    return;
+  }
+  if (attempt == 0 && !on_pool) {
+    // Sends may block on a full socket: never on a transport I/O thread.
+    hooks_.defer([ctx, to, function, args = std::move(args), done = std::move(done)]() mutable {
+      ctx->SendControl(to, function, std::move(args), std::move(done), 0, /*on_pool=*/true);
+    });
     return;
   }
   hooks_.agent->CallRaw(WorkerName(to), function, args, {},
@@ -556,17 +620,22 @@ void RRefContext::SendControl(int to, const std::string& function, ValueList arg
                           if (r.ok() || Permanent(r.status()) || attempt + 1 >= kControlAttempts) {
                             done(r.status());
                           } else {
-                            ctx->SendControl(to, function, args, done, attempt + 1);
+                            ctx->SendControl(to, function, args, done, attempt + 1, true);
                           }
                         });
 }
 
-absl::Status RRefContext::OnFork(ValueList a) {
+absl::Status RRefContext::OnFork(const CallInfo& info, ValueList a) {
   if (absl::Status s = CheckArgs(a, 3, 3, kForkFn); !s.ok()) return s;
+  if (info.caller_rank < 0 || U(a[0]) == 0 || U(a[1]) == 0) return absl::InvalidArgumentError("__rref.fork: malformed");
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::FailedPreconditionError("shutting down");
+  if (!KnownOrForeign(U(a[0]))) return absl::NotFoundError(absl::StrCat("RRef #", U(a[0]), " was already freed"));
+  if (auto f = failed_creations_.find(U(a[0])); f != failed_creations_.end() && !owned_.contains(U(a[0]))) {
+    return f->second;
+  }
   // May come before the REMOTE that creates the value (another worker sent it).
-  OwnedEntry(U(a[0]), "").forks[U(a[1])] = static_cast<int>(a[2].get<int64_t>());
+  OwnedEntry(U(a[0]), "").forks[U(a[1])] = info.caller_rank;
   return absl::OkStatus();
 }
 
@@ -610,11 +679,14 @@ absl::Status RRefContext::OnDelete(ValueList a) {
 // ------------------------------------------------------------------ values
 
 Future<Value> RRefContext::ValueOf(uint64_t rref_id) {
+  absl::Status failed;
   {
     absl::MutexLock lock(&mu_);
     auto it = owned_.find(rref_id);
     if (it != owned_.end()) return it->second.value;
+    if (auto f = failed_creations_.find(rref_id); f != failed_creations_.end()) failed = f->second;
   }
+  if (!failed.ok()) return Failed(failed);
   return Failed(absl::NotFoundError(absl::StrCat("RRef #", rref_id, " is not owned by ",
                                                  WorkerName(hooks_.self_rank), " (already freed?)")));
 }
@@ -622,7 +694,7 @@ Future<Value> RRefContext::ValueOf(uint64_t rref_id) {
 Future<Value> RRefContext::OnFetch(ValueList a) {
   if (absl::Status s = CheckArgs(a, 1, 1, kFetchFn); !s.ok()) return Failed(s);
   const uint64_t id = U(a[0]);
-  return Chain(ValueOf(id), hooks_.agent->executor(), [id](const absl::StatusOr<Value>& v) -> absl::StatusOr<Value> {
+  return Chain(ValueOf(id), Exec(), [id](const absl::StatusOr<Value>& v) -> absl::StatusOr<Value> {
     if (v.ok() && v->is<Object>()) {
       return absl::FailedPreconditionError(absl::StrCat("RRef #", id, " holds an object of type ", v->get<Object>().type,
                                                         ", which stays on its owner: call its methods instead of ToHere"));
@@ -636,7 +708,7 @@ Future<Value> RRefContext::OnCall(const CallInfo& info, ValueList a) {
     return Failed(absl::InvalidArgumentError("__rref.call: malformed request"));
   }
   auto ctx = shared_from_this();
-  return Chain(ValueOf(U(a[0])), hooks_.agent->executor(),
+  return Chain(ValueOf(U(a[0])), Exec(),
                  [ctx, caller = info.caller, method = a[1].get<std::string>(),
                   args = std::move(std::get<ValueList>(a[2].storage()))](
                      const absl::StatusOr<Value>& v) mutable -> Future<Value> {
@@ -647,21 +719,23 @@ Future<Value> RRefContext::OnCall(const CallInfo& info, ValueList a) {
 }
 
 Future<Value> RRefContext::Fetch(const RRefDescriptor& d, bool is_owner, CallOptions options) {
+  if (closed()) return Failed(absl::FailedPreconditionError("the agent has shut down"));
   if (is_owner) return ValueOf(d.rref_id);
   if (absl::Status s = UsableFork(d); !s.ok()) return Failed(s);
-  Promise<Value> promise(hooks_.agent->executor());
+  Promise<Value> promise(Exec());
   hooks_.agent->CallRaw(WorkerName(d.owner), kFetchFn, {Value(I(d.rref_id))}, options, Completion(d, promise));
   return promise.future();
 }
 
 Future<Value> RRefContext::Call(const RRefDescriptor& d, bool is_owner, const std::string& method, ValueList args,
                                 CallOptions options) {
+  if (closed()) return Failed(absl::FailedPreconditionError("the agent has shut down"));
   if (is_owner) {
     ValueList a{Value(I(d.rref_id)), Value(method), Value(std::move(args))};
-    return OnCall(CallInfo{WorkerName(hooks_.self_rank), method}, std::move(a));
+    return OnCall(CallInfo{WorkerName(hooks_.self_rank), method, hooks_.self_rank}, std::move(a));
   }
   if (absl::Status s = UsableFork(d); !s.ok()) return Failed(s);
-  Promise<Value> promise(hooks_.agent->executor());
+  Promise<Value> promise(Exec());
   hooks_.agent->CallRaw(WorkerName(d.owner), kCallFn, {Value(I(d.rref_id)), Value(method), Value(std::move(args))},
                         options, Completion(d, promise));
   return promise.future();
@@ -689,8 +763,8 @@ absl::Status RRefContext::UsableFork(const RRefDescriptor& d) {
 }
 
 absl::StatusOr<Value> RRefContext::LocalValue(const RRefDescriptor& d) {
-  Future<Value> v = ValueOf(d.rref_id);
-  return v.Get(hooks_.agent->options().default_timeout);
+  if (closed()) return absl::FailedPreconditionError("the agent has shut down");
+  return ValueOf(d.rref_id).Get(hooks_.default_timeout);
 }
 
 bool RRefContext::Confirmed(const RRefDescriptor& d, bool is_owner) const {
@@ -733,6 +807,14 @@ void RRefContext::OnPeerGone(int rank) {
     for (auto& [id, e] : owned_) {
       absl::erase_if(e.forks, [rank](const auto& f) { return f.second == rank; });
       owned_ids.push_back(id);
+      if (!e.created && (id >> 48) == static_cast<uint64_t>(rank + 1)) {
+        // Its creator died before its REMOTE arrived: it never will.
+        e.created = true;
+        Promise<Value> p = e.promise;
+        out.actions.push_back([p, name = WorkerName(rank)] {
+          p.Set(absl::UnavailableError(absl::StrCat("the worker that created this RRef, ", name, ", is gone")));
+        });
+      }
     }
     for (auto& [fork, u] : users_) {
       absl::erase_if(u.children, [rank](const auto& c) { return c.second == rank; });
@@ -761,10 +843,7 @@ bool RRefContext::Idle() const {
   return true;
 }
 
-bool RRefContext::closed() const {
-  absl::MutexLock lock(&mu_);
-  return closed_;
-}
+bool RRefContext::closed() const { return closed_.load(); }
 
 std::vector<std::string> RRefContext::Leaks() const {
   std::vector<std::string> out;
@@ -803,7 +882,8 @@ void RRefContext::Close() {
     if (closed_) return;
     closed_ = true;
     for (auto& [_, e] : owned_) {
-      e.promise.Set(absl::CancelledError("the agent shut down before the value was created"));
+      Promise<Value> p = e.promise;  // completed after mu_ is released: callbacks run inline
+      out.actions.push_back([p] { p.Set(absl::CancelledError("the agent shut down before the value was created")); });
       out.garbage.push_back(std::move(e));
     }
     owned_.clear();

@@ -8,6 +8,7 @@
 #define GRADWIRE_RPC_SRC_RREF_CONTEXT_H_
 
 #include <atomic>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -28,8 +29,10 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
  public:
   // What the context needs from its agent.
   struct Hooks {
-    Agent* agent = nullptr;
+    Agent* agent = nullptr;  // not used once the context is closed
     int self_rank = 0;
+    int world_size = 1;
+    absl::Duration default_timeout = absl::Seconds(60);
     // Runs the registered function `function` here (on the pool unless it is inline).
     std::function<Future<Value>(const std::string& caller, const std::string& function, ValueList args)> invoke;
     // The same, on this thread whatever the function's mode (the caller is a pool thread).
@@ -42,6 +45,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   };
 
   explicit RRefContext(Hooks hooks);
+  // Worker names by rank, once the group is known (until then names read "rank N").
+  void SetWorkerNames(std::vector<std::string> names);
   // Registers the protocol's functions (__rref.*) on the agent.
   absl::Status RegisterFunctions();
 
@@ -69,6 +74,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
 
   // For RRefState.
   std::string WorkerName(int rank) const;
+  // How long a wait on a result may last: `timeout`, else the agent's default (+1 s for
+  // the call's own deadline to fire first).
+  absl::Duration WaitBudget(absl::Duration timeout) const;
   bool Confirmed(const RRefDescriptor& d, bool is_owner) const;
   Future<Value> Fetch(const RRefDescriptor& d, bool is_owner, CallOptions options);
   absl::StatusOr<Value> LocalValue(const RRefDescriptor& d);
@@ -94,8 +102,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     absl::Status error;
     bool released = false;
     absl::flat_hash_map<uint64_t, int> children;  // unconfirmed child forks -> rank sent to
-    int accept_to = -1;                           // parent to tell once confirmed
+    int accept_to = -1;                           // parent to tell once settled
     uint64_t accept_parent_fork = 0;
+    bool maybe_registered = false;                // failed by a timeout: the owner may know it
   };
   struct DeleteQueue {
     std::vector<std::pair<uint64_t, uint64_t>> queued;  // (rref, fork)
@@ -118,12 +127,17 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   Owned& OwnedEntry(uint64_t rref_id, const std::string& type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeFree(uint64_t rref_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeDelete(uint64_t fork_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Confirm(uint64_t fork_id, absl::Status status);
+  // Settles a PENDING fork; `in_flight` is the control message that carried it.
+  void Confirm(uint64_t fork_id, absl::Status status, bool in_flight);
+  Executor& Exec();  // the agent's pool, or closed_executor_ once closed
   void QueueDelete(int owner, uint64_t rref_id, uint64_t fork_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendDeletes(int owner);
   // A control message, retried on errors other than a dead peer or a closed agent.
   void SendControl(int to, const std::string& function, ValueList args, std::function<void(absl::Status)> done,
-                   int attempt = 0);
+                   int attempt = 0, bool on_pool = false);
+  // Records a failed creation and fails an entry that forks created first.
+  void FailUnfilled(uint64_t rref_id, const absl::Status& s);
+  bool KnownOrForeign(uint64_t rref_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(Outbox& out);
   Future<Value> Failed(absl::Status s);
   Future<Value> ValueOf(uint64_t rref_id);
@@ -133,7 +147,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   Future<Value> OnRemote(const CallInfo& info, ValueList args);
   Future<Value> OnFetch(ValueList args);
   Future<Value> OnCall(const CallInfo& info, ValueList args);
-  absl::Status OnFork(ValueList args);
+  absl::Status OnFork(const CallInfo& info, ValueList args);
   absl::Status OnAccept(ValueList args);
   absl::Status OnDelete(ValueList args);
 
@@ -145,12 +159,17 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   } closed_executor_;
 
   mutable absl::Mutex mu_;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> closed_{false};
+  std::shared_ptr<const std::vector<std::string>> names_;  // atomic access
   std::atomic<uint64_t> next_id_{1};
   absl::flat_hash_map<uint64_t, Owned> owned_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, UserFork> users_ ABSL_GUARDED_BY(mu_);  // by fork id
   absl::flat_hash_map<int, DeleteQueue> deletes_ ABSL_GUARDED_BY(mu_);   // by owner rank
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // REMOTEs that failed here (bounded, oldest dropped): a fork of one that arrives later
+  // gets the creation's error instead of waiting for a value that never comes.
+  absl::flat_hash_map<uint64_t, absl::Status> failed_creations_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> failed_order_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gw::rpc::internal

@@ -113,6 +113,8 @@ TEST(RemoteModuleTest, FactoryErrorsSurfaceFromCreate) {
   EXPECT_NE(missing.status().message().find("worker1"), std::string::npos) << missing.status();
   absl::StatusOr<RemoteModule> wrong_args = RemoteModule::Create((*g)[0], "worker1", "linear", std::string("x"));
   EXPECT_EQ(wrong_args.status().code(), absl::StatusCode::kInvalidArgument) << wrong_args.status();
+  absl::StatusOr<RemoteModule> null = RemoteModule::Create((*g)[0], "worker1", "null_module");
+  EXPECT_EQ(null.status().code(), absl::StatusCode::kFailedPrecondition) << null.status();
   absl::Status down = g->ShutdownAll();
   ASSERT_TRUE(down.ok()) << down;
 }

@@ -256,5 +256,60 @@ TEST(RRefTest, GracefulShutdownReportsValuesStillReferencedByUsers) {
   EXPECT_EQ(kept.ToHere().status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Regressions found by review: each once hung, leaked or read freed memory.
+
+TEST(RRefTest, ShuttingDownWhileACallWaitsForAValueStillBeingCreatedDoesNotHang) {
+  auto g = StartGroup(2);
+  ASSERT_NE(g, nullptr);
+  RRef<int64_t> slow = (*g)[0].Remote<int64_t>("worker1", "sleep_ms", int64_t{300});
+  Future<int64_t> waiting = slow.Async<int64_t>("sleep_ms");  // method on the pending value
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE((*g)[1].Shutdown(/*graceful=*/false).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_FALSE(waiting.Get(absl::Seconds(20)).ok());
+}
+
+TEST(RRefTest, RRefsOutlivingTheirAgentFailCleanly) {
+  RRef<Tensor> mine, theirs;
+  {
+    auto g = StartGroup(2);
+    ASSERT_NE(g, nullptr);
+    mine = (*g)[0].Own(Tensor::Ones({2}));
+    theirs = (*g)[0].Remote<Tensor>("worker1", "make_full", int64_t{2}, 1.0);
+    ASSERT_TRUE(theirs.ToHere().ok());
+  }  // agents destroyed (not shut down gracefully)
+  EXPECT_EQ(mine.Owner(), "worker0");
+  EXPECT_EQ(theirs.Owner(), "worker1");
+  EXPECT_EQ(mine.ToHere().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(theirs.ToHere().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(mine.LocalValue().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(theirs.Sync<Tensor>("scale", 2.0).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(RRefTest, AFailedCreationForwardedBeforeItsErrorReturnsFailsEverywhere) {
+  auto g = StartGroup(3);
+  ASSERT_NE(g, nullptr);
+  {
+    RRef<Tensor> r = (*g)[0].Remote<Tensor>("worker1", "no_such_function");
+    // Sent on at once, while the REMOTE is still in flight.
+    absl::StatusOr<double> s = (*g)[0].Sync<double>("worker2", "rref_stash", r, CallOptions{absl::Seconds(10)});
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound) << s.status();
+  }
+  ExpectAllReleased(*g);
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+TEST(RRefTest, RRefsInAReplyThatArrivesAfterTheTimeoutAreReleased) {
+  auto g = StartGroup(2);
+  ASSERT_NE(g, nullptr);
+  absl::StatusOr<RRef<Tensor>> late = (*g)[0].Sync<RRef<Tensor>>(
+      "worker1", "rref_own_after", Tensor::Ones({3}), int64_t{300}, CallOptions{absl::Milliseconds(50)});
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  absl::SleepFor(absl::Milliseconds(400));  // the reply arrives, its RRef is adopted and dropped
+  ExpectAllReleased(*g);
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
 }  // namespace
 }  // namespace gw::rpc

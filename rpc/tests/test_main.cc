@@ -141,6 +141,11 @@ void RegisterTestFunctions(Agent& agent) {
     kernels::AddInPlace(t, Tensor::Full(t.sizes(), v));
     return true;
   });
+  (void)agent.Register("rref_own_after", [self](Tensor t, int64_t ms) {
+    absl::SleepFor(absl::Milliseconds(ms));
+    return self->Own(t);
+  });
+  (void)RegisterModuleFactory(agent, "null_module", [] { return std::shared_ptr<nn::Module>(); });
   (void)RegisterModuleFactory(agent, "linear", [](int64_t in, int64_t out, int64_t seed) {
     Generator gen(static_cast<uint64_t>(seed));
     return std::make_shared<nn::Linear>(in, out, gen);

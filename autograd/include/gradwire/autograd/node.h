@@ -52,6 +52,9 @@ class Node : public std::enable_shared_from_this<Node> {
   // gradient). Returns one gradient per next edge; undefined means "no gradient".
   virtual std::vector<Tensor> Apply(std::vector<Tensor>&& grads) = 0;
   virtual void ReleaseVariables() {}
+  // True for nodes that must run even when every input is undefined (a distributed
+  // receive node tells its peer "no gradient" so that the peer does not wait).
+  virtual bool RunsWithoutGradient() const { return false; }
 
   const std::vector<Edge>& next_edges() const { return next_edges_; }
   void add_next_edge(Edge edge) { next_edges_.push_back(std::move(edge)); }

@@ -96,6 +96,7 @@ struct CallOptions {
 struct CallInfo {
   std::string caller;  // worker name, or "unknown" before its hello arrived
   std::string function;
+  int caller_rank = -1;
 };
 
 using RawHandler = std::function<Future<Value>(const CallInfo&, ValueList)>;

@@ -11,8 +11,8 @@
 //     factory, naming the worker).
 //   - Forward(x) / ForwardAsync(x) run module->Forward(x) on its worker. Any number of
 //     clients and threads may call one RemoteModule concurrently (nn::Module's Forward
-//     contract: modules without mutable state). Without a distributed-autograd context
-//     the forward records no autograd graph on the owner.
+//     contract: modules without mutable state). Inside a distributed-autograd context the
+//     forward is recorded there, so the backward reaches the module's parameters.
 //   - RemoteParameters() returns RRefs of the module's parameters, owned by its worker:
 //     the parameter tensors themselves (an optimizer step there changes the module).
 //   - module_rref() is the module's RRef, for user-registered methods that take
@@ -44,7 +44,11 @@ struct ModuleFactory;
 template <typename F, typename... A>
 struct ModuleFactory<F, std::tuple<A...>> {
   F make;
-  std::shared_ptr<nn::Module> operator()(A... args) const { return make(std::move(args)...); }
+  absl::StatusOr<std::shared_ptr<nn::Module>> operator()(A... args) const {
+    std::shared_ptr<nn::Module> m = make(std::move(args)...);
+    if (!m) return absl::FailedPreconditionError("the module factory returned no module (null)");
+    return m;
+  }
 };
 
 absl::Status RegisterModuleMethods(Agent& agent);

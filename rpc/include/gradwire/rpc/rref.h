@@ -114,6 +114,8 @@ class RRefState {
   Future<Value> Call(const std::string& method, ValueList args, CallOptions options) const;
   std::shared_ptr<RRefState> Remote(const std::string& method, ValueList args, CallOptions options,
                                     std::string type) const;
+  // How long to wait for a result asked with `timeout` (0: the agent's default).
+  absl::Duration WaitBudget(absl::Duration timeout) const;
 
  private:
   const std::shared_ptr<RRefContext> ctx_;
@@ -144,7 +146,7 @@ class RRef {
   }
   absl::StatusOr<T> ToHere(absl::Duration timeout = absl::ZeroDuration()) const {
     // Converted on this thread: a handler blocking a pool thread here needs no other.
-    absl::StatusOr<Value> v = state_->Fetch(CallOptions{timeout}).Get();
+    absl::StatusOr<Value> v = state_->Fetch(CallOptions{timeout}).Get(state_->WaitBudget(timeout));
     if (!v.ok()) return v.status();
     return ValueTraits<T>::From(*v);
   }
@@ -172,7 +174,8 @@ class RRef {
     CallOptions options;
     ValueList values;
     (internal::AddArg(&values, &options, std::forward<Args>(args)), ...);
-    return internal::ConvertResult<R>(state_->Call(method, std::move(values), options).Get(), Owner(), method);
+    Future<Value> result = state_->Call(method, std::move(values), options);
+    return internal::ConvertResult<R>(result.Get(state_->WaitBudget(options.timeout)), Owner(), method);
   }
   // Like Async, but the result stays on the owner: an RRef to it.
   template <typename R, typename... Args>

@@ -1,0 +1,123 @@
+// Distributed autograd: backward passes that follow the forward pass across workers.
+//
+// Contract
+//   - DistAutograd::Install(agent), in Agent::Start's setup, attaches the engine to an
+//     agent (its CallHooks and its "__dist.*" functions). One engine per agent.
+//   - Context ctx(engine) opens a context on the creating worker: a 64-bit id with the
+//     creator's rank in the top 16 bits. While ctx is alive it is current on the thread
+//     that made it; many contexts may be live at once (on different threads, or made
+//     current with Context::Scope), and their gradients never mix.
+//   - Recording needs no user code: inside a context, every tensor that requires grad
+//     and crosses the wire (an argument, a result, ToHere of an RRef, RemoteModule input
+//     or output) gets a SendFunction on the sender and a RecvFunction on the receiver,
+//     keyed by (context id, message key). A handler runs with the caller's context
+//     current, so calls it makes join the same context. Tensors sent outside a context
+//     carry no history.
+//   - ctx.Backward(roots, options) blocks until the distributed pass is done or failed.
+//     A failure anywhere (a backward function's error, a dead peer, the deadline) is
+//     returned as a Status naming the worker where it happened. Leaf gradients
+//     accumulate in the context on each worker (never in .grad()); GetGradients() returns
+//     this worker's. retain_graph allows another pass.
+//   - Releasing a context (~Context) cleans it up on every worker it touched, bounded by a
+//     timeout, also when a peer died; contexts whose creator died are reclaimed.
+//   - Thread-safe.
+//
+// The algorithm
+//   Each worker keeps, per context, the SendFunctions and RecvFunctions recorded there.
+//   A RecvFunction has no local next edges: running it sends its gradient (possibly
+//   "none") to the SendFunction with the same key on the sender ("__dist.grad"), whose
+//   engine delivers it there (GraphTask::AddInput) and runs what became ready.
+//   FAST mode (PyTorch's): every worker computes dependencies from the roots (creator)
+//     plus every SendFunction recorded in the context, assuming each will receive a
+//     gradient. A send whose tensor went to a call whose result never reaches the loss
+//     receives none, so the nodes behind it wait forever: the pass ends with
+//     DEADLINE_EXCEEDED, saying how many nodes on which worker still wait.
+//   SMART mode (default): first a distributed reachability pass. The creator walks its
+//     graph from the roots; each RecvFunction it reaches names a SendFunction on a peer,
+//     which is asked to walk on from there ("__dist.discover", recursively, each send
+//     visited once per pass, so cycles w0 -> w1 -> w0 terminate). Each worker then knows
+//     exactly which of its sends will receive a gradient, and computes dependencies from
+//     the roots plus those sends only. Every counted input then arrives, so the pass
+//     never waits for a gradient that cannot come, and gradients behind an unused send
+//     are not lost.
+//   Completion: the handler of "__dist.grad" answers once its worker is quiescent for the
+//   context (no node holding input while waiting, no gradient it sent still unanswered),
+//   so the creator's Backward returns when the whole tree of deliveries has finished.
+//   Every pass has a deadline (options.timeout) in both modes.
+#ifndef GRADWIRE_DIST_AUTOGRAD_DIST_AUTOGRAD_H_
+#define GRADWIRE_DIST_AUTOGRAD_DIST_AUTOGRAD_H_
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gradwire/rpc/agent.h"
+#include "gradwire/tensor/tensor.h"
+
+namespace gw::dist_autograd {
+
+enum class Mode { kSmart, kFast };
+
+struct BackwardOptions {
+  Mode mode = Mode::kSmart;
+  bool retain_graph = false;
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+class ContextState;  // internal
+
+// The engine of one agent.
+class DistAutograd {
+ public:
+  // REQUIRES: called in Agent::Start's setup.
+  static std::shared_ptr<DistAutograd> Install(rpc::Agent& agent);
+  ~DistAutograd();
+
+  // Contexts known on this worker (created here or joined by a call).
+  size_t live_contexts() const;
+
+  class Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  explicit DistAutograd(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class Context {
+ public:
+  explicit Context(DistAutograd& engine);
+  ~Context();  // releases the context on every worker it touched
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  uint64_t id() const;
+  absl::Status Backward(const std::vector<Tensor>& roots, BackwardOptions options = {});
+  // This worker's accumulated leaf gradients: (leaf, gradient) pairs.
+  std::vector<std::pair<Tensor, Tensor>> GetGradients() const;
+  // The gradient of one leaf (undefined if none reached it).
+  Tensor GradOf(const Tensor& leaf) const;
+
+  // Makes the context current on this thread for the scope's lifetime (for work done
+  // on other threads than the one that created it).
+  class Scope {
+   public:
+    explicit Scope(const Context& ctx);
+    ~Scope();
+
+   private:
+    std::shared_ptr<ContextState> previous_;
+  };
+
+ private:
+  DistAutograd& engine_;
+  std::shared_ptr<ContextState> state_;
+  std::shared_ptr<ContextState> previous_;
+};
+
+}  // namespace gw::dist_autograd
+
+#endif  // GRADWIRE_DIST_AUTOGRAD_DIST_AUTOGRAD_H_
