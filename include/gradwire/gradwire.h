@@ -17,7 +17,9 @@
 #include "gradwire/data/fashion_mnist.h"   // LoadFashionMnist
 #include "gradwire/data/loader.h"          // DataLoader
 #include "gradwire/data/progress.h"        // ProgressBar
-#include "gradwire/rpc/agent.h"            // Agent, AgentOptions, CallOptions, Future
+#include "gradwire/rpc/agent.h"            // Agent, AgentOptions, CallOptions, Future, RRef
+#include "gradwire/rpc/remote_module.h"    // RemoteModule, RegisterModuleFactory
+#include "gradwire/dist_autograd/dist_autograd.h"  // DistAutograd, Context (distributed backward)
 #include "gradwire/worker/launcher.h"      // Launch (gradwire launch)
 
 #endif  // GRADWIRE_GRADWIRE_H_

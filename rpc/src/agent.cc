@@ -660,7 +660,10 @@ class Agent::Impl {
     // forks would hide the leaks the shutdown check reports.
     // Only a peer that closed or reset the connection counts as gone (not a malformed
     // frame or a stalled send, after which the peer may well be alive).
-    if (rank >= 0 && rrefs_ && running && reason.code() == absl::StatusCode::kUnavailable) rrefs_->OnPeerGone(rank);
+    if (rank >= 0 && rrefs_ && running && reason.code() == absl::StatusCode::kUnavailable) {
+      rrefs_->OnPeerGone(rank);
+      if (hooks_) hooks_->OnPeerGone(rank);
+    }
     if (!outgoing) return;
     // Our outgoing connection to `rank` died: its calls cannot be answered.
     std::vector<std::function<void(absl::StatusOr<Value>)>> failed;

@@ -63,8 +63,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
 
   // A worker's connections closed: it is dead to us.
   void OnPeerGone(int rank);
-  // True when no control message is in flight or queued and no released fork waits for
-  // a confirmation.
+  // True when no control message (nor a REMOTE awaiting its acknowledgement) is in
+  // flight or queued.
   bool Idle() const;
   // Owned values still referenced by other workers, one line each.
   std::vector<std::string> Leaks() const;

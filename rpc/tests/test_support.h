@@ -11,28 +11,10 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "agent_group.h"
 #include "gradwire/rpc/agent.h"
 
 namespace gw::rpc::testing {
-
-// Starts `n` agents on threads of this process sharing a fresh store server; every
-// agent has `register_fn` applied before the group is returned.
-class AgentGroup {
- public:
-  static std::unique_ptr<AgentGroup> Start(int n, const std::function<void(Agent&)>& register_fn = {},
-                                           AgentOptions base = {});
-  ~AgentGroup();
-  Agent& operator[](int rank) { return *agents_[static_cast<size_t>(rank)]; }
-  int size() const { return static_cast<int>(agents_.size()); }
-  // Graceful shutdown of every agent at once; returns the first error.
-  absl::Status ShutdownAll();
-  const std::string& store_address() const { return store_address_; }
-
- private:
-  std::unique_ptr<StoreServer> store_;
-  std::string store_address_;
-  std::vector<std::shared_ptr<Agent>> agents_;
-};
 
 // An object that lives on its owner (RRef tests).
 class Counter {

@@ -78,13 +78,17 @@ class DistAutograd {
 
   // Contexts known on this worker (created here or joined by a call).
   size_t live_contexts() const;
+  // The leaf gradients this worker holds for a context (created here or elsewhere), e.g.
+  // for an optimizer step on the parameters it owns.
+  std::vector<std::pair<Tensor, Tensor>> GradientsOf(uint64_t context_id) const;
+  Tensor GradOf(uint64_t context_id, const Tensor& leaf) const;
 
   class Impl;
-  Impl& impl() { return *impl_; }
 
  private:
-  explicit DistAutograd(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  friend class Context;
+  explicit DistAutograd(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
 };
 
 class Context {

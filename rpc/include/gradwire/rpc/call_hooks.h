@@ -39,6 +39,8 @@ class CallHooks {
   virtual Scope CurrentScope() = 0;
   virtual absl::Status OnSendReply(int to, const Scope& scope, Value& payload, Value& meta) = 0;
   virtual absl::Status OnReceiveReply(int from, Value& payload, const Value& meta) = 0;
+  // The worker of rank `rank` closed or reset its connections (it is gone).
+  virtual void OnPeerGone(int rank) { (void)rank; }
 };
 
 }  // namespace gw::rpc

@@ -29,7 +29,8 @@
 //     FAILED    creation failed (Remote of an unknown function, owner dead)
 //     RELEASED  no local handle left; the fork lingers while it is PENDING or has
 //               unconfirmed children, then a DELETE goes to the owner and it is gone
-//   Messages (all idempotent; retried until acknowledged or the peer is dead):
+//   Messages (all idempotent; FORK, ACCEPT and DELETE are retried a few times unless the
+//   peer is gone; a failed REMOTE fails the RRef and is not retried):
 //     REMOTE(rref, fork, fn, args)  user -> owner: create the value (if not known yet)
 //                                   and add `fork`; acknowledged before fn finishes.
 //     FORK(rref, fork)              new user -> owner: add `fork` (creating the entry if

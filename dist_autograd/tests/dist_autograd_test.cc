@@ -1,0 +1,255 @@
+// Distributed backward across agents (threads of this process, real loopback
+// connections): every gradient must equal the same model run locally, in float64.
+#include "gradwire/dist_autograd/dist_autograd.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "agent_group.h"
+#include "gradwire/autograd/engine.h"
+#include "gradwire/autograd/functions.h"
+#include "gradwire/rpc/rref.h"
+#include "gradwire/tensor/kernels.h"
+
+namespace gw::dist_autograd {
+namespace {
+
+using rpc::Agent;
+using rpc::RRef;
+
+constexpr double kTol = 1e-6;
+
+// One weight per worker (float64 leaves), and the functions that use them.
+struct World {
+  std::vector<Tensor> weights;
+  std::vector<std::shared_ptr<DistAutograd>> engines;
+  std::unique_ptr<rpc::testing::AgentGroup> group;
+  absl::Mutex mu;
+  std::vector<Tensor> stashed;
+
+  explicit World(int n) : engines(static_cast<size_t>(n)) {
+    for (int r = 0; r < n; ++r) {
+      Generator gen(static_cast<uint64_t>(100 + r));
+      weights.push_back(MulScalar(Tensor::Randn({4, 4}, gen, DType::kFloat64), 0.5).set_requires_grad(true));
+    }
+    rpc::AgentOptions o;
+    o.default_timeout = absl::Seconds(30);
+    group = rpc::testing::AgentGroup::Start(n, [this](Agent& a) { Register(a); }, o);
+  }
+  ~World() {
+    if (group) (void)group->ShutdownAll();
+  }
+
+  void Register(Agent& a) {
+    const int r = a.self().rank;
+    engines[static_cast<size_t>(r)] = DistAutograd::Install(a);
+    Tensor w = weights[static_cast<size_t>(r)];
+    Agent* self = &a;
+    (void)a.Register("stage", [w](Tensor x) { return Tanh(MatMul(x, w)); });
+    (void)a.Register("stage_then", [w, self](Tensor x, std::string next) {
+      return self->Sync<Tensor>(next, "stage", Tanh(MatMul(x, w)));
+    });
+    (void)a.Register("bounce", [w, self](Tensor x, std::string back) -> absl::StatusOr<Tensor> {
+      absl::StatusOr<Tensor> r = self->Sync<Tensor>(back, "stage", Tanh(MatMul(x, w)));
+      if (!r.ok()) return r.status();
+      return Tanh(MatMul(*r, w));
+    });
+    (void)a.Register("stash", [this](Tensor x) {
+      absl::MutexLock lock(&mu);
+      stashed.push_back(Sum(x));
+      return true;
+    });
+    (void)a.Register("weight_rref", [w, self] { return self->Own(w); });
+  }
+
+  Agent& agent(int r) { return (*group)[r]; }
+  DistAutograd& engine(int r) { return *engines[static_cast<size_t>(r)]; }
+  // Weight r as a fresh leaf for the local reference computation.
+  Tensor LocalWeight(int r) const { return kernels::Clone(weights[static_cast<size_t>(r)]).set_requires_grad(true); }
+};
+
+Tensor Input() {
+  Generator gen(7);
+  return Tensor::Randn({3, 4}, gen, DType::kFloat64).set_requires_grad(true);
+}
+
+void ExpectClose(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what << ": no gradient";
+  ASSERT_TRUE(want.defined()) << what << ": no reference gradient";
+  EXPECT_LT(kernels::MaxAbsDiff(got, want), kTol) << what;
+}
+
+TEST(DistAutogradTest, ChainAcrossThreeWorkersMatchesLocalGradients) {
+  World w(3);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  {
+    Context ctx(w.engine(0));
+    Tensor y0 = Tanh(MatMul(x, w.weights[0]));
+    absl::StatusOr<Tensor> y2 = w.agent(0).Sync<Tensor>("worker1", "stage_then", y0, std::string("worker2"));
+    ASSERT_TRUE(y2.ok()) << y2.status();
+    ASSERT_TRUE(y2->requires_grad());
+    Tensor loss = Sum(Mul(*y2, *y2));
+    absl::Status s = ctx.Backward({loss});
+    ASSERT_TRUE(s.ok()) << s;
+
+    Tensor lx = kernels::Clone(x).set_requires_grad(true);
+    std::vector<Tensor> lw{w.LocalWeight(0), w.LocalWeight(1), w.LocalWeight(2)};
+    Tensor ly = Tanh(MatMul(Tanh(MatMul(Tanh(MatMul(lx, lw[0])), lw[1])), lw[2]));
+    Tensor local_loss = Sum(Mul(ly, ly));
+    EXPECT_LT(std::abs(loss.item() - local_loss.item()), kTol);
+    autograd::Backward({local_loss});
+    ExpectClose(ctx.GradOf(x), lx.grad(), "x");
+    ExpectClose(ctx.GradOf(w.weights[0]), lw[0].grad(), "w0");
+    ExpectClose(w.engine(1).GradOf(ctx.id(), w.weights[1]), lw[1].grad(), "w1");
+    ExpectClose(w.engine(2).GradOf(ctx.id(), w.weights[2]), lw[2].grad(), "w2");
+    EXPECT_FALSE(x.grad().defined());  // gradients live in the context, not in .grad()
+  }
+  // Released everywhere.
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(w.engine(r).live_contexts(), 0u) << "worker" << r;
+}
+
+TEST(DistAutogradTest, FanOutAndATensorSentTwice) {
+  World w(3);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  Context ctx(w.engine(0));
+  Tensor a = *w.agent(0).Sync<Tensor>("worker1", "stage", x);
+  Tensor b = *w.agent(0).Sync<Tensor>("worker2", "stage", x);
+  Tensor c = *w.agent(0).Sync<Tensor>("worker1", "stage", x);  // x to worker1 a second time
+  Tensor loss = Sum(Mul(Add(a, b), c));
+  ASSERT_TRUE(ctx.Backward({loss}).ok());
+
+  Tensor lx = kernels::Clone(x).set_requires_grad(true);
+  Tensor l1 = w.LocalWeight(1), l2 = w.LocalWeight(2);
+  Tensor la = Tanh(MatMul(lx, l1)), lb = Tanh(MatMul(lx, l2)), lc = Tanh(MatMul(lx, l1));
+  autograd::Backward({Sum(Mul(Add(la, lb), lc))});
+  ExpectClose(ctx.GradOf(x), lx.grad(), "x");
+  ExpectClose(w.engine(1).GradOf(ctx.id(), w.weights[1]), l1.grad(), "w1 (used twice)");
+  ExpectClose(w.engine(2).GradOf(ctx.id(), w.weights[2]), l2.grad(), "w2");
+}
+
+// x also goes to a call whose result never reaches the loss.
+TEST(DistAutogradTest, UnusedSendFailsFastModeWithAReasonAndPassesSmartMode) {
+  World w(3);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  Tensor lx = kernels::Clone(x).set_requires_grad(true);
+  Tensor l1 = w.LocalWeight(1);
+  autograd::Backward({Add(Sum(Tanh(MatMul(lx, l1))), Sum(Mul(lx, lx)))});
+  for (Mode mode : {Mode::kFast, Mode::kSmart}) {
+    SCOPED_TRACE(mode == Mode::kFast ? "FAST" : "SMART");
+    Context ctx(w.engine(0));
+    Tensor a = *w.agent(0).Sync<Tensor>("worker1", "stage", x);
+    ASSERT_TRUE(w.agent(0).Sync<bool>("worker2", "stash", x).ok());  // result not used
+    Tensor loss = Add(Sum(a), Sum(Mul(x, x)));
+    BackwardOptions options;
+    options.mode = mode;
+    options.timeout = absl::Seconds(mode == Mode::kFast ? 2 : 30);
+    absl::Status s = ctx.Backward({loss}, options);
+    if (mode == Mode::kFast) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+      EXPECT_NE(s.message().find("SMART mode"), std::string::npos) << s;
+    } else {
+      ASSERT_TRUE(s.ok()) << s;
+      ExpectClose(ctx.GradOf(x), lx.grad(), "x");
+      ExpectClose(w.engine(1).GradOf(ctx.id(), w.weights[1]), l1.grad(), "w1");
+    }
+  }
+}
+
+TEST(DistAutogradTest, CycleBetweenTwoWorkers) {
+  World w(2);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  Context ctx(w.engine(0));
+  // w0 -> w1 (bounce) -> w0 (stage) -> back on w1 -> w0
+  absl::StatusOr<Tensor> y = w.agent(0).Sync<Tensor>("worker1", "bounce", x, std::string("worker0"));
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::Status s = ctx.Backward({Sum(Mul(*y, *y))});
+  ASSERT_TRUE(s.ok()) << s;
+
+  Tensor lx = kernels::Clone(x).set_requires_grad(true);
+  Tensor l0 = w.LocalWeight(0), l1 = w.LocalWeight(1);
+  Tensor ly = Tanh(MatMul(Tanh(MatMul(Tanh(MatMul(lx, l1)), l0)), l1));
+  autograd::Backward({Sum(Mul(ly, ly))});
+  ExpectClose(ctx.GradOf(x), lx.grad(), "x");
+  ExpectClose(ctx.GradOf(w.weights[0]), l0.grad(), "w0");
+  ExpectClose(w.engine(1).GradOf(ctx.id(), w.weights[1]), l1.grad(), "w1 (used twice)");
+}
+
+TEST(DistAutogradTest, AParameterFetchedWithToHereGetsItsGradientOnItsOwner) {
+  World w(2);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  absl::StatusOr<RRef<Tensor>> p = w.agent(0).Sync<RRef<Tensor>>("worker1", "weight_rref");
+  ASSERT_TRUE(p.ok()) << p.status();
+  {
+    Context ctx(w.engine(0));
+    absl::StatusOr<Tensor> fetched = p->ToHere();
+    ASSERT_TRUE(fetched.ok()) << fetched.status();
+    ASSERT_TRUE(fetched->requires_grad());
+    ASSERT_TRUE(ctx.Backward({Sum(Tanh(MatMul(x, *fetched)))}).ok());
+
+    Tensor lx = kernels::Clone(x).set_requires_grad(true);
+    Tensor l1 = w.LocalWeight(1);
+    autograd::Backward({Sum(Tanh(MatMul(lx, l1)))});
+    ExpectClose(w.engine(1).GradOf(ctx.id(), w.weights[1]), l1.grad(), "w1 on its owner");
+    ExpectClose(ctx.GradOf(x), lx.grad(), "x");
+    EXPECT_FALSE(w.weights[1].grad().defined());
+  }
+}
+
+TEST(DistAutogradTest, ConcurrentContextsNeverMixGradients) {
+  World w(3);
+  ASSERT_NE(w.group, nullptr);
+  Tensor lx = Input().set_requires_grad(false);
+  std::vector<Tensor> grads(2);
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> trainers;
+  for (int t = 0; t < 2; ++t) {
+    trainers.emplace_back([&, t] {
+      for (int i = 0; i < 5; ++i) {
+        Tensor x = kernels::Clone(lx).set_requires_grad(true);
+        Context ctx(w.engine(0));
+        absl::StatusOr<Tensor> y = w.agent(0).Sync<Tensor>("worker1", "stage_then", x, std::string("worker2"));
+        if (!y.ok()) {
+          results[t] = y.status();
+          return;
+        }
+        results[t] = ctx.Backward({Sum(*y)});
+        if (!results[t].ok()) return;
+        grads[t] = w.engine(1).GradOf(ctx.id(), w.weights[1]);
+      }
+    });
+  }
+  for (auto& t : trainers) t.join();
+  ASSERT_TRUE(results[0].ok()) << results[0];
+  ASSERT_TRUE(results[1].ok()) << results[1];
+  Tensor x = kernels::Clone(lx).set_requires_grad(true);
+  Tensor l1 = w.LocalWeight(1), l2 = w.LocalWeight(2);
+  autograd::Backward({Sum(Tanh(MatMul(Tanh(MatMul(x, l1)), l2)))});
+  // Each context saw exactly one pass: no gradient of the other trainer leaked in.
+  ExpectClose(grads[0], l1.grad(), "w1, trainer 0");
+  ExpectClose(grads[1], l1.grad(), "w1, trainer 1");
+}
+
+TEST(DistAutogradTest, RetainGraphAllowsASecondPassThatAccumulates) {
+  World w(2);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  Context ctx(w.engine(0));
+  Tensor loss = Sum(*w.agent(0).Sync<Tensor>("worker1", "stage", x));
+  BackwardOptions keep;
+  keep.retain_graph = true;
+  keep.timeout = absl::Seconds(3);
+  absl::Status first = ctx.Backward({loss}, keep);
+  ASSERT_TRUE(first.ok()) << first;
+  Tensor once = kernels::Clone(w.engine(1).GradOf(ctx.id(), w.weights[1]));
+  ASSERT_TRUE(ctx.Backward({loss}).ok());
+  ExpectClose(w.engine(1).GradOf(ctx.id(), w.weights[1]), kernels::MulScalar(once, 2.0), "w1 after two passes");
+}
+
+}  // namespace
+}  // namespace gw::dist_autograd
