@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "context_state.h"
+#include "optimizer_host.h"
 #include "gradwire/autograd/function.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/rpc/call_hooks.h"
@@ -564,6 +565,17 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
 std::shared_ptr<DistAutograd> DistAutograd::Install(rpc::Agent& agent) {
   auto impl = std::make_shared<Impl>(agent);
   if (absl::Status s = impl->RegisterFunctions(); !s.ok()) return nullptr;
+  std::weak_ptr<Impl> weak = impl;
+  if (absl::Status s = InstallOptimizerHost(agent,
+                                            [weak](uint64_t context_id, const Tensor& param) {
+                                              auto engine = weak.lock();
+                                              if (!engine) return Tensor();
+                                              auto ctx = engine->Find(context_id);
+                                              return ctx ? ctx->gradients.Of(param) : Tensor();
+                                            });
+      !s.ok()) {
+    return nullptr;
+  }
   agent.SetCallHooks(impl);
   return std::shared_ptr<DistAutograd>(new DistAutograd(impl));
 }

@@ -1,0 +1,23 @@
+// Internal: the owners' side of DistributedOptimizer (registered by DistAutograd::Install).
+#ifndef GRADWIRE_DIST_AUTOGRAD_SRC_OPTIMIZER_HOST_H_
+#define GRADWIRE_DIST_AUTOGRAD_SRC_OPTIMIZER_HOST_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "gradwire/optim/functional.h"
+#include "gradwire/rpc/agent.h"
+
+namespace gw::dist_autograd {
+
+// grad_of(context_id, param): this worker's gradient of `param` in that context.
+absl::Status InstallOptimizerHost(rpc::Agent& agent, std::function<Tensor(uint64_t, const Tensor&)> grad_of);
+
+// Optimizer configs travel as maps of their fields.
+rpc::Value ConfigToValue(const optim::OptimizerConfig& config);
+absl::StatusOr<optim::OptimizerConfig> ConfigFromValue(const rpc::Value& v);
+
+}  // namespace gw::dist_autograd
+
+#endif  // GRADWIRE_DIST_AUTOGRAD_SRC_OPTIMIZER_HOST_H_

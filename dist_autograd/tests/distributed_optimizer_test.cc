@@ -1,0 +1,110 @@
+// DistributedOptimizer over a RemoteModule stage and local parameters: after each step
+// every parameter equals what the same model trained locally holds.
+#include "gradwire/dist_autograd/distributed_optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include "agent_group.h"
+#include "gradwire/autograd/engine.h"
+#include "gradwire/autograd/functions.h"
+#include "gradwire/nn/layers.h"
+#include "gradwire/optim/optimizer.h"
+#include "gradwire/rpc/remote_module.h"
+#include "gradwire/tensor/kernels.h"
+
+namespace gw::dist_autograd {
+namespace {
+
+std::shared_ptr<nn::Linear> MakeLinear(int64_t in, int64_t out, uint64_t seed) {
+  Generator gen(seed);
+  return std::make_shared<nn::Linear>(in, out, gen);
+}
+
+TEST(DistributedOptimizerTest, StagesOnTwoWorkersTrainLikeTheLocalModel) {
+  std::vector<std::shared_ptr<DistAutograd>> engines(2);
+  rpc::AgentOptions o;
+  o.default_timeout = absl::Seconds(30);
+  auto group = rpc::testing::AgentGroup::Start(
+      2,
+      [&](rpc::Agent& a) {
+        engines[static_cast<size_t>(a.self().rank)] = DistAutograd::Install(a);
+        (void)rpc::RegisterModuleFactory(a, "linear", [](int64_t in, int64_t out, int64_t seed) {
+          return MakeLinear(in, out, static_cast<uint64_t>(seed));
+        });
+      },
+      o);
+  ASSERT_NE(group, nullptr);
+  rpc::Agent& w0 = (*group)[0];
+  {
+    // worker0: Linear(6, 5) + tanh here; worker1: Linear(5, 3) as a RemoteModule.
+    auto first = MakeLinear(6, 5, 1);
+    absl::StatusOr<rpc::RemoteModule> second = rpc::RemoteModule::Create(w0, "worker1", "linear", int64_t{5},
+                                                                         int64_t{3}, int64_t{2});
+    ASSERT_TRUE(second.ok()) << second.status();
+    std::vector<rpc::RRef<Tensor>> params;
+    for (const Tensor& p : first->Parameters()) params.push_back(w0.Own(p));
+    absl::StatusOr<std::vector<rpc::RRef<Tensor>>> remote = second->RemoteParameters();
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    for (auto& p : *remote) params.push_back(p);
+    const optim::Sgd sgd{.lr = 0.1, .momentum = 0.9};
+    auto opt = DistributedOptimizer::Create(w0, sgd, params);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+
+    // The same model, trained locally.
+    auto l1 = MakeLinear(6, 5, 1), l2 = MakeLinear(5, 3, 2);
+    std::vector<Tensor> local_params = l1->Parameters();
+    for (const Tensor& p : l2->Parameters()) local_params.push_back(p);
+    optim::Optimizer local_opt(local_params, sgd);
+
+    Generator data(3);
+    for (int step = 0; step < 3; ++step) {
+      Tensor x = Tensor::Randn({4, 6}, data);
+      Tensor target = Tensor::Randn({4, 3}, data);
+      {
+        Context ctx(*engines[0]);
+        absl::StatusOr<Tensor> y = second->Forward(Tanh(first->Forward(x)));
+        ASSERT_TRUE(y.ok()) << y.status();
+        Tensor diff = Sub(*y, target);
+        absl::Status s = ctx.Backward({Mean(Mul(diff, diff))});
+        ASSERT_TRUE(s.ok()) << s;
+        ASSERT_TRUE((*opt)->Step(ctx).ok());
+      }
+      local_opt.ZeroGrad();
+      Tensor ldiff = Sub(l2->Forward(Tanh(l1->Forward(x))), target);
+      autograd::Backward({Mean(Mul(ldiff, ldiff))});
+      local_opt.Step();
+      // Every parameter, where it lives, equals the local one.
+      for (size_t i = 0; i < params.size(); ++i) {
+        absl::StatusOr<Tensor> now = params[i].ToHere();
+        ASSERT_TRUE(now.ok()) << now.status();
+        EXPECT_LT(kernels::MaxAbsDiff(*now, local_params[i]), 1e-5) << "step " << step << " param " << i;
+      }
+    }
+    EXPECT_FALSE(first->Parameters()[0].grad().defined());  // gradients stayed in the contexts
+  }
+  for (auto& e : engines) EXPECT_EQ(e->live_contexts(), 0u);
+  absl::Status down = group->ShutdownAll();
+  EXPECT_TRUE(down.ok()) << down;
+}
+
+TEST(DistributedOptimizerTest, BadConfigIsRejectedAndParametersWithoutAGradientStayUnchanged) {
+  std::vector<std::shared_ptr<DistAutograd>> engines(2);
+  auto group = rpc::testing::AgentGroup::Start(
+      2, [&](rpc::Agent& a) { engines[static_cast<size_t>(a.self().rank)] = DistAutograd::Install(a); });
+  ASSERT_NE(group, nullptr);
+  rpc::Agent& w0 = (*group)[0];
+  rpc::RRef<Tensor> p = w0.Own(Tensor::Ones({2}).set_requires_grad(true));
+  auto bad = DistributedOptimizer::Create(w0, optim::Sgd{.lr = -1}, {p});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  auto ok = DistributedOptimizer::Create(w0, optim::Adam{}, {p});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  // A context in which p got no gradient leaves it unchanged.
+  {
+    Context ctx(*engines[0]);
+    ASSERT_TRUE((*ok)->Step(ctx).ok());
+  }
+  EXPECT_EQ(p.LocalValue()->ToVector<float>(), std::vector<float>(2, 1.0f));
+}
+
+}  // namespace
+}  // namespace gw::dist_autograd
