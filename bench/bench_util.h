@@ -4,10 +4,16 @@
 #ifndef GRADWIRE_BENCH_BENCH_UTIL_H_
 #define GRADWIRE_BENCH_BENCH_UTIL_H_
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gw::bench {
@@ -42,6 +48,21 @@ std::vector<double> TimeMs(int warmup, int iters, Fn&& fn) {
     ms.push_back((NowSeconds() - t0) * 1e3);
   }
   return ms;
+}
+
+// Re-runs this program as a child process with `env` added (the peer of a two-process
+// benchmark); the child is killed if this process dies.
+inline pid_t SpawnSelf(const std::vector<std::pair<std::string, std::string>>& env) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    char exe[] = "/proc/self/exe";
+    char* args[] = {exe, nullptr};
+    ::execv(exe, args);
+    ::_exit(127);
+  }
+  return pid;
 }
 
 }  // namespace gw::bench

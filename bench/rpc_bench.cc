@@ -297,17 +297,9 @@ int main(int argc, char** argv) {
                  std::string((port.ok() ? raw_port.status() : port.status()).message()).c_str());
     return 1;
   }
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::setenv("GW_BENCH_ROLE", "server", 1);
-    ::setenv("GW_BENCH_PORT", std::to_string(*port).c_str(), 1);
-    ::setenv("GW_BENCH_RAW_PORT", std::to_string(*raw_port).c_str(), 1);
-    char exe[] = "/proc/self/exe";
-    char* args[] = {exe, nullptr};
-    ::execv(exe, args);
-    ::_exit(127);
-  }
+  const pid_t child = gw::bench::SpawnSelf({{"GW_BENCH_ROLE", "server"},
+                                            {"GW_BENCH_PORT", std::to_string(*port)},
+                                            {"GW_BENCH_RAW_PORT", std::to_string(*raw_port)}});
   auto agent = Agent::Start(Options(0, *port));
   if (!agent.ok()) {
     std::fprintf(stderr, "rpc_bench: %s\n", std::string(agent.status().message()).c_str());

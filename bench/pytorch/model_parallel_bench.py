@@ -29,10 +29,8 @@ Result lines go to stdout from worker 0 only, in the format
 rpc.shutdown(). Every loop is bounded; a watchdog in each worker and a deadline in the
 launcher end a hung run. Exit status 0 on success, non-zero (error on stderr) otherwise.
 """
-import faulthandler
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -132,6 +130,8 @@ def bench_local(torch, x, y, warmup, iters):
 
 
 def run(torch, rpc, quick):
+    print(f"{WORKLOAD}: BLAS core {blas_core()} (OPENBLAS_CORETYPE="
+          f"{os.environ.get('OPENBLAS_CORETYPE', 'unset')})", file=sys.stderr)
     warmup, iters = ITERS[quick]
     torch.manual_seed(1)
     x = torch.randn(BATCH, WIDTH)
@@ -157,66 +157,19 @@ def run(torch, rpc, quick):
 
 
 def worker(rank, quick):
-    # A hung worker dumps its stacks and exits; the launcher's deadline is later.
-    faulthandler.dump_traceback_later(DEADLINE_S[quick] - 10, exit=True)
-    import torch
-    import torch.distributed.rpc as rpc
-    torch.set_num_threads(1)
-    opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=RPC_TIMEOUT_S)
-    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=WORLD_SIZE, rpc_backend_options=opts)
-    lines = []
-    if rank == 0:
-        print(f"{WORKLOAD}: BLAS core {blas_core()} (OPENBLAS_CORETYPE="
-              f"{os.environ.get('OPENBLAS_CORETYPE', 'unset')})", file=sys.stderr)
-        lines = run(torch, rpc, quick)
-    rpc.shutdown()   # graceful: worker 1 waits here until worker 0 is done
-    for ln in lines:
-        print(ln)
-    sys.stdout.flush()
-    faulthandler.cancel_dump_traceback_later()
+    rpc_bench.run_worker(rank, DEADLINE_S[quick], lambda torch, rpc: run(torch, rpc, quick))
 
 
 # ---------------------------------------------------------------- launcher side
 
 def launch(quick):
-    import torch
-    tp = rpc_bench.probe_tensorpipe()
-    print(f"model_parallel_bench{' --quick' if quick else ''}: torch {torch.__version__}, "
-          f"TensorPipe backend (rpc_timeout {RPC_TIMEOUT_S}s, default worker threads); {tp}",
-          file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    env = rpc_bench.child_env()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(rank)]
-                              + (["--quick"] if quick else []),
-                              env=env, stdin=subprocess.DEVNULL)
-             for rank in range(WORLD_SIZE)]
-    why = rpc_bench.wait_pair(procs, DEADLINE_S[quick])
-    if why:
-        print(f"model_parallel_bench: failed: {why}", file=sys.stderr)
-        return 1
-    return 0
+    q = ["--quick"] if quick else []
+    return rpc_bench.launch_pair(__file__, " ".join(["model_parallel_bench"] + q), q, DEADLINE_S[quick])
 
 
 def main():
-    argv = sys.argv[1:]
-    quick = "--quick" in argv
-    rest = [a for a in argv if a != "--quick"]
-    if not rest:
-        return launch(quick)
-    if len(rest) == 2 and rest[0] == "--rank" and rest[1] in ("0", "1"):
-        worker(int(rest[1]), quick)
-        return 0
-    usage(f"unexpected arguments: {' '.join(rest)}")
-    return 2
+    return rpc_bench.quick_main(sys.argv[1:], launch, worker, usage)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as e:   # noqa: BLE001 - report any failure, exit non-zero
-        import traceback
-        traceback.print_exc()
-        print(f"model_parallel_bench: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    rpc_bench.run_main(main, "model_parallel_bench")

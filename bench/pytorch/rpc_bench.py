@@ -146,36 +146,46 @@ def bench_async_pipelined(rpc, quick):
     return [line("async_pipelined", "calls_per_s", n / elapsed, "calls/s")]
 
 
-def worker(rank, workload, quick, probe):
-    # A hung worker dumps its stacks and exits; the launcher's deadline is later.
-    faulthandler.dump_traceback_later(
-        (PROBE_DEADLINE_S if probe else DEADLINE_S[quick]) - 10, exit=True)
+def run_worker(rank, deadline_s, bench):
+    """One worker: a watchdog (dumps the stacks and exits 10 s before deadline_s, the
+    launcher's deadline), one compute thread, init_rpc as worker<rank>; on rank 0,
+    bench(torch, rpc) returns the result lines, printed after rpc.shutdown()."""
+    faulthandler.dump_traceback_later(deadline_s - 10, exit=True)
     import torch
     import torch.distributed.rpc as rpc
     torch.set_num_threads(1)
-    torch.manual_seed(rank)
     opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=RPC_TIMEOUT_S)
     rpc.init_rpc(f"worker{rank}", rank=rank, world_size=WORLD_SIZE, rpc_backend_options=opts)
-    lines = []
-    if rank == 0:
-        if probe:
-            # One small call and one tensor each way: enough to open pipes and channels.
-            if rpc.rpc_sync("worker1", answer) != 42:
-                raise RuntimeError("probe: wrong answer")
-            t = torch.ones(1 << 18)
-            if not torch.equal(rpc.rpc_sync("worker1", echo, args=(t,)), t):
-                raise RuntimeError("probe: echoed tensor differs")
-        elif workload == "rpc_latency":
-            lines = bench_rpc_latency(rpc, quick)
-        elif workload == "tensor_echo":
-            lines = bench_tensor_echo(rpc, torch, quick)
-        elif workload == "async_pipelined":
-            lines = bench_async_pipelined(rpc, quick)
+    lines = bench(torch, rpc) if rank == 0 else []
     rpc.shutdown()   # graceful: worker 1 waits here until worker 0 is done
     for ln in lines:
         print(ln)
     sys.stdout.flush()
     faulthandler.cancel_dump_traceback_later()
+
+
+def probe_calls(rpc, torch):
+    """One small call and one tensor each way: enough to open pipes and channels."""
+    if rpc.rpc_sync("worker1", answer) != 42:
+        raise RuntimeError("probe: wrong answer")
+    t = torch.ones(1 << 18)
+    if not torch.equal(rpc.rpc_sync("worker1", echo, args=(t,)), t):
+        raise RuntimeError("probe: echoed tensor differs")
+    return []
+
+
+def worker(rank, workload, quick, probe):
+    def bench(torch, rpc):
+        torch.manual_seed(0)
+        if probe:
+            return probe_calls(rpc, torch)
+        if workload == "rpc_latency":
+            return bench_rpc_latency(rpc, quick)
+        if workload == "tensor_echo":
+            return bench_tensor_echo(rpc, torch, quick)
+        return bench_async_pipelined(rpc, quick)
+
+    run_worker(rank, PROBE_DEADLINE_S if probe else DEADLINE_S[quick], bench)
 
 
 # ---------------------------------------------------------------- launcher side
@@ -196,11 +206,13 @@ def child_env(extra=None):
     return env
 
 
-def start_pair(args, env, stderr_files=None):
+def start_pair(args, env, stderr_files=None, script=__file__):
+    """Both workers: `script --rank <r> args...` (stdout and stderr inherited unless
+    stderr_files, one a rank, then stdout is dropped)."""
     procs = []
     for rank in range(WORLD_SIZE):
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--rank", str(rank)] + args,
+            [sys.executable, os.path.abspath(script), "--rank", str(rank)] + args,
             env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL if stderr_files else None,
             stderr=stderr_files[rank] if stderr_files else None))
@@ -277,19 +289,53 @@ def probe_tensorpipe():
             f"CPU tensor channel {used_c}")
 
 
-def launch(workload, quick):
+def launch_pair(script, title, args, deadline_s):
+    """Probes TensorPipe, prints a header `<title>: torch ..., <what it negotiated>` on
+    stderr, runs the two workers of `script` with args and waits at most deadline_s.
+    Exit status: 0 if both workers exit 0, else 1 (why on stderr)."""
     import torch
     tp = probe_tensorpipe()
-    print(f"rpc_bench {workload}{' --quick' if quick else ''}: torch {torch.__version__}, "
-          f"TensorPipe backend (rpc_timeout {RPC_TIMEOUT_S}s, default worker threads); {tp}",
-          file=sys.stderr, flush=True)
+    print(f"{title}: torch {torch.__version__}, TensorPipe backend (rpc_timeout "
+          f"{RPC_TIMEOUT_S}s, default worker threads); {tp}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    procs = start_pair([workload] + (["--quick"] if quick else []), child_env())
-    why = wait_pair(procs, DEADLINE_S[quick])
+    why = wait_pair(start_pair(args, child_env(), script=script), deadline_s)
     if why:
-        print(f"rpc_bench: {workload}: failed: {why}", file=sys.stderr)
+        print(f"{title}: failed: {why}", file=sys.stderr)
         return 1
     return 0
+
+
+def quick_main(argv, launch, worker, usage):
+    """main() of a one-workload script: `[--quick]` runs launch(quick), `--rank 0|1
+    [--quick]` (as the launcher starts it) runs worker(rank, quick); else usage()."""
+    quick = "--quick" in argv
+    rest = [a for a in argv if a != "--quick"]
+    if not rest:
+        return launch(quick)
+    if len(rest) == 2 and rest[0] == "--rank" and rest[1] in ("0", "1"):
+        worker(int(rest[1]), quick)
+        return 0
+    usage(f"unexpected arguments: {' '.join(rest)}")
+    return 2
+
+
+def run_main(main, prog):
+    """sys.exit(main()); any exception is printed with its traceback and exits 1."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as e:   # noqa: BLE001 - report any failure, exit non-zero
+        import traceback
+        traceback.print_exc()
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def launch(workload, quick):
+    q = ["--quick"] if quick else []
+    return launch_pair(__file__, " ".join(["rpc_bench", workload] + q), [workload] + q,
+                       DEADLINE_S[quick])
 
 
 def main():
@@ -322,12 +368,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as e:   # noqa: BLE001 - report any failure, exit non-zero
-        import traceback
-        traceback.print_exc()
-        print(f"rpc_bench: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_main(main, "rpc_bench")

@@ -27,10 +27,8 @@ Every loop is bounded; a watchdog in each worker and a deadline in the launcher 
 a hung run. Exit status 0 on success, non-zero (error on stderr) otherwise; also
 non-zero if the owner's count is not back to its baseline within CHURN_DRAIN_S.
 """
-import faulthandler
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -159,64 +157,20 @@ def bench_churn(rpc, quick):
 
 
 def worker(rank, quick):
-    # A hung worker dumps its stacks and exits; the launcher's deadline is later.
-    faulthandler.dump_traceback_later(DEADLINE_S[quick] - 10, exit=True)
-    import torch
-    import torch.distributed.rpc as rpc
-    torch.set_num_threads(1)
-    opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=RPC_TIMEOUT_S)
-    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=WORLD_SIZE, rpc_backend_options=opts)
-    lines = []
-    if rank == 0:
-        lines = bench_remote_to_here(rpc, torch, quick) + bench_churn(rpc, quick)
-    rpc.shutdown()   # graceful: worker 1 waits here until worker 0 is done
-    for ln in lines:
-        print(ln)
-    sys.stdout.flush()
-    faulthandler.cancel_dump_traceback_later()
+    rpc_bench.run_worker(rank, DEADLINE_S[quick], lambda torch, rpc: (
+        bench_remote_to_here(rpc, torch, quick) + bench_churn(rpc, quick)))
 
 
 # ---------------------------------------------------------------- launcher side
 
 def launch(quick):
-    import torch
-    tp = rpc_bench.probe_tensorpipe()
-    print(f"rref_bench{' --quick' if quick else ''}: torch {torch.__version__}, "
-          f"TensorPipe backend (rpc_timeout {RPC_TIMEOUT_S}s, default worker threads); {tp}",
-          file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    env = rpc_bench.child_env()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(rank)]
-                              + (["--quick"] if quick else []),
-                              env=env, stdin=subprocess.DEVNULL)
-             for rank in range(WORLD_SIZE)]
-    why = rpc_bench.wait_pair(procs, DEADLINE_S[quick])
-    if why:
-        print(f"rref_bench: failed: {why}", file=sys.stderr)
-        return 1
-    return 0
+    q = ["--quick"] if quick else []
+    return rpc_bench.launch_pair(__file__, " ".join(["rref_bench"] + q), q, DEADLINE_S[quick])
 
 
 def main():
-    argv = sys.argv[1:]
-    quick = "--quick" in argv
-    rest = [a for a in argv if a != "--quick"]
-    if not rest:
-        return launch(quick)
-    if len(rest) == 2 and rest[0] == "--rank" and rest[1] in ("0", "1"):
-        worker(int(rest[1]), quick)
-        return 0
-    usage(f"unexpected arguments: {' '.join(rest)}")
-    return 2
+    return rpc_bench.quick_main(sys.argv[1:], launch, worker, usage)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as e:   # noqa: BLE001 - report any failure, exit non-zero
-        import traceback
-        traceback.print_exc()
-        print(f"rref_bench: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    rpc_bench.run_main(main, "rref_bench")

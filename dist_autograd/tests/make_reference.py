@@ -26,7 +26,6 @@ Exit status 0 on success, non-zero (error on stderr) otherwise.
 import faulthandler
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -157,10 +156,8 @@ def distributed_results():
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "dist.txt")
         env = rpc_bench.child_env()
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank",
-                                   str(rank), path], env=env, stdin=subprocess.DEVNULL)
-                 for rank in range(WORLD_SIZE)]
-        why = rpc_bench.wait_pair(procs, DEADLINE_S)
+        why = rpc_bench.wait_pair(rpc_bench.start_pair([path], env, script=__file__),
+                                  DEADLINE_S)
         if why:
             raise RuntimeError(f"distributed run failed: {why}")
         with open(path) as f:
@@ -207,12 +204,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as e:   # noqa: BLE001 - report any failure, exit non-zero
-        import traceback
-        traceback.print_exc()
-        print(f"make_reference: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    rpc_bench.run_main(main, "make_reference")
