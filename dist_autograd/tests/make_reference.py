@@ -164,8 +164,8 @@ def distributed_results():
             return {ln.split()[0]: [float(v) for v in ln.split()[1:]] for ln in f if ln.strip()}
 
 
-def launch(out_path):
-    import torch
+def compare(torch):
+    """PyTorch's distributed results, its local ones, and the largest difference."""
     torch.set_num_threads(1)
     dist = distributed_results()
     local = local_run(torch)
@@ -179,6 +179,21 @@ def launch(out_path):
             if not abs(a - b) <= TOL:
                 raise RuntimeError(f"{name}[{i}]: distributed {a!r} != local {b!r}")
             worst = max(worst, abs(a - b))
+    return dist, local, worst
+
+
+def bench():
+    """W8 for bench/run: PyTorch's side of the gradient oracle."""
+    import torch
+    dist, _, worst = compare(torch)
+    print(f"workload=grad_oracle impl=pytorch metric=loss value={dist['loss'][0]!r} unit=1")
+    print(f"workload=grad_oracle impl=pytorch metric=max_abs_diff_dist_vs_local value={worst!r} unit=1")
+    return 0
+
+
+def launch(out_path):
+    import torch
+    dist, local, worst = compare(torch)
     print(f"make_reference: distributed and local agree, largest difference {worst:.3g} "
           f"(tolerance {TOL:g})", file=sys.stderr)
     rel = os.path.relpath(os.path.abspath(__file__), os.path.join(HERE, "..", ".."))
@@ -197,8 +212,10 @@ def main():
     if len(argv) == 3 and argv[0] == "--rank" and argv[1] in ("0", "1"):
         worker(int(argv[1]), argv[2])
         return 0
+    if argv == ["--bench"]:
+        return bench()
     if len(argv) > 1 or (argv and argv[0].startswith("-")):
-        print("usage: make_reference.py [OUT]", file=sys.stderr)
+        print("usage: make_reference.py [OUT | --bench]", file=sys.stderr)
         return 2
     return launch(argv[0] if argv else os.path.join(HERE, "data", "w8_reference.txt"))
 
