@@ -8,6 +8,7 @@
 
 #include "agent_group.h"
 #include "gradwire/autograd/engine.h"
+#include "gradwire/autograd/function.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/rpc/rref.h"
 #include "gradwire/tensor/kernels.h"
@@ -61,6 +62,13 @@ struct World {
       return true;
     });
     (void)a.Register("weight_rref", [w, self] { return self->Own(w); });
+    // Doubles x; its backward fails (to test how failures travel).
+    (void)a.Register("fragile", [](Tensor x) {
+      return autograd::Record("Fragile", {x}, kernels::MulScalar(x, 2.0), [](const Tensor&) -> std::vector<Tensor> {
+        GW_CHECK(false, "Fragile", "backward failed on purpose");
+        return {};
+      });
+    });
   }
 
   Agent& agent(int r) { return (*group)[r]; }
@@ -249,6 +257,39 @@ TEST(DistAutogradTest, RetainGraphAllowsASecondPassThatAccumulates) {
   Tensor once = kernels::Clone(w.engine(1).GradOf(ctx.id(), w.weights[1]));
   ASSERT_TRUE(ctx.Backward({loss}).ok());
   ExpectClose(w.engine(1).GradOf(ctx.id(), w.weights[1]), kernels::MulScalar(once, 2.0), "w1 after two passes");
+}
+
+TEST(DistAutogradTest, AFailureInARemoteBackwardFailsThePassNamingTheWorker) {
+  World w(3);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  Context ctx(w.engine(0));
+  // x -> worker1 (stage) -> worker2 (fragile): the failure is two hops away.
+  Tensor a = *w.agent(0).Sync<Tensor>("worker1", "stage", x);
+  absl::StatusOr<Tensor> b = w.agent(0).Sync<Tensor>("worker2", "fragile", a);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const absl::Time start = absl::Now();
+  absl::Status s = ctx.Backward({Sum(*b)});
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("worker2"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("backward failed on purpose"), std::string::npos) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not a timeout
+}
+
+TEST(DistAutogradTest, ContextsOfADeadCreatorAreReclaimed) {
+  World w(2);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  {
+    Context ctx(w.engine(0));
+    ASSERT_TRUE(w.agent(0).Sync<Tensor>("worker1", "stage", x).ok());
+    EXPECT_EQ(w.engine(1).live_contexts(), 1u);
+    ASSERT_TRUE(w.agent(0).Shutdown(/*graceful=*/false).ok());  // the creator is gone
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (w.engine(1).live_contexts() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    EXPECT_EQ(w.engine(1).live_contexts(), 0u);
+  }  // releasing it afterwards fails fast and harmlessly
+  w.group.reset();
 }
 
 }  // namespace
