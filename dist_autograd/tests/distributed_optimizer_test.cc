@@ -106,5 +106,50 @@ TEST(DistributedOptimizerTest, BadConfigIsRejectedAndParametersWithoutAGradientS
   EXPECT_EQ(p.LocalValue()->ToVector<float>(), std::vector<float>(2, 1.0f));
 }
 
+// Fetching a whole module's parameters, or a list of parameters through an RRef, inside a
+// context: the gradients land on the owner (PyTorch leaves them on the fetched copies).
+TEST(RemoteModuleAutogradTest, FetchedParametersRouteTheirGradientsToTheOwner) {
+  std::vector<std::shared_ptr<DistAutograd>> engines(2);
+  auto module = MakeLinear(4, 3, 5);  // lives on worker1
+  rpc::AgentOptions strict;
+  strict.rref_leak_check = rpc::AgentOptions::LeakCheck::kError;
+  auto group = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
+    engines[static_cast<size_t>(a.self().rank)] = DistAutograd::Install(a);
+    (void)rpc::RegisterModuleFactory(a, "the_linear", [&module] { return std::shared_ptr<nn::Module>(module); });
+    (void)a.Register("param_list", [&a, &module] { return a.Own(module->Parameters()); });
+  }, strict);
+  ASSERT_NE(group, nullptr);
+  rpc::Agent& w0 = (*group)[0];
+  absl::StatusOr<rpc::RemoteModule> remote = rpc::RemoteModule::Create(w0, "worker1", "the_linear");
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  Generator data(9);
+  Tensor x = Tensor::Randn({2, 4}, data);
+  auto l = MakeLinear(4, 3, 5);  // local reference
+  autograd::Backward({Sum(Tanh(l->Forward(x)))});
+  {
+    Context ctx(*engines[0]);
+    absl::StatusOr<std::map<std::string, Tensor>> p = remote->FetchParameters();
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->size(), 2u);
+    Tensor w = p->at("weight"), b = p->at("bias");
+    ASSERT_TRUE(ctx.Backward({Sum(Tanh(Linear(x, w, b)))}).ok());
+    EXPECT_LT(kernels::MaxAbsDiff(engines[1]->GradOf(ctx.id(), module->Parameters()[0]), l->Parameters()[0].grad()), 1e-6);
+    EXPECT_LT(kernels::MaxAbsDiff(engines[1]->GradOf(ctx.id(), module->Parameters()[1]), l->Parameters()[1].grad()), 1e-6);
+    EXPECT_FALSE(w.grad().defined());
+  }
+  {
+    Context ctx(*engines[0]);
+    absl::StatusOr<rpc::RRef<std::vector<Tensor>>> list = w0.Sync<rpc::RRef<std::vector<Tensor>>>("worker1", "param_list");
+    ASSERT_TRUE(list.ok()) << list.status();
+    absl::StatusOr<std::vector<Tensor>> wb = list->ToHere();
+    ASSERT_TRUE(wb.ok()) << wb.status();
+    ASSERT_TRUE(ctx.Backward({Sum(Tanh(Linear(x, (*wb)[0], (*wb)[1])))}).ok());
+    EXPECT_LT(kernels::MaxAbsDiff(engines[1]->GradOf(ctx.id(), module->Parameters()[0]), l->Parameters()[0].grad()), 1e-6);
+  }
+  remote = absl::InternalError("dropped");  // no reference left at shutdown
+  absl::Status down = group->ShutdownAll();
+  EXPECT_TRUE(down.ok()) << down;
+}
+
 }  // namespace
 }  // namespace gw::dist_autograd

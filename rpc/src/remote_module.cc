@@ -6,6 +6,7 @@ namespace {
 constexpr char kForward[] = "__module.forward";
 constexpr char kParameters[] = "__module.parameters";
 constexpr char kDescribe[] = "__module.describe";
+constexpr char kState[] = "__module.state";
 
 }  // namespace
 
@@ -21,6 +22,12 @@ absl::Status internal::RegisterModuleMethods(Agent& agent) {
                             return out;
                           }),
            agent.Register(kDescribe, [](std::shared_ptr<nn::Module> m) { return m->ToString(); }),
+           agent.Register(kState,
+                          [](std::shared_ptr<nn::Module> m) {
+                            std::map<std::string, Tensor> out;
+                            for (auto& [name, p] : m->NamedParameters()) out.emplace(name, p);
+                            return out;
+                          }),
        }) {
     if (!s.ok() && s.code() != absl::StatusCode::kAlreadyExists) return s;
   }
@@ -44,6 +51,10 @@ Future<Tensor> RemoteModule::ForwardAsync(const Tensor& input, CallOptions optio
 
 absl::StatusOr<std::vector<RRef<Tensor>>> RemoteModule::RemoteParameters(CallOptions options) const {
   return module_.Sync<std::vector<RRef<Tensor>>>(kParameters, options);
+}
+
+absl::StatusOr<std::map<std::string, Tensor>> RemoteModule::FetchParameters(CallOptions options) const {
+  return module_.Sync<std::map<std::string, Tensor>>(kState, options);
 }
 
 absl::StatusOr<std::string> RemoteModule::Describe() const { return module_.Sync<std::string>(kDescribe); }

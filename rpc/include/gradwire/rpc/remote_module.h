@@ -15,6 +15,8 @@
 //     forward is recorded there, so the backward reaches the module's parameters.
 //   - RemoteParameters() returns RRefs of the module's parameters, owned by its worker:
 //     the parameter tensors themselves (an optimizer step there changes the module).
+//     FetchParameters() copies them here by name; in a distributed-autograd context the
+//     copies route their gradients back to the module's worker (fetching the whole module).
 //   - module_rref() is the module's RRef, for user-registered methods that take
 //     std::shared_ptr<nn::Module> as first parameter (rref.Sync<R>("method", ...)).
 //   - Copies share the module; it is freed on its worker when the last copy anywhere is
@@ -22,6 +24,7 @@
 #ifndef GRADWIRE_RPC_REMOTE_MODULE_H_
 #define GRADWIRE_RPC_REMOTE_MODULE_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -73,6 +76,10 @@ class RemoteModule {
   absl::StatusOr<Tensor> Forward(const Tensor& input, CallOptions options = {}) const;
   Future<Tensor> ForwardAsync(const Tensor& input, CallOptions options = {}) const;
   absl::StatusOr<std::vector<RRef<Tensor>>> RemoteParameters(CallOptions options = {}) const;
+  // Copies of the module's parameters by dotted name ("0.weight"), fetched here. Inside a
+  // distributed-autograd context they stay linked to the originals: gradients computed
+  // through them land on the module's worker, not on the copies.
+  absl::StatusOr<std::map<std::string, Tensor>> FetchParameters(CallOptions options = {}) const;
   // The module's ToString(), as built on its worker.
   absl::StatusOr<std::string> Describe() const;
 
