@@ -6,17 +6,13 @@
 #include <functional>
 
 #include "absl/status/status.h"
-#include "gradwire/optim/functional.h"
+#include "gradwire/dist_autograd/optimizer_value.h"
 #include "gradwire/rpc/agent.h"
 
 namespace gw::dist_autograd {
 
 // grad_of(context_id, param): this worker's gradient of `param` in that context.
 absl::Status InstallOptimizerHost(rpc::Agent& agent, std::function<Tensor(uint64_t, const Tensor&)> grad_of);
-
-// Optimizer configs travel as maps of their fields.
-rpc::Value ConfigToValue(const optim::OptimizerConfig& config);
-absl::StatusOr<optim::OptimizerConfig> ConfigFromValue(const rpc::Value& v);
 
 }  // namespace gw::dist_autograd
 

@@ -159,6 +159,8 @@ class Future {
 
  private:
   friend class Promise<T>;
+  template <typename U>
+  friend class Future;  // Then() chains futures of different types
   explicit Future(std::shared_ptr<internal::FutureState<T>> s) : state_(std::move(s)) {}
   // Runs cb on the executor once the result is there.
   void OnReady(std::function<void()> cb) const {

@@ -1,0 +1,31 @@
+// Sharding: which server holds which part of a table.
+//
+// Contract
+//   - Dense tables are flat arrays of `size` elements split into one contiguous key range
+//     per server, in server order; the ranges cover [0, size) exactly, with no gap and no
+//     overlap, and their lengths differ by at most one (the first size % servers ranges
+//     are one longer). A server may get an empty range when size < servers.
+//   - Sparse rows are keyed by 64-bit ids and placed by a hash of the id (SplitMix64), so
+//     consecutive ids spread over servers.
+//   - Pure functions; REQUIRES servers >= 1 and size >= 0 (checked, gw::Error).
+#ifndef GRADWIRE_PARAM_SERVER_SHARDING_H_
+#define GRADWIRE_PARAM_SERVER_SHARDING_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace gw::param_server {
+
+struct KeyRange {
+  int64_t begin = 0;  // first key
+  int64_t end = 0;    // one past the last key
+  int64_t size() const { return end - begin; }
+};
+
+std::vector<KeyRange> ShardDense(int64_t size, int servers);
+
+int ServerOfId(uint64_t id, int servers);
+
+}  // namespace gw::param_server
+
+#endif  // GRADWIRE_PARAM_SERVER_SHARDING_H_

@@ -1,0 +1,145 @@
+#include "gradwire/param_server/client.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "gradwire/tensor/kernels.h"
+#include "wire.h"
+
+namespace gw::param_server {
+namespace {
+
+using rpc::Value;
+
+// Completes with all results in order once every future has, or with the first error.
+template <typename T>
+Future<std::vector<T>> Gather(rpc::Executor& ex, std::vector<Future<T>> futures) {
+  Promise<std::vector<T>> done(ex);
+  struct State {
+    absl::Mutex mu;
+    std::vector<T> results;
+    size_t left;
+    absl::Status error;
+  };
+  auto state = std::make_shared<State>();
+  state->results.resize(futures.size());
+  state->left = futures.size();
+  if (futures.empty()) done.Set(std::vector<T>{});
+  for (size_t i = 0; i < futures.size(); ++i) {
+    futures[i].Subscribe([state, done, i](const absl::StatusOr<T>& r) {
+      absl::Status error;
+      std::vector<T> results;
+      {
+        absl::MutexLock lock(&state->mu);
+        if (r.ok()) {
+          state->results[i] = *r;
+        } else if (state->error.ok()) {
+          state->error = r.status();
+        }
+        if (--state->left > 0) return;
+        error = state->error;
+        results = std::move(state->results);
+      }
+      if (error.ok()) {
+        done.Set(std::move(results));
+      } else {
+        done.Set(error);
+      }
+    });
+  }
+  return done.future();
+}
+
+}  // namespace
+
+Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer, int trainers,
+               absl::Duration sync_timeout)
+    : agent_(agent), servers_(std::move(servers)), trainer_(trainer), trainers_(trainers), sync_timeout_(sync_timeout) {}
+
+absl::Status Client::CreateDense(const std::string& name, const Tensor& initial, const optim::OptimizerConfig& optimizer,
+                                 Consistency consistency) {
+  if (!initial.defined() || initial.dtype() != DType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", name, "': the initial value must be a float32 tensor"));
+  }
+  Table table{initial.sizes(), ShardDense(initial.numel(), static_cast<int>(servers_.size()))};
+  const Tensor flat = kernels::Reshape(kernels::Contiguous(initial), {initial.numel()});
+  std::vector<Future<Value>> created;
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    const KeyRange& r = table.ranges[i];
+    created.push_back(agent_.Async<Value>(servers_[i], kCreateFn, name, kernels::Narrow(flat, 0, r.begin, r.size()),
+                                          ConfigToValue(optimizer), static_cast<int64_t>(consistency),
+                                          static_cast<int64_t>(trainers_),
+                                          absl::ToInt64Milliseconds(sync_timeout_)));
+  }
+  absl::StatusOr<std::vector<Value>> done = Gather(agent_.executor(), std::move(created)).Get();
+  if (!done.ok()) return done.status();
+  absl::MutexLock lock(&mu_);
+  tables_[name] = std::move(table);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Client::Table> Client::Find(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tables_.find(name);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", name, "' is not known to this client (CreateDense it first)"));
+  }
+  return it->second;
+}
+
+Future<Tensor> Client::Assemble(const Table& table, std::vector<Future<Tensor>> shards) const {
+  const Shape shape = table.shape;
+  return Gather(agent_.executor(), std::move(shards))
+      .Then([shape](const absl::StatusOr<std::vector<Tensor>>& parts) -> absl::StatusOr<Tensor> {
+        if (!parts.ok()) return parts.status();
+        std::vector<Tensor> nonempty;
+        for (const Tensor& p : *parts) {
+          if (p.numel() > 0) nonempty.push_back(p);
+        }
+        Tensor flat = nonempty.size() == 1 ? nonempty[0] : kernels::Cat(nonempty, 0);
+        return kernels::Reshape(flat, shape);
+      });
+}
+
+Future<Tensor> Client::Pull(const std::string& name, int64_t clock) {
+  absl::StatusOr<Table> table = Find(name);
+  if (!table.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), table.status());
+  std::vector<Future<Tensor>> shards;
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    shards.push_back(agent_.Async<Tensor>(servers_[i], kPullFn, name, clock, rpc::CallOptions{sync_timeout_ * 2}));
+  }
+  return Assemble(*table, std::move(shards));
+}
+
+Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& grad) {
+  absl::StatusOr<Table> table = Find(name);
+  if (!table.ok()) return MakeReadyFuture<bool>(agent_.executor(), table.status());
+  if (grad.sizes() != table->shape) {
+    return MakeReadyFuture<bool>(
+        agent_.executor(), absl::InvalidArgumentError(absl::StrCat("table '", name, "': gradient of shape ",
+                                                                   ShapeToString(grad.sizes()), ", table has shape ",
+                                                                   ShapeToString(table->shape))));
+  }
+  const Tensor flat = kernels::Reshape(kernels::Contiguous(grad), {grad.numel()});
+  std::vector<Future<Value>> pushed;
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    const KeyRange& r = table->ranges[i];
+    pushed.push_back(agent_.Async<Value>(servers_[i], kPushFn, name, clock, static_cast<int64_t>(trainer_),
+                                         kernels::Narrow(flat, 0, r.begin, r.size())));
+  }
+  return Gather(agent_.executor(), std::move(pushed)).Then([](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
+    if (!r.ok()) return r.status();
+    return true;
+  });
+}
+
+Future<Tensor> Client::PushPull(const std::string& name, int64_t clock, const Tensor& grad) {
+  Future<bool> pushed = Push(name, clock, grad);
+  Future<Tensor> pulled = Pull(name, clock + 1);  // queued behind the push on each server
+  return pushed.Then([pulled](const absl::StatusOr<bool>& p) -> Future<Tensor> {
+    if (!p.ok()) return MakeReadyFuture<Tensor>(*pulled.executor(), p.status());
+    return pulled;
+  });
+}
+
+}  // namespace gw::param_server

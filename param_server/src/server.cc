@@ -1,0 +1,228 @@
+#include "gradwire/param_server/server.h"
+
+#include <set>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "gradwire/optim/functional.h"
+#include "gradwire/tensor/error.h"
+#include "gradwire/tensor/kernels.h"
+#include "wire.h"
+
+namespace gw::param_server {
+namespace {
+
+using rpc::Value;
+
+// One table's shard on this server.
+struct Shard {
+  explicit Shard(rpc::Executor& ex) : executor(ex) {}
+  rpc::Executor& executor;
+  absl::Mutex mu;
+  Tensor values;  // 1-D float32, the shard's key range
+  optim::OptimizerConfig optimizer;
+  optim::ParamState state;
+  Consistency consistency = Consistency::kSync;
+  int trainers = 1;
+  absl::Duration sync_timeout;
+  // kSync: steps applied; a pull for clock c is served once applied >= c.
+  int64_t applied ABSL_GUARDED_BY(mu) = 0;
+  Tensor sum ABSL_GUARDED_BY(mu);  // pushes of step `applied` so far
+  std::set<int> pushed ABSL_GUARDED_BY(mu);
+  absl::Time step_deadline ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
+  std::vector<std::pair<int64_t, Promise<Value>>> waiting ABSL_GUARDED_BY(mu);  // pulls: clock, answer
+};
+
+}  // namespace
+
+class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServer::Impl> {
+ public:
+  explicit Impl(rpc::Agent& agent) : agent_(agent), name_(agent.self().name) {
+    watchdog_ = std::thread([this] { Watch(); });
+  }
+  ~Impl() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    watchdog_.join();
+  }
+
+  // Handlers keep the server alive as long as the agent has them.
+  absl::Status Register() {
+    auto self = shared_from_this();
+    for (absl::Status s : {
+             agent_.Register(kCreateFn,
+                             [self](std::string table, Tensor values, Value optimizer, int64_t consistency,
+                                    int64_t trainers, int64_t timeout_ms) {
+                               return self->Create(table, values, optimizer, consistency, trainers, timeout_ms);
+                             }),
+             agent_.Register(kPullFn, [self](std::string table, int64_t clock) { return self->Pull(table, clock); }),
+             agent_.Register(kPushFn, [self](std::string table, int64_t clock, int64_t trainer, Tensor grad) {
+               return self->Push(table, clock, trainer, grad);
+             }),
+         }) {
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  size_t num_shards() const {
+    absl::MutexLock lock(&mu_);
+    return shards_.size();
+  }
+
+ private:
+  absl::Status Create(const std::string& table, const Tensor& values, const Value& optimizer, int64_t consistency,
+                      int64_t trainers, int64_t timeout_ms) {
+    absl::StatusOr<optim::OptimizerConfig> config = ConfigFromValue(optimizer);
+    if (!config.ok()) return config.status();
+    if (values.dim() != 1 || values.dtype() != DType::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", table, "': a shard must be a 1-D float32 tensor"));
+    }
+    if (consistency != 0 && consistency != 1) return absl::InvalidArgumentError("unknown consistency mode");
+    if (trainers < 1) return absl::InvalidArgumentError("trainers must be at least 1");
+    absl::MutexLock lock(&mu_);
+    auto it = shards_.find(table);
+    if (it != shards_.end()) {
+      if (it->second->values.numel() != values.numel()) {
+        return absl::AlreadyExistsError(absl::StrCat("table '", table, "' exists on ", name_, " with ",
+                                                     it->second->values.numel(), " keys, not ", values.numel()));
+      }
+      return absl::OkStatus();  // another trainer created it first
+    }
+    auto shard = std::make_shared<Shard>(agent_.executor());
+    shard->values = kernels::Clone(values);
+    shard->optimizer = *config;
+    shard->consistency = static_cast<Consistency>(consistency);
+    shard->trainers = static_cast<int>(trainers);
+    shard->sync_timeout = absl::Milliseconds(timeout_ms);
+    shards_[table] = std::move(shard);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::shared_ptr<Shard>> Find(const std::string& table) const {
+    absl::MutexLock lock(&mu_);
+    auto it = shards_.find(table);
+    if (it == shards_.end()) return absl::NotFoundError(absl::StrCat(name_, " has no table '", table, "'"));
+    return it->second;
+  }
+
+  Future<Value> Pull(const std::string& table, int64_t clock) {
+    absl::StatusOr<std::shared_ptr<Shard>> shard = Find(table);
+    if (!shard.ok()) return MakeReadyFuture<Value>(agent_.executor(), shard.status());
+    Shard& s = **shard;
+    absl::MutexLock lock(&s.mu);
+    if (s.consistency == Consistency::kAsync || s.applied >= clock) {
+      return MakeReadyFuture<Value>(agent_.executor(), Value(kernels::Clone(s.values)));
+    }
+    Promise<Value> answer(agent_.executor());
+    s.waiting.emplace_back(clock, answer);
+    if (s.step_deadline == absl::InfiniteFuture()) s.step_deadline = absl::Now() + s.sync_timeout;
+    return answer.future();
+  }
+
+  absl::Status Push(const std::string& table, int64_t clock, int64_t trainer, const Tensor& grad) {
+    absl::StatusOr<std::shared_ptr<Shard>> found = Find(table);
+    if (!found.ok()) return found.status();
+    Shard& s = **found;
+    std::vector<Promise<Value>> ready;
+    Tensor snapshot;
+    {
+      absl::MutexLock lock(&s.mu);
+      if (grad.sizes() != s.values.sizes() || grad.dtype() != s.values.dtype()) {
+        return absl::InvalidArgumentError(absl::StrCat("table '", table, "' on ", name_, ": gradient of shape ",
+                                                       ShapeToString(grad.sizes()), " for a shard of shape ",
+                                                       ShapeToString(s.values.sizes())));
+      }
+      try {
+        if (s.consistency == Consistency::kAsync) {
+          optim::Update(s.optimizer, s.values, grad, s.state);
+          return absl::OkStatus();
+        }
+        if (clock != s.applied) {
+          return absl::FailedPreconditionError(absl::StrCat("table '", table, "' on ", name_, ": push for step ", clock,
+                                                            " while step ", s.applied, " is being aggregated"));
+        }
+        if (trainer < 0 || trainer >= s.trainers || !s.pushed.insert(static_cast<int>(trainer)).second) {
+          return absl::InvalidArgumentError(absl::StrCat("table '", table, "': trainer ", trainer,
+                                                         " pushed step ", clock, " twice or is out of range"));
+        }
+        s.sum = s.sum.defined() ? kernels::Add(s.sum, grad) : kernels::Clone(grad);
+        if (s.step_deadline == absl::InfiniteFuture()) s.step_deadline = absl::Now() + s.sync_timeout;
+        if (static_cast<int>(s.pushed.size()) < s.trainers) return absl::OkStatus();
+        // Every trainer pushed: apply the step once, with the mean gradient.
+        optim::Update(s.optimizer, s.values, kernels::MulScalar(s.sum, 1.0 / s.trainers), s.state);
+      } catch (const gw::Error& e) {
+        return absl::InvalidArgumentError(e.what());
+      }
+      ++s.applied;
+      s.sum = Tensor();
+      s.pushed.clear();
+      s.step_deadline = absl::InfiniteFuture();
+      snapshot = kernels::Clone(s.values);
+      auto split = std::partition(s.waiting.begin(), s.waiting.end(),
+                                  [&](const auto& w) { return w.first > s.applied; });
+      for (auto it = split; it != s.waiting.end(); ++it) ready.push_back(it->second);
+      s.waiting.erase(split, s.waiting.end());
+    }
+    for (auto& p : ready) p.Set(Value(snapshot));
+    return absl::OkStatus();
+  }
+
+  // Fails synchronous steps that did not complete in time, naming who did not push.
+  void Watch() {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) return;
+      }
+      std::vector<std::pair<std::string, std::shared_ptr<Shard>>> shards;
+      {
+        absl::MutexLock lock(&mu_);
+        for (auto& [name, s] : shards_) shards.emplace_back(name, s);
+      }
+      for (auto& [table, s] : shards) {
+        std::vector<Promise<Value>> failed;
+        absl::Status why;
+        {
+          absl::MutexLock lock(&s->mu);
+          if (absl::Now() < s->step_deadline) continue;
+          std::vector<std::string> missing;
+          for (int t = 0; t < s->trainers; ++t) {
+            if (!s->pushed.contains(t)) missing.push_back(absl::StrCat("trainer ", t));
+          }
+          why = absl::DeadlineExceededError(absl::StrCat(
+              "synchronous step ", s->applied, " of table '", table, "' on ", name_, " is missing the push of ",
+              absl::StrJoin(missing, ", "), " after ", absl::FormatDuration(s->sync_timeout),
+              " (a trainer is slow or dead)"));
+          for (auto& [clock, p] : s->waiting) failed.push_back(p);
+          s->waiting.clear();
+          s->step_deadline = absl::InfiniteFuture();
+        }
+        for (auto& p : failed) p.Set(why);
+      }
+    }
+  }
+
+  rpc::Agent& agent_;
+  const std::string name_;
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, std::shared_ptr<Shard>> shards_ ABSL_GUARDED_BY(mu_);
+  std::thread watchdog_;
+};
+
+absl::StatusOr<std::shared_ptr<ParameterServer>> ParameterServer::Install(rpc::Agent& agent) {
+  auto impl = std::make_shared<Impl>(agent);
+  if (absl::Status s = impl->Register(); !s.ok()) return s;
+  return std::shared_ptr<ParameterServer>(new ParameterServer(std::move(impl)));
+}
+
+ParameterServer::~ParameterServer() = default;
+size_t ParameterServer::num_shards() const { return impl_->num_shards(); }
+
+}  // namespace gw::param_server

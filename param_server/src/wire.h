@@ -1,0 +1,18 @@
+// Internal: the names of the parameter server's functions (server.cc, client.cc).
+#ifndef GRADWIRE_PARAM_SERVER_SRC_WIRE_H_
+#define GRADWIRE_PARAM_SERVER_SRC_WIRE_H_
+
+#include "gradwire/dist_autograd/optimizer_value.h"
+
+namespace gw::param_server {
+
+inline constexpr char kCreateFn[] = "__ps.create";  // (table, shard values, optimizer, consistency, trainers, timeout_ms)
+inline constexpr char kPullFn[] = "__ps.pull";      // (table, clock) -> shard values
+inline constexpr char kPushFn[] = "__ps.push";      // (table, clock, trainer, shard gradient)
+
+using dist_autograd::ConfigFromValue;
+using dist_autograd::ConfigToValue;
+
+}  // namespace gw::param_server
+
+#endif  // GRADWIRE_PARAM_SERVER_SRC_WIRE_H_

@@ -1,0 +1,108 @@
+// Parameter servers over real loopback connections (agents on threads of this process):
+// sharding, synchronous and asynchronous tables, a missing trainer.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "agent_group.h"
+#include "gradwire/param_server/client.h"
+#include "gradwire/param_server/server.h"
+#include "gradwire/param_server/sharding.h"
+#include "gradwire/tensor/kernels.h"
+
+namespace gw::param_server {
+namespace {
+
+TEST(ShardingTest, DenseRangesCoverEveryKeyOnceForOneToSevenServers) {
+  for (int servers = 1; servers <= 7; ++servers) {
+    for (int64_t size : {0, 1, 5, 6, 7, 13, 100, 1000003}) {
+      std::vector<KeyRange> r = ShardDense(size, servers);
+      ASSERT_EQ(r.size(), static_cast<size_t>(servers));
+      int64_t next = 0, shortest = size, longest = 0;
+      for (const KeyRange& k : r) {
+        EXPECT_EQ(k.begin, next) << servers << " servers, size " << size;  // no gap, no overlap
+        next = k.end;
+        shortest = std::min(shortest, k.size());
+        longest = std::max(longest, k.size());
+      }
+      EXPECT_EQ(next, size) << servers << " servers: the tail is covered";
+      EXPECT_LE(longest - shortest, 1);
+    }
+  }
+  EXPECT_THROW(ShardDense(10, 0), gw::Error);
+}
+
+TEST(ShardingTest, SparseIdsSpreadEvenly) {
+  std::vector<int> count(3, 0);
+  for (uint64_t id = 0; id < 30000; ++id) ++count[static_cast<size_t>(ServerOfId(id, 3))];
+  for (int c : count) EXPECT_NEAR(c, 10000, 500);
+}
+
+// Three servers (ranks 0-2) and two trainers (ranks 3-4).
+struct Deployment {
+  std::vector<std::shared_ptr<ParameterServer>> servers{3};
+  std::unique_ptr<rpc::testing::AgentGroup> group;
+  Deployment() {
+    group = rpc::testing::AgentGroup::Start(5, [this](rpc::Agent& a) {
+      if (a.self().rank < 3) servers[static_cast<size_t>(a.self().rank)] = *ParameterServer::Install(a);
+    });
+  }
+  Client MakeClient(int trainer, absl::Duration timeout = absl::Seconds(20)) {
+    return Client((*group)[3 + trainer], {"worker0", "worker1", "worker2"}, trainer, 2, timeout);
+  }
+};
+
+TEST(ParameterServerTest, SynchronousStepsAverageBothTrainersAndPullsWaitForThem) {
+  Deployment d;
+  ASSERT_NE(d.group, nullptr);
+  Client c0 = d.MakeClient(0), c1 = d.MakeClient(1);
+  const Tensor init = Tensor::Zeros({2, 5});  // 10 keys over 3 servers: 4 + 3 + 3
+  ASSERT_TRUE(c0.CreateDense("w", init, optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
+  ASSERT_TRUE(c1.CreateDense("w", init, optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
+  for (int64_t step = 0; step < 3; ++step) {
+    // Trainer 0 pushes first: its pull of the next step waits for trainer 1.
+    Future<Tensor> next0 = c0.PushPull("w", step, Tensor::Full({2, 5}, 1.0));
+    EXPECT_FALSE(next0.WaitFor(absl::Milliseconds(100)).ok()) << "step " << step << " applied without trainer 1";
+    Future<Tensor> next1 = c1.PushPull("w", step, Tensor::Full({2, 5}, 2.0));
+    absl::StatusOr<Tensor> v0 = next0.Get(absl::Seconds(20)), v1 = next1.Get(absl::Seconds(20));
+    ASSERT_TRUE(v0.ok()) << v0.status();
+    ASSERT_TRUE(v1.ok()) << v1.status();
+    // The mean gradient 1.5 applied once per step.
+    EXPECT_EQ(v0->sizes(), Shape({2, 5}));
+    EXPECT_EQ(v0->ToVector<float>(), std::vector<float>(10, -1.5f * static_cast<float>(step + 1)));
+    EXPECT_EQ(kernels::MaxAbsDiff(*v0, *v1), 0.0);
+  }
+  for (auto& s : d.servers) EXPECT_EQ(s->num_shards(), 1u);
+  EXPECT_TRUE(d.group->ShutdownAll().ok());
+}
+
+TEST(ParameterServerTest, AsynchronousPushesApplyAtOnce) {
+  Deployment d;
+  ASSERT_NE(d.group, nullptr);
+  Client c0 = d.MakeClient(0);
+  ASSERT_TRUE(c0.CreateDense("a", Tensor::Ones({7}), optim::Sgd{.lr = 0.5}, Consistency::kAsync).ok());
+  ASSERT_TRUE(c0.Push("a", 0, Tensor::Ones({7})).Get().ok());
+  ASSERT_TRUE(c0.Push("a", 0, Tensor::Ones({7})).Get().ok());  // no step bookkeeping
+  absl::StatusOr<Tensor> v = c0.Pull("a", 0).Get();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->ToVector<float>(), std::vector<float>(7, 0.0f));
+  EXPECT_EQ(c0.Push("a", 0, Tensor::Ones({3})).Get().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c0.Pull("nope", 0).Get().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(d.group->ShutdownAll().ok());
+}
+
+TEST(ParameterServerTest, ASynchronousStepMissingATrainerFailsNamingIt) {
+  Deployment d;
+  ASSERT_NE(d.group, nullptr);
+  Client c0 = d.MakeClient(0, absl::Milliseconds(300));
+  ASSERT_TRUE(c0.CreateDense("s", Tensor::Zeros({4}), optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Tensor> next = c0.PushPull("s", 0, Tensor::Ones({4})).Get(absl::Seconds(20));
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kDeadlineExceeded) << next.status();
+  EXPECT_NE(next.status().message().find("trainer 1"), std::string::npos) << next.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(d.group->ShutdownAll().ok());
+}
+
+}  // namespace
+}  // namespace gw::param_server
