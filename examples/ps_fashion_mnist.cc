@@ -1,0 +1,178 @@
+// A parameter-server deployment training an MLP 784-256-128-10 on Fashion-MNIST:
+// the first --servers ranks hold the parameters (dense tables sharded over them, SGD with
+// momentum applied there, synchronous steps), the other ranks are trainers that each
+// train on their shard of the data, pushing gradients and pulling parameters every step.
+// Run it under the launcher:
+//
+//   gradwire launch -n 4 ps_fashion_mnist [--servers=2] [--epochs=10] [--batch_size=64]
+//                                         [--lr=0.05] [--momentum=0.9] [--min_accuracy=0.85]
+//
+// Trainer 0 shows the progress and the final test accuracy; exit status 1 when it ends
+// below --min_accuracy, 2 when the data or the group cannot be set up.
+#include <chrono>
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "gradwire/gradwire.h"
+#include "gradwire/param_server/client.h"
+#include "gradwire/param_server/server.h"
+
+ABSL_FLAG(int, servers, 2, "how many of the ranks are parameter servers (the first ones)");
+ABSL_FLAG(int, epochs, 10, "passes over the training set");
+ABSL_FLAG(int, batch_size, 64, "examples per step and trainer");
+ABSL_FLAG(double, lr, 0.05, "learning rate");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
+ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
+ABSL_FLAG(std::string, data_dir, gw::data::kFashionMnistDir, "directory with the IDX files");
+ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy ends below this");
+
+namespace {
+
+int Fail(const char* what, const absl::Status& s) {
+  std::fprintf(stderr, "error: %s: %s\n", what, std::string(s.message()).c_str());
+  return 2;
+}
+
+int Serve(gw::rpc::AgentOptions options) {
+  // A server serves until the trainers are done, however long training takes (if a
+  // trainer dies, the launcher stops everyone).
+  options.shutdown_timeout = absl::Hours(24 * 7);
+  std::shared_ptr<gw::param_server::ParameterServer> server;
+  absl::Status installed;
+  auto agent = gw::rpc::Agent::Start(options, [&](gw::rpc::Agent& a) {
+    auto s = gw::param_server::ParameterServer::Install(a);
+    if (s.ok()) server = *s;
+    installed = s.status();
+  });
+  if (!agent.ok()) return Fail("cannot join the group", agent.status());
+  if (!installed.ok()) return Fail("cannot start the parameter server", installed);
+  std::printf("%s: serving parameters\n", (*agent)->self().name.c_str());
+  // Serves until every worker has reached shutdown (the trainers, when they are done).
+  absl::Status s = (*agent)->Shutdown();
+  return s.ok() ? 0 : Fail("shutdown", s);
+}
+
+int Train(gw::rpc::AgentOptions options, int servers) {
+  const std::string dir = absl::GetFlag(FLAGS_data_dir);
+  auto train = gw::data::LoadFashionMnist(gw::data::Split::kTrain, dir);
+  auto test = gw::data::LoadFashionMnist(gw::data::Split::kTest, dir);
+  if (!train.ok()) return Fail("training data", train.status());
+  if (!test.ok()) return Fail("test data", test.status());
+  const int trainers = options.world_size - servers, trainer = options.rank - servers;
+  auto agent = gw::rpc::Agent::Start(options);
+  if (!agent.ok()) return Fail("cannot join the group", agent.status());
+  std::vector<std::string> server_names;
+  for (int r = 0; r < servers; ++r) server_names.push_back((*agent)->workers()[static_cast<size_t>(r)].name);
+  gw::param_server::Client ps(**agent, server_names, trainer, trainers);
+
+  // Every trainer builds the same initial model (same seed) and creates the tables.
+  gw::Generator gen(absl::GetFlag(FLAGS_seed));
+  auto model = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
+      std::make_shared<gw::nn::Linear>(784, 256, gen), std::make_shared<gw::nn::ReLU>(),
+      std::make_shared<gw::nn::Linear>(256, 128, gen), std::make_shared<gw::nn::ReLU>(),
+      std::make_shared<gw::nn::Linear>(128, 10, gen)});
+  const gw::nn::NamedTensors params = model->NamedParameters();
+  const gw::optim::Sgd sgd{.lr = absl::GetFlag(FLAGS_lr), .momentum = absl::GetFlag(FLAGS_momentum)};
+  for (const auto& [name, p] : params) {
+    if (absl::Status s = ps.CreateDense(name, p, sgd, gw::param_server::Consistency::kSync); !s.ok()) {
+      return Fail("cannot create the tables", s);
+    }
+  }
+  gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(trainer));
+  gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
+  loader.Shard(trainer, trainers);
+  const bool show = trainer == 0;
+  if (show) {
+    std::printf("%s\n%d servers, %d trainers, %lld parameters in %zu tables, batch %d per trainer\n",
+                model->ToString().c_str(), servers, trainers, static_cast<long long>(model->NumParameters()),
+                params.size(), absl::GetFlag(FLAGS_batch_size));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  int64_t clock = 0;
+  double test_acc = 0;
+  for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
+    std::unique_ptr<gw::data::ProgressBar> bar;
+    if (show) {
+      bar = std::make_unique<gw::data::ProgressBar>(absl::StrFormat("epoch %d/%d", epoch, absl::GetFlag(FLAGS_epochs)),
+                                                    loader.batches_per_epoch());
+    }
+    const auto epoch_start = std::chrono::steady_clock::now();
+    double loss_sum = 0, correct = 0;
+    int64_t seen = 0, step = 0;
+    auto fields = [&] {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+      return absl::StrFormat("loss=%.4f acc=%.4f %.0f samples/s", loss_sum / std::max<int64_t>(step, 1),
+                             correct / std::max<int64_t>(seen, 1), trainers * seen / std::max(secs, 1e-9));
+    };
+    gw::data::Batch batch;
+    loader.Reset();
+    while (loader.Next(&batch)) {
+      // The parameters as of this step, then this trainer's gradient for it.
+      std::vector<gw::Future<gw::Tensor>> pulled;
+      for (const auto& [name, p] : params) pulled.push_back(ps.Pull(name, clock));
+      for (size_t i = 0; i < params.size(); ++i) {
+        absl::StatusOr<gw::Tensor> v = pulled[i].Get();
+        if (!v.ok()) return Fail("pull", v.status());
+        gw::kernels::CopyInPlace(params[i].second, *v);
+      }
+      model->ZeroGrad();
+      gw::Tensor logits = model->Forward(batch.inputs);
+      gw::Tensor loss = gw::nn::CrossEntropyLoss(logits, batch.targets);
+      gw::autograd::Backward({loss});
+      std::vector<gw::Future<bool>> pushed;
+      for (const auto& [name, p] : params) pushed.push_back(ps.Push(name, clock, p.grad()));
+      for (auto& f : pushed) {
+        if (absl::StatusOr<bool> r = f.Get(); !r.ok()) return Fail("push", r.status());
+      }
+      ++clock;
+      loss_sum += loss.item();
+      correct += gw::nn::Accuracy(logits, batch.targets) * static_cast<double>(batch.targets.size(0));
+      seen += batch.targets.size(0);
+      if (bar) bar->Update(++step, fields());
+    }
+    // Evaluate the parameters as the servers hold them after this epoch.
+    for (const auto& [name, p] : params) {
+      absl::StatusOr<gw::Tensor> v = ps.Pull(name, clock).Get();
+      if (!v.ok()) return Fail("pull", v.status());
+      gw::kernels::CopyInPlace(p, *v);
+    }
+    {
+      gw::autograd::NoGradGuard no_grad;
+      test_acc = gw::nn::Accuracy(model->Forward(test->images), test->labels);
+    }
+    if (bar) bar->Finish(fields() + absl::StrFormat(" test_acc=%.4f", test_acc));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (show) {
+    std::printf("final test accuracy: %.4f (%.1f s, %.0f samples/s over %d trainers)\n", test_acc, secs,
+                absl::GetFlag(FLAGS_epochs) * train->size() / secs, trainers);
+  }
+  if (absl::Status s = (*agent)->Shutdown(); !s.ok()) return Fail("shutdown", s);
+  if (show && test_acc < absl::GetFlag(FLAGS_min_accuracy)) {
+    std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc,
+                 absl::GetFlag(FLAGS_min_accuracy));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Parameter-server training of an MLP on Fashion-MNIST; run under `gradwire launch -n N`.");
+  absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<gw::rpc::AgentOptions> options = gw::rpc::AgentOptions::FromEnv();
+  if (!options.ok()) return Fail("not started by a launcher", options.status());
+  options->start_timeout = absl::Seconds(120);  // servers wait for trainers loading data
+  const int servers = absl::GetFlag(FLAGS_servers);
+  if (servers < 1 || servers >= options->world_size) {
+    std::fprintf(stderr, "error: --servers=%d needs 1 <= servers < WORLD_SIZE (%d): at least one trainer\n", servers,
+                 options->world_size);
+    return 2;
+  }
+  return options->rank < servers ? Serve(*options) : Train(*options, servers);
+}
