@@ -57,7 +57,7 @@ Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer,
     : agent_(agent), servers_(std::move(servers)), trainer_(trainer), trainers_(trainers), sync_timeout_(sync_timeout) {}
 
 absl::Status Client::CreateDense(const std::string& name, const Tensor& initial, const optim::OptimizerConfig& optimizer,
-                                 Consistency consistency) {
+                                 Consistency consistency, int64_t staleness) {
   if (!initial.defined() || initial.dtype() != DType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat("table '", name, "': the initial value must be a float32 tensor"));
   }
@@ -69,7 +69,7 @@ absl::Status Client::CreateDense(const std::string& name, const Tensor& initial,
     created.push_back(agent_.Async<Value>(servers_[i], kCreateFn, name, kernels::Narrow(flat, 0, r.begin, r.size()),
                                           ConfigToValue(optimizer), static_cast<int64_t>(consistency),
                                           static_cast<int64_t>(trainers_),
-                                          absl::ToInt64Milliseconds(sync_timeout_)));
+                                          absl::ToInt64Milliseconds(sync_timeout_), staleness));
   }
   absl::StatusOr<std::vector<Value>> done = Gather(agent_.executor(), std::move(created)).Get();
   if (!done.ok()) return done.status();

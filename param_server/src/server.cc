@@ -27,7 +27,9 @@ struct Shard {
   optim::ParamState state;
   Consistency consistency = Consistency::kSync;
   int trainers = 1;
+  int64_t staleness = 0;  // kBoundedStaleness
   absl::Duration sync_timeout;
+  std::vector<int64_t> clocks ABSL_GUARDED_BY(mu);  // kBoundedStaleness: pushes per trainer
   // kSync: steps applied; a pull for clock c is served once applied >= c.
   int64_t applied ABSL_GUARDED_BY(mu) = 0;
   Tensor sum ABSL_GUARDED_BY(mu);  // pushes of step `applied` so far
@@ -57,8 +59,9 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     for (absl::Status s : {
              agent_.Register(kCreateFn,
                              [self](std::string table, Tensor values, Value optimizer, int64_t consistency,
-                                    int64_t trainers, int64_t timeout_ms) {
-                               return self->Create(table, values, optimizer, consistency, trainers, timeout_ms);
+                                    int64_t trainers, int64_t timeout_ms, int64_t staleness) {
+                               return self->Create(table, values, optimizer, consistency, trainers, timeout_ms,
+                                                   staleness);
                              }),
              agent_.Register(kPullFn, [self](std::string table, int64_t clock) { return self->Pull(table, clock); }),
              agent_.Register(kPushFn, [self](std::string table, int64_t clock, int64_t trainer, Tensor grad) {
@@ -77,13 +80,14 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
 
  private:
   absl::Status Create(const std::string& table, const Tensor& values, const Value& optimizer, int64_t consistency,
-                      int64_t trainers, int64_t timeout_ms) {
+                      int64_t trainers, int64_t timeout_ms, int64_t staleness) {
     absl::StatusOr<optim::OptimizerConfig> config = ConfigFromValue(optimizer);
     if (!config.ok()) return config.status();
     if (values.dim() != 1 || values.dtype() != DType::kFloat32) {
       return absl::InvalidArgumentError(absl::StrCat("table '", table, "': a shard must be a 1-D float32 tensor"));
     }
-    if (consistency != 0 && consistency != 1) return absl::InvalidArgumentError("unknown consistency mode");
+    if (consistency < 0 || consistency > 2) return absl::InvalidArgumentError("unknown consistency mode");
+    if (staleness < 0) return absl::InvalidArgumentError("staleness must not be negative");
     if (trainers < 1) return absl::InvalidArgumentError("trainers must be at least 1");
     absl::MutexLock lock(&mu_);
     auto it = shards_.find(table);
@@ -100,6 +104,11 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     shard->consistency = static_cast<Consistency>(consistency);
     shard->trainers = static_cast<int>(trainers);
     shard->sync_timeout = absl::Milliseconds(timeout_ms);
+    shard->staleness = staleness;
+    {
+      absl::MutexLock shard_lock(&shard->mu);
+      shard->clocks.assign(static_cast<size_t>(trainers), 0);
+    }
     shards_[table] = std::move(shard);
     return absl::OkStatus();
   }
@@ -116,7 +125,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     if (!shard.ok()) return MakeReadyFuture<Value>(agent_.executor(), shard.status());
     Shard& s = **shard;
     absl::MutexLock lock(&s.mu);
-    if (s.consistency == Consistency::kAsync || s.applied >= clock) {
+    if (s.consistency == Consistency::kAsync || Readable(s, clock)) {
       return MakeReadyFuture<Value>(agent_.executor(), Value(kernels::Clone(s.values)));
     }
     Promise<Value> answer(agent_.executor());
@@ -125,12 +134,32 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     return answer.future();
   }
 
+  // Whether a pull for `clock` may be served (kSync: that step was applied; bounded
+  // staleness: every trainer has reached clock - staleness).
+  static bool Readable(const Shard& s, int64_t clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (s.consistency == Consistency::kBoundedStaleness) {
+      return *std::min_element(s.clocks.begin(), s.clocks.end()) >= clock - s.staleness;
+    }
+    return s.applied >= clock;
+  }
+
+  // Answers the waiting pulls that became readable.
+  static std::vector<Promise<Value>> Released(Shard& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    std::vector<Promise<Value>> ready;
+    auto split = std::partition(s.waiting.begin(), s.waiting.end(), [&](const auto& w) { return !Readable(s, w.first); });
+    for (auto it = split; it != s.waiting.end(); ++it) ready.push_back(it->second);
+    s.waiting.erase(split, s.waiting.end());
+    if (s.waiting.empty()) s.step_deadline = absl::InfiniteFuture();
+    return ready;
+  }
+
   absl::Status Push(const std::string& table, int64_t clock, int64_t trainer, const Tensor& grad) {
     absl::StatusOr<std::shared_ptr<Shard>> found = Find(table);
     if (!found.ok()) return found.status();
     Shard& s = **found;
     std::vector<Promise<Value>> ready;
     Tensor snapshot;
+    absl::Status status;
     {
       absl::MutexLock lock(&s.mu);
       if (grad.sizes() != s.values.sizes() || grad.dtype() != s.values.dtype()) {
@@ -138,38 +167,48 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                                                        ShapeToString(grad.sizes()), " for a shard of shape ",
                                                        ShapeToString(s.values.sizes())));
       }
-      try {
-        if (s.consistency == Consistency::kAsync) {
-          optim::Update(s.optimizer, s.values, grad, s.state);
-          return absl::OkStatus();
-        }
-        if (clock != s.applied) {
-          return absl::FailedPreconditionError(absl::StrCat("table '", table, "' on ", name_, ": push for step ", clock,
-                                                            " while step ", s.applied, " is being aggregated"));
-        }
-        if (trainer < 0 || trainer >= s.trainers || !s.pushed.insert(static_cast<int>(trainer)).second) {
-          return absl::InvalidArgumentError(absl::StrCat("table '", table, "': trainer ", trainer,
-                                                         " pushed step ", clock, " twice or is out of range"));
-        }
-        s.sum = s.sum.defined() ? kernels::Add(s.sum, grad) : kernels::Clone(grad);
-        if (s.step_deadline == absl::InfiniteFuture()) s.step_deadline = absl::Now() + s.sync_timeout;
-        if (static_cast<int>(s.pushed.size()) < s.trainers) return absl::OkStatus();
-        // Every trainer pushed: apply the step once, with the mean gradient.
-        optim::Update(s.optimizer, s.values, kernels::MulScalar(s.sum, 1.0 / s.trainers), s.state);
-      } catch (const gw::Error& e) {
-        return absl::InvalidArgumentError(e.what());
+      if (s.consistency != Consistency::kAsync && (trainer < 0 || trainer >= s.trainers)) {
+        return absl::InvalidArgumentError(absl::StrCat("table '", table, "': no trainer ", trainer));
       }
-      ++s.applied;
-      s.sum = Tensor();
-      s.pushed.clear();
-      s.step_deadline = absl::InfiniteFuture();
-      snapshot = kernels::Clone(s.values);
-      auto split = std::partition(s.waiting.begin(), s.waiting.end(),
-                                  [&](const auto& w) { return w.first > s.applied; });
-      for (auto it = split; it != s.waiting.end(); ++it) ready.push_back(it->second);
-      s.waiting.erase(split, s.waiting.end());
+      try {
+        status = s.consistency == Consistency::kSync ? AddToStep(table, s, clock, static_cast<int>(trainer), grad)
+                                                     : ApplyNow(s, static_cast<int>(trainer), grad);
+      } catch (const gw::Error& e) {
+        status = absl::InvalidArgumentError(e.what());
+      }
+      ready = Released(s);
+      if (!ready.empty()) snapshot = kernels::Clone(s.values);
     }
     for (auto& p : ready) p.Set(Value(snapshot));
+    return status;
+  }
+
+  // kAsync and kBoundedStaleness: the push applies at once and advances its trainer's clock.
+  static absl::Status ApplyNow(Shard& s, int trainer, const Tensor& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    optim::Update(s.optimizer, s.values, grad, s.state);
+    if (s.consistency == Consistency::kBoundedStaleness) ++s.clocks[static_cast<size_t>(trainer)];
+    return absl::OkStatus();
+  }
+
+  // kSync: the push joins step `clock`; the last trainer's push applies the mean once.
+  absl::Status AddToStep(const std::string& table, Shard& s, int64_t clock, int trainer, const Tensor& grad)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (clock != s.applied) {
+      return absl::FailedPreconditionError(absl::StrCat("table '", table, "' on ", name_, ": push for step ", clock,
+                                                        " while step ", s.applied, " is being aggregated"));
+    }
+    if (!s.pushed.insert(trainer).second) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", table, "': trainer ", trainer, " pushed step ", clock,
+                                                     " twice"));
+    }
+    s.sum = s.sum.defined() ? kernels::Add(s.sum, grad) : kernels::Clone(grad);
+    if (s.step_deadline == absl::InfiniteFuture()) s.step_deadline = absl::Now() + s.sync_timeout;
+    if (static_cast<int>(s.pushed.size()) < s.trainers) return absl::OkStatus();
+    optim::Update(s.optimizer, s.values, kernels::MulScalar(s.sum, 1.0 / s.trainers), s.state);
+    ++s.applied;
+    s.sum = Tensor();
+    s.pushed.clear();
+    s.step_deadline = absl::InfiniteFuture();
     return absl::OkStatus();
   }
 
@@ -191,14 +230,21 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
         {
           absl::MutexLock lock(&s->mu);
           if (absl::Now() < s->step_deadline) continue;
+          int64_t needed = 0;  // kBoundedStaleness: the clock every trainer must reach
+          for (const auto& [clock, p] : s->waiting) needed = std::max(needed, clock - s->staleness);
           std::vector<std::string> missing;
           for (int t = 0; t < s->trainers; ++t) {
-            if (!s->pushed.contains(t)) missing.push_back(absl::StrCat("trainer ", t));
+            const bool behind = s->consistency == Consistency::kBoundedStaleness
+                                    ? s->clocks[static_cast<size_t>(t)] < needed
+                                    : !s->pushed.contains(t);
+            if (behind) missing.push_back(absl::StrCat("trainer ", t));
           }
+          const std::string what = s->consistency == Consistency::kBoundedStaleness
+                                       ? absl::StrCat("a bounded-staleness pull (clock ", needed, " needed)")
+                                       : absl::StrCat("synchronous step ", s->applied);
           why = absl::DeadlineExceededError(absl::StrCat(
-              "synchronous step ", s->applied, " of table '", table, "' on ", name_, " is missing the push of ",
-              absl::StrJoin(missing, ", "), " after ", absl::FormatDuration(s->sync_timeout),
-              " (a trainer is slow or dead)"));
+              what, " of table '", table, "' on ", name_, " is missing the push of ", absl::StrJoin(missing, ", "),
+              " after ", absl::FormatDuration(s->sync_timeout), " (a trainer is slow or dead)"));
           for (auto& [clock, p] : s->waiting) failed.push_back(p);
           s->waiting.clear();
           s->step_deadline = absl::InfiniteFuture();

@@ -6,7 +6,8 @@
 
 namespace gw::param_server {
 
-inline constexpr char kCreateFn[] = "__ps.create";  // (table, shard values, optimizer, consistency, trainers, timeout_ms)
+// (table, shard values, optimizer, consistency, trainers, timeout_ms, staleness)
+inline constexpr char kCreateFn[] = "__ps.create";
 inline constexpr char kPullFn[] = "__ps.pull";      // (table, clock) -> shard values
 inline constexpr char kPushFn[] = "__ps.push";      // (table, clock, trainer, shard gradient)
 

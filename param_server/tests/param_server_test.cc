@@ -104,5 +104,32 @@ TEST(ParameterServerTest, ASynchronousStepMissingATrainerFailsNamingIt) {
   EXPECT_TRUE(d.group->ShutdownAll().ok());
 }
 
+// Bounded staleness 1: a fast trainer may run one clock ahead of a slow one, not two.
+TEST(ParameterServerTest, BoundedStalenessHoldsTheFastTrainerBack) {
+  Deployment d;
+  ASSERT_NE(d.group, nullptr);
+  Client fast = d.MakeClient(0, absl::Milliseconds(500)), slow = d.MakeClient(1, absl::Milliseconds(500));
+  const Tensor init = Tensor::Zeros({6});
+  ASSERT_TRUE(fast.CreateDense("t", init, optim::Sgd{.lr = 1.0}, Consistency::kBoundedStaleness, 1).ok());
+  ASSERT_TRUE(slow.CreateDense("t", init, optim::Sgd{.lr = 1.0}, Consistency::kBoundedStaleness, 1).ok());
+  // fast: clock 1 after its first push; a pull for clock 1 needs everyone at >= 0: fine.
+  absl::StatusOr<Tensor> v = fast.PushPull("t", 0, Tensor::Ones({6})).Get(absl::Seconds(10));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->ToVector<float>(), std::vector<float>(6, -1.0f));  // applied at once
+  // fast: clock 2; a pull for clock 2 needs the slow trainer at >= 1: it waits...
+  Future<Tensor> ahead = fast.PushPull("t", 1, Tensor::Ones({6}));
+  EXPECT_FALSE(ahead.WaitFor(absl::Milliseconds(150)).ok()) << "the fast trainer ran two clocks ahead";
+  // ... until the slow trainer pushes once.
+  ASSERT_TRUE(slow.Push("t", 0, Tensor::Ones({6})).Get().ok());
+  absl::StatusOr<Tensor> after = ahead.Get(absl::Seconds(10));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->ToVector<float>(), std::vector<float>(6, -3.0f));
+  // A trainer that stops altogether: the fast one fails, naming it.
+  absl::StatusOr<Tensor> stuck = fast.PushPull("t", 2, Tensor::Ones({6})).Get(absl::Seconds(10));
+  EXPECT_EQ(stuck.status().code(), absl::StatusCode::kDeadlineExceeded) << stuck.status();
+  EXPECT_NE(stuck.status().message().find("trainer 1"), std::string::npos) << stuck.status();
+  EXPECT_TRUE(d.group->ShutdownAll().ok());
+}
+
 }  // namespace
 }  // namespace gw::param_server

@@ -33,8 +33,9 @@ class Client {
   Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer, int trainers,
          absl::Duration sync_timeout = absl::Seconds(60));
 
+  // `staleness` is the bound s of kBoundedStaleness (ignored otherwise).
   absl::Status CreateDense(const std::string& name, const Tensor& initial, const optim::OptimizerConfig& optimizer,
-                           Consistency consistency);
+                           Consistency consistency, int64_t staleness = 0);
   Future<Tensor> Pull(const std::string& name, int64_t clock);
   Future<bool> Push(const std::string& name, int64_t clock, const Tensor& grad);
   Future<Tensor> PushPull(const std::string& name, int64_t clock, const Tensor& grad);

@@ -10,6 +10,9 @@
 //                 the step is not complete within `sync_timeout` the waiting pulls and
 //                 pushes fail with DEADLINE_EXCEEDED naming the trainers that did not push.
 //       kAsync    every push is applied when it arrives; pulls never wait.
+//       kBoundedStaleness(s)  pushes apply on arrival; a trainer's clock is the number
+//                 of pushes it made; a pull for clock c waits until every trainer has
+//                 reached c - s (then fails after `sync_timeout` naming the slow ones).
 //   - Creating a table that exists with the same shape is a no-op (every trainer may
 //     create it); a different shape is an error.
 //   - Thread-safe; pulls and pushes of different tables never wait for each other.
@@ -23,7 +26,7 @@
 
 namespace gw::param_server {
 
-enum class Consistency { kSync = 0, kAsync = 1 };
+enum class Consistency { kSync = 0, kAsync = 1, kBoundedStaleness = 2 };
 
 class ParameterServer {
  public:
