@@ -146,18 +146,18 @@ def bench_async_pipelined(rpc, quick):
     return [line("async_pipelined", "calls_per_s", n / elapsed, "calls/s")]
 
 
-def run_worker(rank, deadline_s, bench):
-    """One worker: a watchdog (dumps the stacks and exits 10 s before deadline_s, the
-    launcher's deadline), one compute thread, init_rpc as worker<rank>; on rank 0,
-    bench(torch, rpc) returns the result lines, printed after rpc.shutdown()."""
+def run_worker(rank, deadline_s, bench, world_size=WORLD_SIZE):
+    """One worker of world_size: a watchdog (dumps the stacks and exits 10 s before
+    deadline_s, the launcher's deadline), one compute thread, init_rpc as worker<rank>;
+    on rank 0, bench(torch, rpc) returns the result lines, printed after rpc.shutdown()."""
     faulthandler.dump_traceback_later(deadline_s - 10, exit=True)
     import torch
     import torch.distributed.rpc as rpc
     torch.set_num_threads(1)
     opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=RPC_TIMEOUT_S)
-    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=WORLD_SIZE, rpc_backend_options=opts)
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size, rpc_backend_options=opts)
     lines = bench(torch, rpc) if rank == 0 else []
-    rpc.shutdown()   # graceful: worker 1 waits here until worker 0 is done
+    rpc.shutdown()   # graceful: the other workers wait here until worker 0 is done
     for ln in lines:
         print(ln)
     sys.stdout.flush()
@@ -206,11 +206,11 @@ def child_env(extra=None):
     return env
 
 
-def start_pair(args, env, stderr_files=None, script=__file__):
-    """Both workers: `script --rank <r> args...` (stdout and stderr inherited unless
-    stderr_files, one a rank, then stdout is dropped)."""
+def start_pair(args, env, stderr_files=None, script=__file__, world_size=WORLD_SIZE):
+    """All world_size workers: `script --rank <r> args...` (stdout and stderr inherited
+    unless stderr_files, one a rank, then stdout is dropped)."""
     procs = []
-    for rank in range(WORLD_SIZE):
+    for rank in range(world_size):
         procs.append(subprocess.Popen(
             [sys.executable, os.path.abspath(script), "--rank", str(rank)] + args,
             env=env, stdin=subprocess.DEVNULL,
@@ -231,7 +231,7 @@ def kill_all(procs):
 
 
 def wait_pair(procs, timeout_s):
-    """Wait for both workers; None if both exit 0, else why not (both are then gone)."""
+    """Wait for all workers; None if all exit 0, else why not (all are then gone)."""
     deadline = time.monotonic() + timeout_s
     failed_at = None
     while True:
@@ -240,8 +240,8 @@ def wait_pair(procs, timeout_s):
             return None
         now = time.monotonic()
         if any(c not in (None, 0) for c in codes):
-            # One worker failed: the other (likely blocked in rpc.shutdown) gets a
-            # moment to report, then is stopped.
+            # One worker failed: the others (likely blocked in rpc.shutdown) get a
+            # moment to report, then are stopped.
             failed_at = failed_at or now
             if all(c is not None for c in codes) or now - failed_at > 5:
                 kill_all(procs)
@@ -289,30 +289,33 @@ def probe_tensorpipe():
             f"CPU tensor channel {used_c}")
 
 
-def launch_pair(script, title, args, deadline_s):
-    """Probes TensorPipe, prints a header `<title>: torch ..., <what it negotiated>` on
-    stderr, runs the two workers of `script` with args and waits at most deadline_s.
-    Exit status: 0 if both workers exit 0, else 1 (why on stderr)."""
+def launch_pair(script, title, args, deadline_s, world_size=WORLD_SIZE):
+    """Probes TensorPipe (with a pair of workers), prints a header `<title>: torch ...,
+    <what it negotiated>` on stderr, runs the world_size workers of `script` with args
+    and waits at most deadline_s. Exit status: 0 if all workers exit 0, else 1 (why on
+    stderr)."""
     import torch
     tp = probe_tensorpipe()
     print(f"{title}: torch {torch.__version__}, TensorPipe backend (rpc_timeout "
           f"{RPC_TIMEOUT_S}s, default worker threads); {tp}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    why = wait_pair(start_pair(args, child_env(), script=script), deadline_s)
+    why = wait_pair(start_pair(args, child_env(), script=script, world_size=world_size),
+                    deadline_s)
     if why:
         print(f"{title}: failed: {why}", file=sys.stderr)
         return 1
     return 0
 
 
-def quick_main(argv, launch, worker, usage):
-    """main() of a one-workload script: `[--quick]` runs launch(quick), `--rank 0|1
-    [--quick]` (as the launcher starts it) runs worker(rank, quick); else usage()."""
+def quick_main(argv, launch, worker, usage, world_size=WORLD_SIZE):
+    """main() of a one-workload script: `[--quick]` runs launch(quick), `--rank <r>
+    [--quick]` with r < world_size (as the launcher starts it) runs worker(r, quick);
+    else usage()."""
     quick = "--quick" in argv
     rest = [a for a in argv if a != "--quick"]
     if not rest:
         return launch(quick)
-    if len(rest) == 2 and rest[0] == "--rank" and rest[1] in ("0", "1"):
+    if len(rest) == 2 and rest[0] == "--rank" and rest[1] in map(str, range(world_size)):
         worker(int(rest[1]), quick)
         return 0
     usage(f"unexpected arguments: {' '.join(rest)}")
