@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   const double steps_sum = 2.0 * steps / secs;  // synchronous: both trainers advance together
   gw::bench::Report("param_server_dense", "steps_per_s_sum", steps_sum, "steps/s");
   gw::bench::Report("param_server_dense", "param_bytes_per_s", 2.0 * static_cast<double>(bytes) * steps_sum / 1e6, "MB/s");
-  gw::bench::Report("param_server_dense", "step_ms_median_equivalent", 1e3 * secs / steps, "ms");
+  gw::bench::Report("param_server_dense", "step_ms_mean", 1e3 * secs / steps, "ms");
   int status = 0, ok = 1;
   for (pid_t child : {server, other}) {
     ::waitpid(child, &status, 0);

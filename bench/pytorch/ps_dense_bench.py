@@ -17,12 +17,13 @@ server tutorial (rpc.functions.async_execution):
   into .grad and returns the step's torch.futures.Future; the second push of a step
   halves the sums (average of the two trainers), runs one SGD step and completes that
   future with the new parameters (a list of tensors), which answers both trainers.
-- Each trainer (a Trainer object created on its worker with rpc.remote) pulls the
-  parameters once (rpc_sync get_params), then every step: a batch of 64 random inputs
-  [64,784] float32 and labels in [0,10) from its own generator (seed 1 + trainer),
-  forward and backward on the received parameters (torch.autograd.grad), then
-  rpc_sync(push_pull) with the gradients, which returns the next step's parameters.
-  So a step moves the parameters both ways in one round trip.
+- Each trainer (a Trainer object created on its worker with rpc.remote) draws its
+  batch of 64 once (random inputs [64,784] float32 and labels in [0,10) from its own
+  generator, seed 1 + trainer; the same batch every step, as gradwire's ps_bench) and
+  pulls the parameters once (rpc_sync get_params); then every step: forward and
+  backward on the received parameters (torch.autograd.grad), then rpc_sync(push_pull)
+  with the gradients, which returns the next step's parameters. So a step moves the
+  parameters both ways in one round trip.
 - Worker 0 drives: 5 warm-up steps on both trainers, then 100 timed steps each
   (train() started on both with rref.rpc_async(), wall time on worker 0 from before
   the start to both answers). steps_per_s_sum = 2*100 / wall (steps/s);
@@ -60,7 +61,7 @@ ITERS = {False: (5, 100), True: (5, 10)}   # (warm-up, timed) steps per trainer
 SIZES = (784, 512, 512, 10)
 BATCH, CLASSES = 64, 10
 LR = 0.01
-BATCH_SEED = 1               # trainer t draws its batches from seed BATCH_SEED + t
+BATCH_SEED = 1               # trainer t draws its batch from seed BATCH_SEED + t
 PARAM_ATOL = 1e-6            # served vs replayed parameters
 
 
@@ -77,14 +78,11 @@ def mlp():
     return torch.nn.Sequential(*layers[:-1])
 
 
-def batch_source(trainer):
-    """(trainer's generator, a function drawing its next (inputs, labels))."""
+def batch(trainer):
+    """Trainer's batch (inputs, labels), from its own generator."""
     gen = torch.Generator().manual_seed(BATCH_SEED + trainer)
-
-    def draw():
-        x = torch.randn(BATCH, SIZES[0], generator=gen)
-        return x, torch.randint(0, CLASSES, (BATCH,), generator=gen)
-    return draw
+    x = torch.randn(BATCH, SIZES[0], generator=gen)
+    return x, torch.randint(0, CLASSES, (BATCH,), generator=gen)
 
 
 def gradients(params, x, y):
@@ -147,7 +145,7 @@ class ParameterServer:
 class Trainer:
     def __init__(self, ps_rref, trainer):
         self.ps_rref = ps_rref
-        self.draw = batch_source(trainer)
+        self.batch = batch(trainer)
         self.params = rpc.rpc_sync(ps_rref.owner(), get_params, args=(ps_rref,))
 
     def train(self, steps):
@@ -156,7 +154,7 @@ class Trainer:
         ms = []
         for _ in range(steps):
             t0 = time.perf_counter()
-            grads = gradients(self.params, *self.draw())
+            grads = gradients(self.params, *self.batch)
             self.params = rpc.rpc_sync(self.ps_rref.owner(), ParameterServer.push_pull,
                                        args=(self.ps_rref, grads))
             ms.append((time.perf_counter() - t0) * 1e3)
@@ -169,15 +167,34 @@ def get_params(ps_rref):
 
 # ---------------------------------------------------------------- worker side
 
+def run_trainers(trainer_cls, ps_rref, warmup, iters):
+    """On worker 0: creates trainer_cls(ps_rref, t) on trainer t's worker (rpc.remote),
+    runs train(warmup) on all trainers, then train(iters) on all, timed from before the
+    calls to the last answer; (the trainers' RRefs, wall seconds of the timed phase,
+    each trainer's timed train() result)."""
+    trainers = [rpc.remote(f"worker{t + 1}", trainer_cls, args=(ps_rref, t))
+                for t in range(TRAINERS)]
+
+    def train_all(steps):
+        futs = [tr.rpc_async().train(steps) for tr in trainers]
+        torch.futures.wait_all(futs)
+        return [f.value() for f in futs]
+
+    train_all(warmup)
+    t0 = time.perf_counter()
+    results = train_all(iters)
+    return trainers, time.perf_counter() - t0, results
+
+
 def replay(steps):
     """The same synchronous training in this process: the server class fed the
     trainers' gradients directly; its parameters after `steps` steps."""
     server = ParameterServer()
-    draws = [batch_source(t) for t in range(TRAINERS)]
+    batches = [batch(t) for t in range(TRAINERS)]
     for _ in range(steps):
         params = server.get_params()
-        for draw in draws:
-            fut = server.add_grads(gradients(params, *draw()))
+        for x, y in batches:
+            fut = server.add_grads(gradients(params, x, y))
         if not fut.done():
             raise RuntimeError("replay: a step's future is not done after every push")
     return server.get_params()
@@ -188,21 +205,10 @@ def run(quick):
     server = ParameterServer()
     ps_rref = rpc.RRef(server)
     param_bytes = sum(p.numel() * p.element_size() for p in server.params)
-    trainers = [rpc.remote(f"worker{r}", Trainer, args=(ps_rref, r - 1))
-                for r in range(1, WORLD_SIZE)]
-
-    def train_all(steps):
-        futs = [t.rpc_async().train(steps) for t in trainers]
-        torch.futures.wait_all(futs)
-        return [f.value() for f in futs]
-
     print(f"{WORKLOAD}: MLP {'-'.join(map(str, SIZES))}, {param_bytes} parameter bytes; "
           f"{TRAINERS} trainers, batch {BATCH}; {warmup} warm-up + {iters} timed steps each",
           file=sys.stderr)
-    train_all(warmup)
-    t0 = time.perf_counter()
-    ms = train_all(iters)
-    wall = time.perf_counter() - t0
+    _, wall, ms = run_trainers(Trainer, ps_rref, warmup, iters)
     if server.steps != warmup + iters or server.pushed != 0:
         raise RuntimeError(f"server applied {server.steps} steps ({server.pushed} pushes "
                            f"pending), expected {warmup + iters}")
