@@ -1,6 +1,6 @@
 // Benchmark W6 `param_server_dense` of ../shared/BENCHMARKS.md for gradwire: one
 // parameter server (rank 0, a child process) holds an MLP 784-512-512-10 as dense tables
-// (one per parameter); two trainers (this process is trainer 0, rank 1; a child is
+// (one per parameter, all exchanged in one message per step); two trainers (this process is trainer 0, rank 1; a child is
 // trainer 1, rank 2) each step compute gradients on a batch of 64 and push them, and the
 // server applies SGD (lr 0.01) once per step with both trainers' gradients (synchronous)
 // and answers the pull of the next step with the new parameters.
@@ -68,24 +68,29 @@ std::pair<double, int64_t> Train(int port, int trainer, int warmup, int steps) {
   for (auto& l : labels) l = static_cast<int64_t>(data.NextBelow(10));
   const gw::Tensor y = gw::Tensor::FromVector<int64_t>(labels);
 
-  std::vector<gw::Future<gw::Tensor>> next;
-  for (const auto& [name, p] : params) next.push_back(client.Pull(name, 0));
+  std::vector<std::string> names;
+  for (const auto& [name, p] : params) names.push_back(name);
+  std::vector<gw::Future<gw::Tensor>> first;
+  for (const auto& name : names) first.push_back(client.Pull(name, 0));
+  std::vector<gw::Tensor> values;
+  for (auto& f : first) {
+    absl::StatusOr<gw::Tensor> v = f.Get();
+    if (!v.ok()) Fail("pull", v.status());
+    values.push_back(*v);
+  }
   double t0 = 0;
   for (int step = 0; step < warmup + steps; ++step) {
     if (step == warmup) t0 = gw::bench::NowSeconds();
-    for (size_t i = 0; i < params.size(); ++i) {
-      absl::StatusOr<gw::Tensor> v = next[i].Get();
-      if (!v.ok()) Fail("pull", v.status());
-      gw::kernels::CopyInPlace(params[i].second, *v);
-    }
+    for (size_t i = 0; i < params.size(); ++i) gw::kernels::CopyInPlace(params[i].second, values[i]);
     model->ZeroGrad();
     gw::autograd::Backward({gw::nn::CrossEntropyLoss(model->Forward(x), y)});
-    // Push this step's gradients; the answers to the pulls of the next step carry the
-    // parameters the server computed from both trainers' gradients.
-    for (size_t i = 0; i < params.size(); ++i) next[i] = client.PushPull(params[i].first, step, params[i].second.grad());
-  }
-  for (auto& f : next) {
-    if (absl::StatusOr<gw::Tensor> v = f.Get(); !v.ok()) Fail("pull", v.status());
+    // This step's gradients out, the parameters the server computed from both trainers'
+    // gradients back: one message each way.
+    std::vector<gw::Tensor> grads;
+    for (const auto& [name, p] : params) grads.push_back(p.grad());
+    absl::StatusOr<std::vector<gw::Tensor>> next = client.PushPullMany(names, step, grads).Get();
+    if (!next.ok()) Fail("push/pull", next.status());
+    values = *std::move(next);
   }
   const double secs = gw::bench::NowSeconds() - t0;
   if (absl::Status s = (*agent)->Shutdown(); !s.ok()) Fail("shutdown", s);

@@ -81,6 +81,14 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       return Fail("cannot create the tables", s);
     }
   }
+  std::vector<std::string> names;
+  std::vector<gw::Tensor> values;  // the parameters as of `clock`, from the servers
+  for (const auto& [name, p] : params) {
+    names.push_back(name);
+    absl::StatusOr<gw::Tensor> v = ps.Pull(name, 0).Get();
+    if (!v.ok()) return Fail("pull", v.status());
+    values.push_back(*v);
+  }
   gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(trainer));
   gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
   loader.Shard(trainer, trainers);
@@ -110,23 +118,18 @@ int Train(gw::rpc::AgentOptions options, int servers) {
     gw::data::Batch batch;
     loader.Reset();
     while (loader.Next(&batch)) {
-      // The parameters as of this step, then this trainer's gradient for it.
-      std::vector<gw::Future<gw::Tensor>> pulled;
-      for (const auto& [name, p] : params) pulled.push_back(ps.Pull(name, clock));
-      for (size_t i = 0; i < params.size(); ++i) {
-        absl::StatusOr<gw::Tensor> v = pulled[i].Get();
-        if (!v.ok()) return Fail("pull", v.status());
-        gw::kernels::CopyInPlace(params[i].second, *v);
-      }
+      // The parameters as of this step, then this trainer's gradient for it; the answer
+      // carries the parameters of the next step (one message each way per server).
+      for (size_t i = 0; i < params.size(); ++i) gw::kernels::CopyInPlace(params[i].second, values[i]);
       model->ZeroGrad();
       gw::Tensor logits = model->Forward(batch.inputs);
       gw::Tensor loss = gw::nn::CrossEntropyLoss(logits, batch.targets);
       gw::autograd::Backward({loss});
-      std::vector<gw::Future<bool>> pushed;
-      for (const auto& [name, p] : params) pushed.push_back(ps.Push(name, clock, p.grad()));
-      for (auto& f : pushed) {
-        if (absl::StatusOr<bool> r = f.Get(); !r.ok()) return Fail("push", r.status());
-      }
+      std::vector<gw::Tensor> grads;
+      for (const auto& [name, p] : params) grads.push_back(p.grad());
+      absl::StatusOr<std::vector<gw::Tensor>> next = ps.PushPullMany(names, clock, grads).Get();
+      if (!next.ok()) return Fail("push/pull", next.status());
+      values = *std::move(next);
       ++clock;
       loss_sum += loss.item();
       correct += gw::nn::Accuracy(logits, batch.targets) * static_cast<double>(batch.targets.size(0));
@@ -134,11 +137,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       if (bar) bar->Update(++step, fields());
     }
     // Evaluate the parameters as the servers hold them after this epoch.
-    for (const auto& [name, p] : params) {
-      absl::StatusOr<gw::Tensor> v = ps.Pull(name, clock).Get();
-      if (!v.ok()) return Fail("pull", v.status());
-      gw::kernels::CopyInPlace(p, *v);
-    }
+    for (size_t i = 0; i < params.size(); ++i) gw::kernels::CopyInPlace(params[i].second, values[i]);
     {
       gw::autograd::NoGradGuard no_grad;
       test_acc = gw::nn::Accuracy(model->Forward(test->images), test->labels);

@@ -143,3 +143,56 @@ Future<Tensor> Client::PushPull(const std::string& name, int64_t clock, const Te
 }
 
 }  // namespace gw::param_server
+
+namespace gw::param_server {
+
+Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>& names, int64_t clock,
+                                                 const std::vector<Tensor>& grads) {
+  if (names.size() != grads.size()) {
+    return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(),
+                                                absl::InvalidArgumentError("PushPullMany: one gradient per table"));
+  }
+  std::vector<Table> tables;
+  for (size_t t = 0; t < names.size(); ++t) {
+    absl::StatusOr<Table> table = Find(names[t]);
+    if (!table.ok()) return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), table.status());
+    if (grads[t].sizes() != table->shape) {
+      return MakeReadyFuture<std::vector<Tensor>>(
+          agent_.executor(), absl::InvalidArgumentError(absl::StrCat("table '", names[t], "': gradient of shape ",
+                                                                     ShapeToString(grads[t].sizes()), ", table has shape ",
+                                                                     ShapeToString(table->shape))));
+    }
+    tables.push_back(*std::move(table));
+  }
+  // One message per server: every table's shard of the gradient; the answer is the list of
+  // the tables' shards as of clock + 1.
+  std::vector<Future<std::vector<Tensor>>> per_server;
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    std::vector<Tensor> shards;
+    for (size_t t = 0; t < names.size(); ++t) {
+      const KeyRange& r = tables[t].ranges[i];
+      shards.push_back(kernels::Narrow(kernels::Reshape(kernels::Contiguous(grads[t]), {grads[t].numel()}), 0, r.begin,
+                                       r.size()));
+    }
+    per_server.push_back(agent_.Async<std::vector<Tensor>>(servers_[i], kPushPullManyFn, names, clock,
+                                                            static_cast<int64_t>(trainer_), shards,
+                                                            rpc::CallOptions{sync_timeout_ * 2}));
+  }
+  return Gather(agent_.executor(), std::move(per_server))
+      .Then([tables](const absl::StatusOr<std::vector<std::vector<Tensor>>>& r) -> absl::StatusOr<std::vector<Tensor>> {
+        if (!r.ok()) return r.status();
+        std::vector<Tensor> out;
+        for (size_t t = 0; t < tables.size(); ++t) {
+          std::vector<Tensor> parts;
+          for (const std::vector<Tensor>& server : *r) {
+            if (t >= server.size()) return absl::DataLossError("push_pull_many: a server answered too few tables");
+            if (server[t].numel() > 0) parts.push_back(server[t]);
+          }
+          Tensor flat = parts.size() == 1 ? parts[0] : kernels::Cat(parts, 0);
+          out.push_back(kernels::Reshape(flat, tables[t].shape));
+        }
+        return out;
+      });
+}
+
+}  // namespace gw::param_server

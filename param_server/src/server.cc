@@ -67,6 +67,9 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
              agent_.Register(kPushFn, [self](std::string table, int64_t clock, int64_t trainer, Tensor grad) {
                return self->Push(table, clock, trainer, grad);
              }),
+             agent_.Register(kPushPullManyFn,
+                             [self](std::vector<std::string> tables, int64_t clock, int64_t trainer,
+                                    std::vector<Tensor> grads) { return self->PushPullMany(tables, clock, trainer, grads); }),
          }) {
       if (!s.ok()) return s;
     }
@@ -177,7 +180,9 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
         status = absl::InvalidArgumentError(e.what());
       }
       ready = Released(s);
-      if (!ready.empty()) snapshot = kernels::Clone(s.values);
+      // kSync: the values change again only when every trainer has pushed the next step,
+      // which each does after receiving this answer, so they may travel without a copy.
+      if (!ready.empty()) snapshot = s.consistency == Consistency::kSync ? s.values : kernels::Clone(s.values);
     }
     for (auto& p : ready) p.Set(Value(snapshot));
     return status;
@@ -201,15 +206,65 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       return absl::InvalidArgumentError(absl::StrCat("table '", table, "': trainer ", trainer, " pushed step ", clock,
                                                      " twice"));
     }
-    s.sum = s.sum.defined() ? kernels::Add(s.sum, grad) : kernels::Clone(grad);
+    if (s.sum.defined()) {
+      kernels::AddInPlace(s.sum, grad);
+    } else {
+      s.sum = kernels::Clone(grad);
+    }
     if (s.step_deadline == absl::InfiniteFuture()) s.step_deadline = absl::Now() + s.sync_timeout;
     if (static_cast<int>(s.pushed.size()) < s.trainers) return absl::OkStatus();
-    optim::Update(s.optimizer, s.values, kernels::MulScalar(s.sum, 1.0 / s.trainers), s.state);
+    kernels::ScaleInPlace(s.sum, 1.0 / s.trainers);  // the mean gradient
+    optim::Update(s.optimizer, s.values, s.sum, s.state);
     ++s.applied;
     s.sum = Tensor();
     s.pushed.clear();
     s.step_deadline = absl::InfiniteFuture();
     return absl::OkStatus();
+  }
+
+  // Pushes this trainer's gradients for `clock` to several tables and answers with their
+  // values as of clock + 1, in one message each way.
+  Future<Value> PushPullMany(const std::vector<std::string>& tables, int64_t clock, int64_t trainer,
+                             const std::vector<Tensor>& grads) {
+    if (tables.size() != grads.size()) {
+      return MakeReadyFuture<Value>(agent_.executor(),
+                                    absl::InvalidArgumentError("push_pull_many: one gradient per table"));
+    }
+    for (size_t i = 0; i < tables.size(); ++i) {
+      if (absl::Status s = Push(tables[i], clock, trainer, grads[i]); !s.ok()) {
+        return MakeReadyFuture<Value>(agent_.executor(), s);
+      }
+    }
+    Promise<Value> all(agent_.executor());
+    struct State {
+      absl::Mutex mu;
+      rpc::ValueList values;
+      size_t left;
+      absl::Status error;
+    };
+    auto state = std::make_shared<State>();
+    state->values.resize(tables.size());
+    state->left = tables.size();
+    if (tables.empty()) all.Set(Value(rpc::ValueList{}));
+    for (size_t i = 0; i < tables.size(); ++i) {
+      Pull(tables[i], clock + 1).Subscribe([state, all, i](const absl::StatusOr<Value>& v) {
+        absl::Status error;
+        rpc::ValueList values;
+        {
+          absl::MutexLock lock(&state->mu);
+          if (v.ok()) {
+            state->values[i] = *v;
+          } else if (state->error.ok()) {
+            state->error = v.status();
+          }
+          if (--state->left > 0) return;
+          error = state->error;
+          values = std::move(state->values);
+        }
+        all.Set(error.ok() ? absl::StatusOr<Value>(Value(std::move(values))) : absl::StatusOr<Value>(error));
+      });
+    }
+    return all.future();
   }
 
   // Fails synchronous steps that did not complete in time, naming who did not push.

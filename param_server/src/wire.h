@@ -10,6 +10,8 @@ namespace gw::param_server {
 inline constexpr char kCreateFn[] = "__ps.create";
 inline constexpr char kPullFn[] = "__ps.pull";      // (table, clock) -> shard values
 inline constexpr char kPushFn[] = "__ps.push";      // (table, clock, trainer, shard gradient)
+// ([table], clock, trainer, [shard gradient]) -> [shard values as of clock + 1]
+inline constexpr char kPushPullManyFn[] = "__ps.push_pull_many";
 
 using dist_autograd::ConfigFromValue;
 using dist_autograd::ConfigToValue;

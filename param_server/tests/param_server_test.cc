@@ -76,6 +76,28 @@ TEST(ParameterServerTest, SynchronousStepsAverageBothTrainersAndPullsWaitForThem
   EXPECT_TRUE(d.group->ShutdownAll().ok());
 }
 
+TEST(ParameterServerTest, PushPullManyExchangesSeveralTablesInOneMessagePerServer) {
+  Deployment d;
+  ASSERT_NE(d.group, nullptr);
+  Client c0 = d.MakeClient(0), c1 = d.MakeClient(1);
+  for (Client* c : {&c0, &c1}) {
+    ASSERT_TRUE(c->CreateDense("a", Tensor::Zeros({3, 3}), optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
+    ASSERT_TRUE(c->CreateDense("b", Tensor::Ones({2}), optim::Sgd{.lr = 0.5}, Consistency::kSync).ok());
+  }
+  Future<std::vector<Tensor>> f0 = c0.PushPullMany({"a", "b"}, 0, {Tensor::Ones({3, 3}), Tensor::Full({2}, 2.0)});
+  Future<std::vector<Tensor>> f1 = c1.PushPullMany({"a", "b"}, 0, {Tensor::Full({3, 3}, 3.0), Tensor::Full({2}, 4.0)});
+  absl::StatusOr<std::vector<Tensor>> r0 = f0.Get(absl::Seconds(20)), r1 = f1.Get(absl::Seconds(20));
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  ASSERT_EQ(r0->size(), 2u);
+  EXPECT_EQ((*r0)[0].sizes(), Shape({3, 3}));
+  EXPECT_EQ((*r0)[0].ToVector<float>(), std::vector<float>(9, -2.0f));  // 0 - 1.0 * mean(1, 3)
+  EXPECT_EQ((*r0)[1].ToVector<float>(), std::vector<float>(2, -0.5f));  // 1 - 0.5 * mean(2, 4)
+  EXPECT_EQ(kernels::MaxAbsDiff((*r1)[0], (*r0)[0]), 0.0);
+  EXPECT_EQ(c0.PushPullMany({"a"}, 1, {Tensor::Ones({2})}).Get().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(d.group->ShutdownAll().ok());
+}
+
 TEST(ParameterServerTest, AsynchronousPushesApplyAtOnce) {
   Deployment d;
   ASSERT_NE(d.group, nullptr);

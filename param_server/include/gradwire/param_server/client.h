@@ -9,7 +9,8 @@
 //   - Pull(name, clock) returns the whole table (initial's shape) as of step `clock`
 //     (kSync: after the pushes of clock-1 were applied); Push(name, clock, grad) sends
 //     this trainer's gradient for step `clock`; PushPull does both and returns the table
-//     as of clock+1. One message per server each; shard buffers are views of `grad`
+//     as of clock+1; PushPullMany does it for several tables in one message per server.
+//     One message per server each; shard buffers are views of `grad`
 //     (no copy) and the pulled shards are assembled into one tensor.
 //   - Errors name the server; futures complete on transport or pool threads.
 #ifndef GRADWIRE_PARAM_SERVER_CLIENT_H_
@@ -39,6 +40,9 @@ class Client {
   Future<Tensor> Pull(const std::string& name, int64_t clock);
   Future<bool> Push(const std::string& name, int64_t clock, const Tensor& grad);
   Future<Tensor> PushPull(const std::string& name, int64_t clock, const Tensor& grad);
+  // PushPull for several tables at once: one message to each server and one back.
+  Future<std::vector<Tensor>> PushPullMany(const std::vector<std::string>& names, int64_t clock,
+                                           const std::vector<Tensor>& grads);
 
   int trainer() const { return trainer_; }
 
