@@ -130,7 +130,7 @@ TEST(ParameterServerTest, ASynchronousStepMissingATrainerFailsNamingIt) {
 TEST(ParameterServerTest, BoundedStalenessHoldsTheFastTrainerBack) {
   Deployment d;
   ASSERT_NE(d.group, nullptr);
-  Client fast = d.MakeClient(0, absl::Milliseconds(500)), slow = d.MakeClient(1, absl::Milliseconds(500));
+  Client fast = d.MakeClient(0, absl::Seconds(2)), slow = d.MakeClient(1, absl::Seconds(2));
   const Tensor init = Tensor::Zeros({6});
   ASSERT_TRUE(fast.CreateDense("t", init, optim::Sgd{.lr = 1.0}, Consistency::kBoundedStaleness, 1).ok());
   ASSERT_TRUE(slow.CreateDense("t", init, optim::Sgd{.lr = 1.0}, Consistency::kBoundedStaleness, 1).ok());
