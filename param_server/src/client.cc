@@ -61,7 +61,7 @@ absl::Status Client::CreateDense(const std::string& name, const Tensor& initial,
   if (!initial.defined() || initial.dtype() != DType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat("table '", name, "': the initial value must be a float32 tensor"));
   }
-  Table table{initial.sizes(), ShardDense(initial.numel(), static_cast<int>(servers_.size()))};
+  Table table{initial.sizes(), ShardDense(initial.numel(), static_cast<int>(servers_.size())), consistency};
   const Tensor flat = kernels::Reshape(kernels::Contiguous(initial), {initial.numel()});
   std::vector<Future<Value>> created;
   for (size_t i = 0; i < servers_.size(); ++i) {
@@ -134,11 +134,23 @@ Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& 
 }
 
 Future<Tensor> Client::PushPull(const std::string& name, int64_t clock, const Tensor& grad) {
+  absl::StatusOr<Table> table = Find(name);
+  if (!table.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), table.status());
   Future<bool> pushed = Push(name, clock, grad);
-  Future<Tensor> pulled = Pull(name, clock + 1);  // queued behind the push on each server
-  return pushed.Then([pulled](const absl::StatusOr<bool>& p) -> Future<Tensor> {
-    if (!p.ok()) return MakeReadyFuture<Tensor>(*pulled.executor(), p.status());
-    return pulled;
+  if (table->consistency == Consistency::kSync) {
+    // The pull of the next step waits on the server for every trainer's push: it may
+    // travel right behind ours.
+    Future<Tensor> pulled = Pull(name, clock + 1);
+    return pushed.Then([pulled](const absl::StatusOr<bool>& p) -> Future<Tensor> {
+      if (!p.ok()) return MakeReadyFuture<Tensor>(*pulled.executor(), p.status());
+      return pulled;
+    });
+  }
+  // Otherwise a pull is served at once, and the server may run it before our push (its
+  // handlers run concurrently): pull only once the push is acknowledged.
+  return pushed.Then([this, name, clock](const absl::StatusOr<bool>& p) -> Future<Tensor> {
+    if (!p.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), p.status());
+    return Pull(name, clock + 1);
   });
 }
 

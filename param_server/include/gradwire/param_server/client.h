@@ -9,7 +9,8 @@
 //   - Pull(name, clock) returns the whole table (initial's shape) as of step `clock`
 //     (kSync: after the pushes of clock-1 were applied); Push(name, clock, grad) sends
 //     this trainer's gradient for step `clock`; PushPull does both and returns the table
-//     as of clock+1; PushPullMany does it for several tables in one message per server.
+//     as of clock+1, including this push (the server runs requests concurrently, so
+//     outside kSync the pull is sent once the push is acknowledged); PushPullMany does it for several tables in one message per server.
 //     One message per server each; shard buffers are views of `grad`
 //     (no copy) and the pulled shards are assembled into one tensor.
 //   - Errors name the server; futures complete on transport or pool threads.
@@ -50,6 +51,7 @@ class Client {
   struct Table {
     Shape shape;
     std::vector<KeyRange> ranges;
+    Consistency consistency = Consistency::kSync;
   };
   absl::StatusOr<Table> Find(const std::string& name) const;
   Future<Tensor> Assemble(const Table& table, std::vector<Future<Tensor>> shards) const;
