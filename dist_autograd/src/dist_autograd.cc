@@ -65,30 +65,10 @@ void CollectRecvs(const std::vector<autograd::Edge>& from, absl::flat_hash_map<i
 
 // Completes when every future has; with the first error if any failed.
 Future<Value> AllOf(rpc::Executor& ex, std::vector<Future<Value>> futures) {
-  Promise<Value> done(ex);
-  if (futures.empty()) {
-    done.Set(Value());
-    return done.future();
-  }
-  struct State {
-    absl::Mutex mu;
-    size_t left;
-    absl::Status first_error;
-  };
-  auto state = std::make_shared<State>();
-  state->left = futures.size();
-  for (const Future<Value>& f : futures) {
-    f.Subscribe([state, done](const absl::StatusOr<Value>& r) {
-      absl::Status result;
-      {
-        absl::MutexLock lock(&state->mu);
-        if (!r.ok() && state->first_error.ok()) state->first_error = r.status();
-        if (--state->left > 0) return;
-        result = state->first_error;
-      }
-      done.Set(result.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(result));
-    });
-  }
+  Promise<Value> done(ex);  // completed on the completing thread: no pool hop
+  WhenAll(ex, std::move(futures)).Subscribe([done](const absl::StatusOr<std::vector<Value>>& r) {
+    done.Set(r.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(r.status()));
+  });
   return done.future();
 }
 

@@ -11,45 +11,6 @@ namespace {
 
 using rpc::Value;
 
-// Completes with all results in order once every future has, or with the first error.
-template <typename T>
-Future<std::vector<T>> Gather(rpc::Executor& ex, std::vector<Future<T>> futures) {
-  Promise<std::vector<T>> done(ex);
-  struct State {
-    absl::Mutex mu;
-    std::vector<T> results;
-    size_t left;
-    absl::Status error;
-  };
-  auto state = std::make_shared<State>();
-  state->results.resize(futures.size());
-  state->left = futures.size();
-  if (futures.empty()) done.Set(std::vector<T>{});
-  for (size_t i = 0; i < futures.size(); ++i) {
-    futures[i].Subscribe([state, done, i](const absl::StatusOr<T>& r) {
-      absl::Status error;
-      std::vector<T> results;
-      {
-        absl::MutexLock lock(&state->mu);
-        if (r.ok()) {
-          state->results[i] = *r;
-        } else if (state->error.ok()) {
-          state->error = r.status();
-        }
-        if (--state->left > 0) return;
-        error = state->error;
-        results = std::move(state->results);
-      }
-      if (error.ok()) {
-        done.Set(std::move(results));
-      } else {
-        done.Set(error);
-      }
-    });
-  }
-  return done.future();
-}
-
 }  // namespace
 
 Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer, int trainers,
@@ -71,7 +32,7 @@ absl::Status Client::CreateDense(const std::string& name, const Tensor& initial,
                                           static_cast<int64_t>(trainers_),
                                           absl::ToInt64Milliseconds(sync_timeout_), staleness));
   }
-  absl::StatusOr<std::vector<Value>> done = Gather(agent_.executor(), std::move(created)).Get();
+  absl::StatusOr<std::vector<Value>> done = WhenAll(agent_.executor(), std::move(created)).Get();
   if (!done.ok()) return done.status();
   absl::MutexLock lock(&mu_);
   tables_[name] = std::move(table);
@@ -89,7 +50,7 @@ absl::StatusOr<Client::Table> Client::Find(const std::string& name) const {
 
 Future<Tensor> Client::Assemble(const Table& table, std::vector<Future<Tensor>> shards) const {
   const Shape shape = table.shape;
-  return Gather(agent_.executor(), std::move(shards))
+  return WhenAll(agent_.executor(), std::move(shards))
       .Then([shape](const absl::StatusOr<std::vector<Tensor>>& parts) -> absl::StatusOr<Tensor> {
         if (!parts.ok()) return parts.status();
         std::vector<Tensor> nonempty;
@@ -127,7 +88,7 @@ Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& 
     pushed.push_back(agent_.Async<Value>(servers_[i], kPushFn, name, clock, static_cast<int64_t>(trainer_),
                                          kernels::Narrow(flat, 0, r.begin, r.size())));
   }
-  return Gather(agent_.executor(), std::move(pushed)).Then([](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
+  return WhenAll(agent_.executor(), std::move(pushed)).Then([](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
     if (!r.ok()) return r.status();
     return true;
   });
@@ -190,7 +151,7 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
                                                             static_cast<int64_t>(trainer_), shards,
                                                             rpc::CallOptions{sync_timeout_ * 2}));
   }
-  return Gather(agent_.executor(), std::move(per_server))
+  return WhenAll(agent_.executor(), std::move(per_server))
       .Then([tables](const absl::StatusOr<std::vector<std::vector<Tensor>>>& r) -> absl::StatusOr<std::vector<Tensor>> {
         if (!r.ok()) return r.status();
         std::vector<Tensor> out;

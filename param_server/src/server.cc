@@ -235,35 +235,13 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
         return MakeReadyFuture<Value>(agent_.executor(), s);
       }
     }
-    Promise<Value> all(agent_.executor());
-    struct State {
-      absl::Mutex mu;
-      rpc::ValueList values;
-      size_t left;
-      absl::Status error;
-    };
-    auto state = std::make_shared<State>();
-    state->values.resize(tables.size());
-    state->left = tables.size();
-    if (tables.empty()) all.Set(Value(rpc::ValueList{}));
-    for (size_t i = 0; i < tables.size(); ++i) {
-      Pull(tables[i], clock + 1).Subscribe([state, all, i](const absl::StatusOr<Value>& v) {
-        absl::Status error;
-        rpc::ValueList values;
-        {
-          absl::MutexLock lock(&state->mu);
-          if (v.ok()) {
-            state->values[i] = *v;
-          } else if (state->error.ok()) {
-            state->error = v.status();
-          }
-          if (--state->left > 0) return;
-          error = state->error;
-          values = std::move(state->values);
-        }
-        all.Set(error.ok() ? absl::StatusOr<Value>(Value(std::move(values))) : absl::StatusOr<Value>(error));
-      });
-    }
+    std::vector<Future<Value>> pulled;
+    for (const std::string& table : tables) pulled.push_back(Pull(table, clock + 1));
+    Promise<Value> all(agent_.executor());  // answered on the completing thread: no pool hop
+    WhenAll(agent_.executor(), std::move(pulled)).Subscribe([all](const absl::StatusOr<std::vector<Value>>& v) {
+      all.Set(v.ok() ? absl::StatusOr<Value>(Value(rpc::ValueList(v->begin(), v->end())))
+                     : absl::StatusOr<Value>(v.status()));
+    });
     return all.future();
   }
 

@@ -13,6 +13,8 @@
 //   - Subscribe(fn) is the exception, for plumbing inside gradwire: fn runs on the thread
 //     that completes the promise (or at once if it is complete), so results are passed
 //     along without a thread hop. fn must be quick and must not block or throw.
+//   - WhenAll(futures) completes with every result, in order, once all have completed, or
+//     with the first error (in completion order).
 //   - Futures are cheap shared handles; all methods are thread-safe.
 #ifndef GRADWIRE_RPC_FUTURE_H_
 #define GRADWIRE_RPC_FUTURE_H_
@@ -220,6 +222,45 @@ Future<T> MakeReadyFuture(rpc::Executor& executor, absl::StatusOr<T> result) {
   Promise<T> p(executor);
   p.Set(std::move(result));
   return p.future();
+}
+
+template <typename T>
+Future<std::vector<T>> WhenAll(rpc::Executor& executor, std::vector<Future<T>> futures) {
+  Promise<std::vector<T>> done(executor);
+  if (futures.empty()) {
+    done.Set(std::vector<T>{});
+    return done.future();
+  }
+  struct State {
+    absl::Mutex mu;
+    std::vector<T> results;
+    size_t left;
+    absl::Status error;
+  };
+  auto state = std::make_shared<State>();
+  state->results.resize(futures.size());
+  state->left = futures.size();
+  for (size_t i = 0; i < futures.size(); ++i) {
+    futures[i].Subscribe([state, done, i](const absl::StatusOr<T>& r) {
+      absl::StatusOr<std::vector<T>> result;
+      {
+        absl::MutexLock lock(&state->mu);
+        if (r.ok()) {
+          state->results[i] = *r;
+        } else if (state->error.ok()) {
+          state->error = r.status();
+        }
+        if (--state->left > 0) return;
+        if (state->error.ok()) {
+          result = std::move(state->results);
+        } else {
+          result = state->error;
+        }
+      }
+      done.Set(std::move(result));
+    });
+  }
+  return done.future();
 }
 
 template <typename T>
