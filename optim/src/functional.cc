@@ -6,6 +6,7 @@
 // template parameters (see WithBools) so the loops carry no branches and vectorise.
 #include "gradwire/optim/functional.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -157,6 +158,54 @@ Tensor Buffer(ParamState& state, std::string_view name, const Tensor& param, dou
 
 // ---- per-optimizer steps on contiguous `param` and `grad` ----
 
+// ---- per-optimizer steps on raw contiguous arrays (shared by Update and UpdateRow) ----
+
+// `first`: the momentum buffer has no value yet and is set by this step.
+template <typename T>
+void SgdRaw(const Sgd& c, int64_t n, T* p, const T* g, T* buf, bool first) {
+  const bool use_momentum = c.momentum != 0;
+  WithBools(
+      [&]<bool kWeightDecay, bool kMomentum, bool kFirst, bool kNesterov>() {
+        SgdLoop<T, kWeightDecay, kMomentum, kFirst, kNesterov>(
+            n, p, g, buf, static_cast<T>(c.maximize ? -1 : 1), static_cast<T>(c.lr),
+            static_cast<T>(c.weight_decay), static_cast<T>(c.momentum), static_cast<T>(1 - c.dampening));
+      },
+      c.weight_decay != 0, use_momentum, first, use_momentum && c.nesterov);
+}
+
+// Adam (decoupled = false) and AdamW (decoupled = true); `step` counts this update.
+template <typename T, typename Config>
+void AdamRaw(const Config& c, bool decoupled, int64_t n, T* p, const T* g, T* m, T* v, T* v_max, int64_t step) {
+  const double bias_correction1 = 1 - std::pow(c.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(c.beta2, static_cast<double>(step));
+  const double step_size = c.lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  const double param_scale = decoupled ? 1 - c.lr * c.weight_decay : 1;
+  const bool l2 = !decoupled && c.weight_decay != 0;
+  WithBools(
+      [&]<bool kWeightDecay, bool kAmsgrad>() {
+        AdamLoop<T, kWeightDecay, kAmsgrad>(
+            n, p, g, m, v, v_max, static_cast<T>(c.maximize ? -1 : 1), static_cast<T>(c.weight_decay),
+            static_cast<T>(param_scale), static_cast<T>(c.beta1), static_cast<T>(1 - c.beta1),
+            static_cast<T>(c.beta2), static_cast<T>(1 - c.beta2), static_cast<T>(bias_correction2_sqrt),
+            static_cast<T>(c.eps), static_cast<T>(-step_size));
+      },
+      l2, c.amsgrad);
+}
+
+template <typename T>
+void AdagradRaw(const Adagrad& c, int64_t n, T* p, const T* g, T* sum, int64_t step) {
+  const double clr = c.lr / (1 + static_cast<double>(step - 1) * c.lr_decay);
+  WithBools(
+      [&]<bool kWeightDecay>() {
+        AdagradLoop<T, kWeightDecay>(n, p, g, sum, static_cast<T>(c.maximize ? -1 : 1),
+                                     static_cast<T>(c.weight_decay), static_cast<T>(c.eps), static_cast<T>(-clr));
+      },
+      c.weight_decay != 0);
+}
+
+// ---- per-optimizer steps on contiguous `param` and `grad` ----
+
 void Step(const Sgd& c, const Tensor& param, const Tensor& grad, ParamState& state) {
   const bool use_momentum = c.momentum != 0;
   Tensor buf;
@@ -174,17 +223,7 @@ void Step(const Sgd& c, const Tensor& param, const Tensor& grad, ParamState& sta
   }
   ++state.step;
   WithFloatType("SGD", param.dtype(), [&]<typename T>() {
-    T* p = param.data<T>();
-    const T* g = grad.data<T>();
-    T* b = use_momentum ? buf.data<T>() : nullptr;
-    WithBools(
-        [&]<bool kWeightDecay, bool kMomentum, bool kFirst, bool kNesterov>() {
-          SgdLoop<T, kWeightDecay, kMomentum, kFirst, kNesterov>(
-              param.numel(), p, g, b, static_cast<T>(c.maximize ? -1 : 1), static_cast<T>(c.lr),
-              static_cast<T>(c.weight_decay), static_cast<T>(c.momentum),
-              static_cast<T>(1 - c.dampening));
-        },
-        c.weight_decay != 0, use_momentum, first, use_momentum && c.nesterov);
+    SgdRaw<T>(c, param.numel(), param.data<T>(), grad.data<T>(), use_momentum ? buf.data<T>() : nullptr, first);
   });
 }
 
@@ -197,30 +236,9 @@ void AdamStep(std::string_view op, const Config& c, bool decoupled, const Tensor
   Tensor max_exp_avg_sq;
   if (c.amsgrad) max_exp_avg_sq = Buffer(state, kMaxExpAvgSq, param, 0);
   const int64_t step = ++state.step;
-
-  const double bias_correction1 = 1 - std::pow(c.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1 - std::pow(c.beta2, static_cast<double>(step));
-  const double step_size = c.lr / bias_correction1;
-  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
-  const double param_scale = decoupled ? 1 - c.lr * c.weight_decay : 1;
-  const bool l2 = !decoupled && c.weight_decay != 0;
-
   WithFloatType(op, param.dtype(), [&]<typename T>() {
-    T* p = param.data<T>();
-    const T* g = grad.data<T>();
-    T* m = exp_avg.data<T>();
-    T* v = exp_avg_sq.data<T>();
-    T* v_max = c.amsgrad ? max_exp_avg_sq.data<T>() : nullptr;
-    WithBools(
-        [&]<bool kWeightDecay, bool kAmsgrad>() {
-          AdamLoop<T, kWeightDecay, kAmsgrad>(
-              param.numel(), p, g, m, v, v_max, static_cast<T>(c.maximize ? -1 : 1),
-              static_cast<T>(c.weight_decay), static_cast<T>(param_scale), static_cast<T>(c.beta1),
-              static_cast<T>(1 - c.beta1), static_cast<T>(c.beta2), static_cast<T>(1 - c.beta2),
-              static_cast<T>(bias_correction2_sqrt), static_cast<T>(c.eps),
-              static_cast<T>(-step_size));
-        },
-        l2, c.amsgrad);
+    AdamRaw<T>(c, decoupled, param.numel(), param.data<T>(), grad.data<T>(), exp_avg.data<T>(),
+               exp_avg_sq.data<T>(), c.amsgrad ? max_exp_avg_sq.data<T>() : nullptr, step);
   });
 }
 
@@ -235,18 +253,8 @@ void Step(const AdamW& c, const Tensor& param, const Tensor& grad, ParamState& s
 void Step(const Adagrad& c, const Tensor& param, const Tensor& grad, ParamState& state) {
   Tensor sum = Buffer(state, kSum, param, c.initial_accumulator_value);
   const int64_t step = ++state.step;
-  const double clr = c.lr / (1 + static_cast<double>(step - 1) * c.lr_decay);
   WithFloatType("Adagrad", param.dtype(), [&]<typename T>() {
-    T* p = param.data<T>();
-    const T* g = grad.data<T>();
-    T* s = sum.data<T>();
-    WithBools(
-        [&]<bool kWeightDecay>() {
-          AdagradLoop<T, kWeightDecay>(param.numel(), p, g, s, static_cast<T>(c.maximize ? -1 : 1),
-                                       static_cast<T>(c.weight_decay), static_cast<T>(c.eps),
-                                       static_cast<T>(-clr));
-        },
-        c.weight_decay != 0);
+    AdagradRaw<T>(c, param.numel(), param.data<T>(), grad.data<T>(), sum.data<T>(), step);
   });
 }
 
@@ -347,6 +355,40 @@ void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& gr
   } else {
     kernels::CopyInPlace(param, work);  // bumps the version
   }
+}
+
+int RowStateSize(const OptimizerConfig& config) {
+  return std::visit(Overloaded{
+                        [](const Sgd& c) { return c.momentum != 0 ? 1 : 0; },
+                        [](const Adam& c) { return c.amsgrad ? 3 : 2; },
+                        [](const AdamW& c) { return c.amsgrad ? 3 : 2; },
+                        [](const Adagrad&) { return 1; },
+                    },
+                    config);
+}
+
+void UpdateRow(const OptimizerConfig& config, int64_t dim, float* param, const float* grad, float* state,
+               int64_t& step) {
+  const bool fresh = step == 0;
+  ++step;
+  std::visit(Overloaded{
+                 [&](const Sgd& c) { SgdRaw<float>(c, dim, param, grad, c.momentum != 0 ? state : nullptr, fresh); },
+                 [&](const Adam& c) {
+                   if (fresh) std::fill(state, state + RowStateSize(c) * dim, 0.0f);
+                   AdamRaw<float>(c, false, dim, param, grad, state, state + dim, c.amsgrad ? state + 2 * dim : nullptr,
+                                  step);
+                 },
+                 [&](const AdamW& c) {
+                   if (fresh) std::fill(state, state + RowStateSize(c) * dim, 0.0f);
+                   AdamRaw<float>(c, true, dim, param, grad, state, state + dim, c.amsgrad ? state + 2 * dim : nullptr,
+                                  step);
+                 },
+                 [&](const Adagrad& c) {
+                   if (fresh) std::fill(state, state + dim, static_cast<float>(c.initial_accumulator_value));
+                   AdagradRaw<float>(c, dim, param, grad, state, step);
+                 },
+             },
+             config);
 }
 
 }  // namespace gw::optim

@@ -182,6 +182,39 @@ void ExpectMatchesReference(DType dtype, double tolerance) {
   }
 }
 
+// Sparse tables update rows one at a time: every optimizer's UpdateRow must equal
+// Update() on a tensor holding that row, bit for bit, over several steps.
+TEST(FunctionalTest, UpdateRowEqualsUpdateOnTheRow) {
+  const std::vector<OptimizerConfig> configs = {
+      Sgd{.lr = 0.1},
+      Sgd{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01},
+      Sgd{.lr = 0.1, .momentum = 0.9, .nesterov = true},
+      Adam{.lr = 0.01, .weight_decay = 0.1},
+      Adam{.lr = 0.01, .amsgrad = true},
+      AdamW{.lr = 0.01},
+      Adagrad{.lr = 0.1, .lr_decay = 0.01, .initial_accumulator_value = 0.5},
+  };
+  constexpr int64_t kDim = 37;
+  for (const OptimizerConfig& config : configs) {
+    Generator gen(5);
+    Tensor dense = Tensor::Randn({kDim}, gen);
+    std::vector<float> row(dense.data<float>(), dense.data<float>() + kDim);
+    std::vector<float> state(static_cast<size_t>(RowStateSize(config) * kDim), -7.0f);  // garbage: fresh row
+    ParamState dense_state;
+    int64_t step = 0;
+    for (int s = 0; s < 4; ++s) {
+      Tensor grad = Tensor::Randn({kDim}, gen);
+      Update(config, dense, grad, dense_state);
+      UpdateRow(config, kDim, row.data(), grad.data<float>(), state.data(), step);
+      for (int64_t i = 0; i < kDim; ++i) {
+        ASSERT_EQ(row[static_cast<size_t>(i)], dense.data<float>()[i]) << Name(config) << " step " << s << " i " << i;
+      }
+    }
+    EXPECT_EQ(step, dense_state.step);
+    EXPECT_EQ(static_cast<size_t>(RowStateSize(config)), dense_state.buffers.size()) << Name(config);
+  }
+}
+
 TEST(FunctionalTest, ReferenceFileCoversEveryVariant) {
   const Reference& ref = GetReference();
   ASSERT_GE(ref.param.size(), 5u);

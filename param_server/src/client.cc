@@ -13,9 +13,52 @@ using rpc::Value;
 
 }  // namespace
 
-Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer, int trainers,
-               absl::Duration sync_timeout)
-    : agent_(agent), servers_(std::move(servers)), trainer_(trainer), trainers_(trainers), sync_timeout_(sync_timeout) {}
+Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer, int trainers, ClientOptions options)
+    : agent_(agent),
+      servers_(std::move(servers)),
+      trainer_(trainer),
+      trainers_(trainers),
+      sync_timeout_(options.sync_timeout),
+      reconnect_timeout_(options.reconnect_timeout) {}
+
+namespace {
+
+// One call and its retries while the server is unavailable.
+template <typename T>
+struct Retry : std::enable_shared_from_this<Retry<T>> {
+  Retry(rpc::Executor& ex, std::function<Future<T>()> c, absl::Time d) : executor(ex), call(std::move(c)), deadline(d), out(ex) {}
+  rpc::Executor& executor;
+  std::function<Future<T>()> call;
+  absl::Time deadline;
+  Promise<T> out;
+
+  void Attempt() {
+    auto self = this->shared_from_this();
+    call().Subscribe([self](const absl::StatusOr<T>& r) {
+      if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable || absl::Now() >= self->deadline) {
+        self->out.Set(r);
+        return;
+      }
+      // Not on the completing (transport) thread: wait on the pool, then call again.
+      const bool posted = self->executor.Post([self] {
+        absl::SleepFor(absl::Milliseconds(200));
+        self->Attempt();
+      });
+      if (!posted) self->out.Set(r);
+    });
+  }
+};
+
+}  // namespace
+
+template <typename T>
+Future<T> Client::Call(std::function<Future<T>()> call) const {
+  if (reconnect_timeout_ <= absl::ZeroDuration()) return call();
+  auto retry = std::make_shared<Retry<T>>(agent_.executor(), std::move(call), absl::Now() + reconnect_timeout_);
+  Future<T> result = retry->out.future();
+  retry->Attempt();
+  return result;
+}
 
 absl::Status Client::CreateDense(const std::string& name, const Tensor& initial, const optim::OptimizerConfig& optimizer,
                                  Consistency consistency, int64_t staleness) {
@@ -67,7 +110,9 @@ Future<Tensor> Client::Pull(const std::string& name, int64_t clock) {
   if (!table.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), table.status());
   std::vector<Future<Tensor>> shards;
   for (size_t i = 0; i < servers_.size(); ++i) {
-    shards.push_back(agent_.Async<Tensor>(servers_[i], kPullFn, name, clock, rpc::CallOptions{sync_timeout_ * 2}));
+    shards.push_back(Call<Tensor>([this, i, name, clock] {
+      return agent_.Async<Tensor>(servers_[i], kPullFn, name, clock, rpc::CallOptions{sync_timeout_ * 2});
+    }));
   }
   return Assemble(*table, std::move(shards));
 }
@@ -85,8 +130,10 @@ Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& 
   std::vector<Future<Value>> pushed;
   for (size_t i = 0; i < servers_.size(); ++i) {
     const KeyRange& r = table->ranges[i];
-    pushed.push_back(agent_.Async<Value>(servers_[i], kPushFn, name, clock, static_cast<int64_t>(trainer_),
-                                         kernels::Narrow(flat, 0, r.begin, r.size())));
+    const Tensor shard = kernels::Narrow(flat, 0, r.begin, r.size());
+    pushed.push_back(Call<Value>([this, i, name, clock, shard] {
+      return agent_.Async<Value>(servers_[i], kPushFn, name, clock, static_cast<int64_t>(trainer_), shard);
+    }));
   }
   return WhenAll(agent_.executor(), std::move(pushed)).Then([](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
     if (!r.ok()) return r.status();
@@ -147,9 +194,11 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
       shards.push_back(kernels::Narrow(kernels::Reshape(kernels::Contiguous(grads[t]), {grads[t].numel()}), 0, r.begin,
                                        r.size()));
     }
-    per_server.push_back(agent_.Async<std::vector<Tensor>>(servers_[i], kPushPullManyFn, names, clock,
-                                                            static_cast<int64_t>(trainer_), shards,
-                                                            rpc::CallOptions{sync_timeout_ * 2}));
+    per_server.push_back(Call<std::vector<Tensor>>([this, i, names, clock, shards] {
+      return agent_.Async<std::vector<Tensor>>(servers_[i], kPushPullManyFn, names, clock,
+                                               static_cast<int64_t>(trainer_), shards,
+                                               rpc::CallOptions{sync_timeout_ * 2});
+    }));
   }
   return WhenAll(agent_.executor(), std::move(per_server))
       .Then([tables](const absl::StatusOr<std::vector<std::vector<Tensor>>>& r) -> absl::StatusOr<std::vector<Tensor>> {
@@ -166,6 +215,158 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
         }
         return out;
       });
+}
+
+}  // namespace gw::param_server
+
+namespace gw::param_server {
+
+absl::Status Client::CreateSparse(const std::string& name, int64_t dim, const SparseOptions& options,
+                                  const optim::OptimizerConfig& optimizer, Consistency consistency,
+                                  int64_t staleness) {
+  if (dim < 1) return absl::InvalidArgumentError(absl::StrCat("sparse table '", name, "': dim must be >= 1, got ", dim));
+  if (options.capacity < 0) return absl::InvalidArgumentError(absl::StrCat("sparse table '", name, "': negative capacity"));
+  const Value layout = LayoutToValue({dim, options.capacity, options.init});
+  std::vector<Future<Value>> created;
+  for (const std::string& server : servers_) {
+    created.push_back(agent_.Async<Value>(server, kCreateSparseFn, name, layout, ConfigToValue(optimizer),
+                                          static_cast<int64_t>(consistency), static_cast<int64_t>(trainers_),
+                                          absl::ToInt64Milliseconds(sync_timeout_), staleness));
+  }
+  absl::StatusOr<std::vector<Value>> done = WhenAll(agent_.executor(), std::move(created)).Get();
+  if (!done.ok()) return done.status();
+  absl::MutexLock lock(&mu_);
+  Table& table = tables_[name];
+  table.consistency = consistency;
+  table.sparse = true;
+  table.dim = dim;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Client::Table> Client::FindSparse(const std::string& name) const {
+  absl::StatusOr<Table> table = Find(name);
+  if (table.ok() && !table->sparse) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", name, "' is dense: use Pull/Push"));
+  }
+  return table;
+}
+
+Client::Split Client::SplitIds(const Tensor& ids) const {
+  const int servers = static_cast<int>(servers_.size());
+  Split split;
+  split.positions.resize(servers_.size());
+  const Tensor c = kernels::Contiguous(ids);
+  const int64_t* id = c.data<int64_t>();
+  if (servers == 1) {  // no copy
+    split.positions[0].resize(static_cast<size_t>(c.numel()));
+    for (int64_t i = 0; i < c.numel(); ++i) split.positions[0][static_cast<size_t>(i)] = i;
+    split.ids.push_back(c);
+    return split;
+  }
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    split.positions[static_cast<size_t>(ServerOfId(static_cast<uint64_t>(id[i]), servers))].push_back(i);
+  }
+  for (const std::vector<int64_t>& pos : split.positions) {
+    Tensor part = Tensor::Empty({static_cast<int64_t>(pos.size())}, DType::kInt64);
+    for (size_t k = 0; k < pos.size(); ++k) part.data<int64_t>()[k] = id[pos[k]];
+    split.ids.push_back(part);
+  }
+  return split;
+}
+
+namespace {
+
+absl::Status CheckIds(const std::string& name, const Tensor& ids) {
+  if (ids.defined() && ids.dim() == 1 && ids.dtype() == DType::kInt64) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("table '", name, "': ids must be a 1-D int64 tensor, got ",
+                                                 ids.defined() ? DTypeName(ids.dtype()) : "undefined", " ",
+                                                 ids.defined() ? ShapeToString(ids.sizes()) : ""));
+}
+
+}  // namespace
+
+Future<Tensor> Client::PullRows(const std::string& name, int64_t clock, const Tensor& ids) {
+  absl::StatusOr<Table> table = FindSparse(name);
+  if (!table.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), table.status());
+  if (absl::Status s = CheckIds(name, ids); !s.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), s);
+  auto split = std::make_shared<Split>(SplitIds(ids));
+  std::vector<Future<Tensor>> parts;
+  std::vector<size_t> asked;
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    if (split->positions[i].empty()) continue;
+    const Tensor part = split->ids[i];
+    asked.push_back(i);
+    parts.push_back(Call<Tensor>([this, i, name, clock, part] {
+      return agent_.Async<Tensor>(servers_[i], kPullRowsFn, name, clock, part, rpc::CallOptions{sync_timeout_ * 2});
+    }));
+  }
+  const int64_t n = ids.numel(), dim = table->dim;
+  return WhenAll(agent_.executor(), std::move(parts))
+      .Then([split, asked, n, dim](const absl::StatusOr<std::vector<Tensor>>& r) -> absl::StatusOr<Tensor> {
+        if (!r.ok()) return r.status();
+        if (asked.size() == 1 && (*r)[0].numel() == n * dim && split->positions.size() == 1) return (*r)[0];
+        Tensor out = Tensor::Empty({n, dim});
+        for (size_t k = 0; k < asked.size(); ++k) {
+          const std::vector<int64_t>& pos = split->positions[asked[k]];
+          const Tensor rows = kernels::Contiguous((*r)[k]);
+          if (rows.dim() != 2 || rows.size(0) != static_cast<int64_t>(pos.size()) || rows.size(1) != dim) {
+            return absl::DataLossError("pull_rows: a server answered rows of the wrong shape");
+          }
+          for (size_t j = 0; j < pos.size(); ++j) {
+            std::copy_n(rows.data<float>() + static_cast<int64_t>(j) * dim, dim, out.data<float>() + pos[j] * dim);
+          }
+        }
+        return out;
+      });
+}
+
+Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tensor& ids, const Tensor& grad) {
+  absl::StatusOr<Table> table = FindSparse(name);
+  if (!table.ok()) return MakeReadyFuture<bool>(agent_.executor(), table.status());
+  if (absl::Status s = CheckIds(name, ids); !s.ok()) return MakeReadyFuture<bool>(agent_.executor(), s);
+  if (!grad.defined() || grad.dtype() != DType::kFloat32 || grad.dim() != 2 || grad.size(0) != ids.numel() ||
+      grad.size(1) != table->dim) {
+    return MakeReadyFuture<bool>(
+        agent_.executor(),
+        absl::InvalidArgumentError(absl::StrCat("table '", name, "': gradient rows must be float32 [", ids.numel(), ", ",
+                                                table->dim, "], got ",
+                                                grad.defined() ? ShapeToString(grad.sizes()) : "undefined")));
+  }
+  const Split split = SplitIds(ids);
+  const Tensor g = kernels::Contiguous(grad);
+  const bool every_server = table->consistency != Consistency::kAsync;
+  std::vector<Future<Value>> pushed;
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    const std::vector<int64_t>& pos = split.positions[i];
+    if (pos.empty() && !every_server) continue;
+    Tensor rows;
+    if (servers_.size() == 1) {
+      rows = g;  // no copy
+    } else {
+      rows = Tensor::Empty({static_cast<int64_t>(pos.size()), table->dim});
+      for (size_t j = 0; j < pos.size(); ++j) {
+        std::copy_n(g.data<float>() + pos[j] * table->dim, table->dim,
+                    rows.data<float>() + static_cast<int64_t>(j) * table->dim);
+      }
+    }
+    const Tensor part = split.ids[i];
+    pushed.push_back(Call<Value>([this, i, name, clock, part, rows] {
+      return agent_.Async<Value>(servers_[i], kPushRowsFn, name, clock, static_cast<int64_t>(trainer_), part, rows);
+    }));
+  }
+  return WhenAll(agent_.executor(), std::move(pushed))
+      .Then([](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
+        if (!r.ok()) return r.status();
+        return true;
+      });
+}
+
+Future<std::vector<std::string>> Client::Checkpoint() {
+  std::vector<Future<std::string>> paths;
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    paths.push_back(Call<std::string>([this, i] { return agent_.Async<std::string>(servers_[i], kCheckpointFn); }));
+  }
+  return WhenAll(agent_.executor(), std::move(paths));
 }
 
 }  // namespace gw::param_server

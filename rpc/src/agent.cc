@@ -149,6 +149,10 @@ class Agent::Impl {
     for (const WorkerInfo& w : workers_) names.push_back(w.name);
     rrefs_->SetWorkerNames(std::move(names));
     outgoing_.resize(workers_.size());
+    {
+      absl::MutexLock lock(&mu_);
+      for (const WorkerInfo& w : workers_) dial_address_.push_back(w.address);
+    }
     dial_mu_ = std::vector<absl::Mutex>(workers_.size());
     timer_ = std::thread([this] { TimerLoop(); });
     return absl::OkStatus();
@@ -333,7 +337,25 @@ class Agent::Impl {
     }
     // Every worker was listening before Start returned, so a refused connection means the
     // peer is gone: retry only briefly.
-    auto conn = transport_->Connect(workers_[rank].address, Callbacks(), absl::Now() + absl::Seconds(2));
+    std::string address;
+    {
+      absl::MutexLock lock(&mu_);
+      address = dial_address_[rank];
+    }
+    auto conn = transport_->Connect(address, Callbacks(), absl::Now() + absl::Seconds(2));
+    if (!conn.ok()) {
+      // A restarted worker announces its rank again with a new address: look it up.
+      if (absl::StatusOr<std::string> record = store_->Get(Key("worker/", rank), absl::Seconds(1)); record.ok()) {
+        std::vector<std::string> parts = absl::StrSplit(*record, '\n');
+        if (parts.size() == 3 && parts[1] != address) {
+          {
+            absl::MutexLock lock(&mu_);
+            dial_address_[rank] = parts[1];
+          }
+          conn = transport_->Connect(parts[1], Callbacks(), absl::Now() + absl::Seconds(2));
+        }
+      }
+    }
     if (!conn.ok()) {
       return absl::UnavailableError(absl::StrCat(Describe(rank), " is unavailable: ", conn.status().message()));
     }
@@ -879,6 +901,8 @@ class Agent::Impl {
   std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Handler>> handlers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Connection>> outgoing_ ABSL_GUARDED_BY(mu_);
+  // Where each rank is dialled: workers_' address, or a restarted worker's new one.
+  std::vector<std::string> dial_address_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Connection*, int> conn_rank_ ABSL_GUARDED_BY(mu_);
   int inflight_handlers_ ABSL_GUARDED_BY(mu_) = 0;
   // Requests of the current read of each connection, until its on_flush.

@@ -2,6 +2,10 @@
 #include "agent_group.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -56,6 +60,31 @@ absl::Status AgentGroup::ShutdownAll() {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+pid_t SpawnSelf(const std::string& role, const std::map<std::string, std::string>& env) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::setenv("GW_TEST_ROLE", role.c_str(), 1);
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    char exe[] = "/proc/self/exe";
+    char* argv[] = {exe, nullptr};
+    ::execv(exe, argv);
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int WaitForExit(pid_t pid) {
+  int status = 0;
+  for (int i = 0; i < 300; ++i) {  // at most 30 s
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
 }
 
 }  // namespace gw::rpc::testing

@@ -3,7 +3,10 @@
 #ifndef GRADWIRE_RPC_TESTS_AGENT_GROUP_H_
 #define GRADWIRE_RPC_TESTS_AGENT_GROUP_H_
 
+#include <sys/types.h>
+
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +32,12 @@ class AgentGroup {
   std::string store_address_;
   std::vector<std::shared_ptr<Agent>> agents_;
 };
+
+// Runs this binary (/proc/self/exe) as a child with GW_TEST_ROLE=role and the given extra
+// environment; the child is killed when this process dies.
+pid_t SpawnSelf(const std::string& role, const std::map<std::string, std::string>& env);
+// Waits up to 30 s for `pid` to exit (then kills it): its exit code, 128 + signal, or -1.
+int WaitForExit(pid_t pid);
 
 }  // namespace gw::rpc::testing
 

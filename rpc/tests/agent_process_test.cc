@@ -43,17 +43,6 @@ Group StartWithChildren(int world) {
   return g;
 }
 
-int Reap(pid_t pid) {
-  int status = 0;
-  for (int i = 0; i < 300; ++i) {  // at most 30 s
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return -1;
-}
-
 TEST(AgentProcessTest, ThreeProcessesCallEachOtherAndShutDownTogether) {
   Group g = StartWithChildren(3);
   ASSERT_NE(g.agent, nullptr);
@@ -66,7 +55,7 @@ TEST(AgentProcessTest, ThreeProcessesCallEachOtherAndShutDownTogether) {
     EXPECT_EQ(*g.agent->Sync<std::string>(peer, "whoami"), peer);
   }
   EXPECT_TRUE(g.agent->Shutdown(/*graceful=*/true).ok());
-  for (pid_t c : g.children) EXPECT_EQ(Reap(c), 0);
+  for (pid_t c : g.children) EXPECT_EQ(testing::WaitForExit(c), 0);
 }
 
 TEST(AgentProcessTest, PeerKilledMidCallFailsTheCallWithUnavailable) {
@@ -85,7 +74,7 @@ TEST(AgentProcessTest, PeerKilledMidCallFailsTheCallWithUnavailable) {
   auto again = g.agent->Sync<int64_t>("worker1", "noop");
   EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable) << again.status();
   EXPECT_EQ(*g.agent->Sync<int64_t>("worker0", "noop"), 0);
-  EXPECT_EQ(Reap(g.children[0]), 128 + SIGKILL);
+  EXPECT_EQ(testing::WaitForExit(g.children[0]), 128 + SIGKILL);
 }
 
 TEST(AgentProcessTest, OwnerKilledMakesUsersFailWithUnavailableNamingIt) {
@@ -94,7 +83,7 @@ TEST(AgentProcessTest, OwnerKilledMakesUsersFailWithUnavailableNamingIt) {
   RRef<Tensor> r = g.agent->Remote<Tensor>("worker1", "make_full", int64_t{4}, 1.5);
   ASSERT_TRUE(r.ToHere().ok());
   ::kill(g.children[0], SIGKILL);
-  EXPECT_EQ(Reap(g.children[0]), 128 + SIGKILL);
+  EXPECT_EQ(testing::WaitForExit(g.children[0]), 128 + SIGKILL);
   const absl::Time start = absl::Now();
   absl::StatusOr<Tensor> t = r.ToHere(absl::Seconds(10));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kUnavailable) << t.status();
@@ -120,7 +109,7 @@ TEST(AgentProcessTest, UserKilledMakesTheOwnerDropItsReferences) {
     EXPECT_EQ(*sum, 6.0);
     EXPECT_EQ(g.agent->rref_stats().owner_forks, 1);  // worker1 keeps a fork
     ::kill(g.children[0], SIGKILL);
-    EXPECT_EQ(Reap(g.children[0]), 128 + SIGKILL);
+    EXPECT_EQ(testing::WaitForExit(g.children[0]), 128 + SIGKILL);
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     while (g.agent->rref_stats().owner_forks != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
     EXPECT_EQ(g.agent->rref_stats().owner_forks, 0);

@@ -101,20 +101,6 @@ void RegisterTestFunctions(Agent& agent) {
   });
 }
 
-pid_t SpawnSelf(const std::string& role, const std::map<std::string, std::string>& env) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::setenv("GW_TEST_ROLE", role.c_str(), 1);
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    char exe[] = "/proc/self/exe";
-    char* argv[] = {exe, nullptr};
-    ::execv(exe, argv);
-    ::_exit(127);
-  }
-  return pid;
-}
-
 int RunRole(const std::string& role) {
   if (role == "worker") {
     // A worker that serves the test functions until the group shuts down.

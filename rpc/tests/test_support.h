@@ -39,8 +39,6 @@ class Counter {
 // a tensor in place), and the module factory "linear" (in, out, seed) -> nn::Linear.
 void RegisterTestFunctions(Agent& agent);
 
-// Runs this binary as a child with GW_TEST_ROLE=role and the given extra environment.
-pid_t SpawnSelf(const std::string& role, const std::map<std::string, std::string>& env);
 // Runs the role named by GW_TEST_ROLE; returns the process exit code.
 int RunRole(const std::string& role);
 

@@ -113,6 +113,24 @@ struct ParamState {
 void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& grad,
             ParamState& state);
 
+// ---- row-wise (sparse) updates ----
+// A sparse table (an embedding held by a parameter server) updates only the rows a
+// gradient touches, each with its own state and step count. For SGD and Adagrad this is
+// PyTorch's sparse-gradient semantics; for Adam/AdamW each row's bias correction uses its
+// own step ("lazy Adam": PyTorch's SparseAdam counts steps per tensor instead).
+//
+// RowStateSize(config): state floats per parameter element (SGD 0 or 1 with momentum,
+// Adam/AdamW 2 or 3 with amsgrad, Adagrad 1).
+// UpdateRow: one update of a float32 row of `dim` values in place. `state` holds
+// RowStateSize(config) * dim floats, buffer k at state + k * dim in the order momentum_buffer
+// | exp_avg, exp_avg_sq, max_exp_avg_sq | sum; `step` is the row's update count, 0 meaning
+// fresh (the state is initialised here), and is incremented. Bit-identical to Update() on
+// a tensor holding the row with a ParamState of the same step and buffers.
+// REQUIRES: Validate(config) passed (not re-checked per row); non-overlapping arrays.
+int RowStateSize(const OptimizerConfig& config);
+void UpdateRow(const OptimizerConfig& config, int64_t dim, float* param, const float* grad, float* state,
+               int64_t& step);
+
 }  // namespace gw::optim
 
 #endif  // GRADWIRE_OPTIM_FUNCTIONAL_H_

@@ -13,6 +13,18 @@
 //     outside kSync the pull is sent once the push is acknowledged); PushPullMany does it for several tables in one message per server.
 //     One message per server each; shard buffers are views of `grad`
 //     (no copy) and the pulled shards are assembled into one tensor.
+//   - CreateSparse(name, dim, options, optimizer, consistency) creates an embedding-style
+//     table of rows keyed by 64-bit ids on every server (each holds the ids ServerOfId
+//     gives it). PullRows(name, clock, ids) returns rows [n, dim] in the order of `ids`
+//     (int64 [n], duplicates allowed, unknown ids created from options.init); PushRows
+//     sends gradient rows [n, dim] for `ids` (duplicates are summed on the server). Ids
+//     are split by server, one message per server; under kSync and kBoundedStaleness
+//     every server gets this trainer's push (maybe empty) so that its step completes.
+//   - Checkpoint() asks every server to write a checkpoint now; returns their paths.
+//   - Reconnection (ClientOptions::reconnect_timeout > 0): a call a server answers with
+//     UNAVAILABLE (dead, restarting) is retried every 200 ms until the server is back or
+//     the timeout passes; pushes are exactly once under kSync and kBoundedStaleness
+//     (server.h). The agent re-reads a restarted server's address from the store.
 //   - Errors name the server; futures complete on transport or pool threads.
 #ifndef GRADWIRE_PARAM_SERVER_CLIENT_H_
 #define GRADWIRE_PARAM_SERVER_CLIENT_H_
@@ -24,16 +36,31 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "gradwire/optim/functional.h"
+#include "gradwire/param_server/row_store.h"
 #include "gradwire/param_server/server.h"
 #include "gradwire/param_server/sharding.h"
 #include "gradwire/rpc/agent.h"
 
 namespace gw::param_server {
 
+struct ClientOptions {
+  absl::Duration sync_timeout = absl::Seconds(60);  // how long a server waits for a step
+  absl::Duration reconnect_timeout = absl::ZeroDuration();  // 0: UNAVAILABLE fails at once
+};
+
+// Layout of a sparse table (CreateSparse).
+struct SparseOptions {
+  RowInit init;          // rows start from this (seeded, per id)
+  int64_t capacity = 0;  // rows per server, least recently used evicted beyond it (0: unbounded)
+};
+
 class Client {
  public:
   Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer, int trainers,
-         absl::Duration sync_timeout = absl::Seconds(60));
+         ClientOptions options);
+  Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer, int trainers,
+         absl::Duration sync_timeout = absl::Seconds(60))
+      : Client(agent, std::move(servers), trainer, trainers, ClientOptions{.sync_timeout = sync_timeout}) {}
 
   // `staleness` is the bound s of kBoundedStaleness (ignored otherwise).
   absl::Status CreateDense(const std::string& name, const Tensor& initial, const optim::OptimizerConfig& optimizer,
@@ -45,6 +72,13 @@ class Client {
   Future<std::vector<Tensor>> PushPullMany(const std::vector<std::string>& names, int64_t clock,
                                            const std::vector<Tensor>& grads);
 
+  absl::Status CreateSparse(const std::string& name, int64_t dim, const SparseOptions& options,
+                            const optim::OptimizerConfig& optimizer, Consistency consistency, int64_t staleness = 0);
+  Future<Tensor> PullRows(const std::string& name, int64_t clock, const Tensor& ids);
+  Future<bool> PushRows(const std::string& name, int64_t clock, const Tensor& ids, const Tensor& grad);
+
+  Future<std::vector<std::string>> Checkpoint();
+
   int trainer() const { return trainer_; }
 
  private:
@@ -52,7 +86,20 @@ class Client {
     Shape shape;
     std::vector<KeyRange> ranges;
     Consistency consistency = Consistency::kSync;
+    bool sparse = false;
+    int64_t dim = 0;  // sparse
   };
+  // Positions of `ids` by server: ids[i] goes to server s as its k-th id.
+  struct Split {
+    std::vector<std::vector<int64_t>> positions;  // per server
+    std::vector<Tensor> ids;                      // per server, int64 [k]
+  };
+  Split SplitIds(const Tensor& ids) const;
+  // agent_.Async<T>(servers_[server], ...) made by `call`, retried while the server is
+  // unavailable (ClientOptions::reconnect_timeout).
+  template <typename T>
+  Future<T> Call(std::function<Future<T>()> call) const;
+  absl::StatusOr<Table> FindSparse(const std::string& name) const;
   absl::StatusOr<Table> Find(const std::string& name) const;
   Future<Tensor> Assemble(const Table& table, std::vector<Future<Tensor>> shards) const;
 
@@ -61,6 +108,7 @@ class Client {
   const int trainer_;
   const int trainers_;
   const absl::Duration sync_timeout_;
+  const absl::Duration reconnect_timeout_;
   mutable absl::Mutex mu_;
   std::map<std::string, Table> tables_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,40 +1,75 @@
-// ParameterServer: the server role, hosting shards of named dense tables.
+// ParameterServer: the server role, hosting shards of named dense and sparse tables.
 //
 // Contract
-//   - ParameterServer::Install(agent) in Agent::Start's setup registers the server's
-//     functions ("__ps.*") on that agent; the Client (client.h) calls them.
-//   - A table shard holds a contiguous key range of a flat float32 table, a functional
-//     optimizer of optim/ with its per-shard state, and a consistency mode:
+//   - ParameterServer::Install(agent, options) in Agent::Start's setup registers the
+//     server's functions ("__ps.*") on that agent; the Client (client.h) calls them.
+//   - A dense table shard holds a contiguous key range of a flat float32 table; a sparse
+//     table shard holds the rows (row_store.h) whose ids hash to this server, created on
+//     first touch (pull or push) from a seeded initializer, optionally bounded by an LRU
+//     capacity. Each shard has a functional optimizer of optim/ with its state kept here
+//     (sparse: per row, and only the pushed rows are updated: optim::UpdateRow; the rows
+//     of one push are summed by id first) and a consistency mode:
 //       kSync     a step's pushes from all `trainers` are summed and averaged, then
 //                 applied once; a pull for clock c waits until step c-1 was applied. If
 //                 the step is not complete within `sync_timeout` the waiting pulls and
 //                 pushes fail with DEADLINE_EXCEEDED naming the trainers that did not push.
 //       kAsync    every push is applied when it arrives; pulls never wait.
-//       kBoundedStaleness(s)  pushes apply on arrival; a trainer's clock is the number
-//                 of pushes it made; a pull for clock c waits until every trainer has
-//                 reached c - s (then fails after `sync_timeout` naming the slow ones).
+//       kBoundedStaleness(s)  pushes apply on arrival; a trainer's clock is one past
+//                 the clock of its last push; a pull for clock c waits until every
+//                 trainer has reached c - s (then fails after `sync_timeout` naming the
+//                 slow ones).
+//     A push is identified by (trainer, clock): under kSync and kBoundedStaleness a push
+//     for a clock the server has already passed is acknowledged without being applied
+//     again, so a client may retry a push whose answer was lost (exactly once). kAsync
+//     pushes carry no such identity: a retried one applies again (at least once).
 //   - Creating a table that exists with the same shape is a no-op (every trainer may
 //     create it); a different shape is an error.
+//   - Checkpoints (options.checkpoint_dir non-empty): Checkpoint() (or a client's
+//     request, or every options.checkpoint_every) writes every table of this server, its
+//     optimizer state, clocks and the open synchronous step's partial sums, to
+//     "<dir>/<worker name>.gwps" (nn::SaveTensors: temporary file, fsync, rename), so a
+//     push acknowledged before a checkpoint started is in it. Install loads that file if
+//     it exists: a restarted server continues from its latest checkpoint (a synchronous
+//     table then lets the trainers' next push move it to their step, since the steps
+//     after the checkpoint were lost with the server).
 //   - Thread-safe; pulls and pushes of different tables never wait for each other.
 #ifndef GRADWIRE_PARAM_SERVER_SERVER_H_
 #define GRADWIRE_PARAM_SERVER_SERVER_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "gradwire/rpc/agent.h"
 
 namespace gw::param_server {
 
 enum class Consistency { kSync = 0, kAsync = 1, kBoundedStaleness = 2 };
 
+struct ServerOptions {
+  std::string checkpoint_dir;  // empty: no checkpoints
+  absl::Duration checkpoint_every = absl::ZeroDuration();  // periodic checkpoints (0: on request only)
+};
+
+// A sparse table's shard, for tests and metrics.
+struct SparseShardStats {
+  int64_t rows = 0;
+  int64_t evictions = 0;
+  int64_t bytes = 0;      // RowStore::bytes()
+  int64_t raw_bytes = 0;  // RowStore::raw_bytes()
+};
+
 class ParameterServer {
  public:
-  static absl::StatusOr<std::shared_ptr<ParameterServer>> Install(rpc::Agent& agent);
+  static absl::StatusOr<std::shared_ptr<ParameterServer>> Install(rpc::Agent& agent, ServerOptions options = {});
   ~ParameterServer();
 
   // Tables and shards hosted here (for tests and metrics).
   size_t num_shards() const;
+  absl::StatusOr<SparseShardStats> sparse_stats(const std::string& table) const;
+  // Writes a checkpoint now; returns its path. FAILED_PRECONDITION without checkpoint_dir.
+  absl::StatusOr<std::string> Checkpoint();
 
   class Impl;
 

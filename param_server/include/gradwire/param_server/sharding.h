@@ -26,6 +26,9 @@ std::vector<KeyRange> ShardDense(int64_t size, int servers);
 
 int ServerOfId(uint64_t id, int servers);
 
+// The 64-bit mix (SplitMix64's finaliser) behind ServerOfId; also hashes ids in RowStore.
+uint64_t MixId(uint64_t id);
+
 }  // namespace gw::param_server
 
 #endif  // GRADWIRE_PARAM_SERVER_SHARDING_H_

@@ -22,6 +22,10 @@
 //     then waits (bounded by shutdown_timeout) until every worker reached shutdown while
 //     still serving their calls, then closes. Shutdown(false) closes at once and fails
 //     pending calls with CANCELLED. The destructor does Shutdown(false) if needed.
+//   - A worker that dies and is started again with the same rank (and name) announces
+//     its new address in the store; calls to it fail with UNAVAILABLE while it is down
+//     and reach the new process once it has joined (the agent re-reads the address when
+//     dialling fails). workers() keeps the addresses seen at Start.
 //   - Remote/Own create remote references (rref.h); rref_stats() counts them.
 //   - Thread-safe: Register, calls and Shutdown may be used from any thread.
 #ifndef GRADWIRE_RPC_AGENT_H_

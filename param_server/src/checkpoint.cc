@@ -1,0 +1,185 @@
+// Checkpoint form of a shard (shard.h): named tensors "<table>|<field>".
+//
+//   meta         int64 [kMetaSize]: see Meta below
+//   init         float64 [2]: RowInit a, b (sparse)
+//   opt.d.<f>    float64 scalar: a numeric optimizer hyper-parameter
+//   opt.b.<f>    int64 scalar 0/1: a boolean one
+//   clocks       int64 [trainers];  pushed  int64 [k] (trainers in the open synchronous step)
+//   dense:  values float32 [n]; state.<buffer> float32 [n]; sum float32 [n] (open step)
+//   sparse: ids int64 [rows]; rows float32 [rows, dim * (1 + state size)] (values then
+//           state); steps int64 [rows]; sum_ids int64 [k], sum_rows float32 [k, dim]
+#include <array>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "gradwire/dist_autograd/optimizer_value.h"
+#include "gradwire/tensor/kernels.h"
+#include "shard.h"
+
+namespace gw::param_server::internal {
+namespace {
+
+enum Meta { kKind, kOptimizer, kConsistency, kTrainers, kTimeoutMs, kStaleness, kApplied, kDim, kCapacity,
+            kInitKind, kInitSeed, kStateStep, kMetaSize };
+constexpr std::array<const char*, 4> kOptimizerNames = {"SGD", "Adam", "AdamW", "Adagrad"};
+
+Tensor Int64s(const std::vector<int64_t>& v) { return Tensor::FromVector(v, {static_cast<int64_t>(v.size())}); }
+
+std::vector<int64_t> ToInt64s(const Tensor& t) {
+  const Tensor c = kernels::Contiguous(t);
+  return std::vector<int64_t>(c.data<int64_t>(), c.data<int64_t>() + c.numel());
+}
+
+}  // namespace
+
+void Snapshot(const std::string& table, const Shard& s, nn::NamedTensors& out) {
+  auto put = [&](const std::string& field, Tensor t) { out.emplace_back(absl::StrCat(table, "|", field), std::move(t)); };
+  std::vector<int64_t> meta(kMetaSize, 0);
+  meta[kKind] = s.sparse ? 1 : 0;
+  const std::string opt_name = optim::Name(s.optimizer);
+  for (size_t i = 0; i < kOptimizerNames.size(); ++i) {
+    if (opt_name == kOptimizerNames[i]) meta[kOptimizer] = static_cast<int64_t>(i);
+  }
+  meta[kConsistency] = static_cast<int64_t>(s.consistency);
+  meta[kTrainers] = s.trainers;
+  meta[kTimeoutMs] = absl::ToInt64Milliseconds(s.sync_timeout);
+  meta[kStaleness] = s.staleness;
+  meta[kApplied] = s.applied;
+  meta[kDim] = s.dim;
+  meta[kCapacity] = s.capacity;
+  meta[kInitKind] = static_cast<int64_t>(s.init.kind);
+  std::memcpy(&meta[kInitSeed], &s.init.seed, sizeof(int64_t));
+  meta[kStateStep] = s.state.step;
+  put("meta", Int64s(meta));
+  put("init", Tensor::FromVector(std::vector<double>{s.init.a, s.init.b}, {2}));
+  const rpc::Value optimizer = dist_autograd::ConfigToValue(s.optimizer);
+  for (const auto& [field, v] : optimizer.get<rpc::ValueMap>()) {
+    if (v.is<double>()) put(absl::StrCat("opt.d.", field), Tensor::Scalar(v.get<double>(), DType::kFloat64));
+    if (v.is<bool>()) put(absl::StrCat("opt.b.", field), Tensor::Scalar(v.get<bool>() ? 1 : 0, DType::kInt64));
+  }
+  put("clocks", Int64s(s.clocks));
+  put("pushed", Int64s(std::vector<int64_t>(s.pushed.begin(), s.pushed.end())));
+  if (!s.sparse) {
+    put("values", kernels::Clone(s.values));
+    for (const auto& [name, buffer] : s.state.buffers) put(absl::StrCat("state.", name), kernels::Clone(buffer));
+    if (s.sum.defined()) put("sum", kernels::Clone(s.sum));
+    return;
+  }
+  const int64_t n = s.rows->size(), width = s.dim * (1 + s.rows->state_size());
+  Tensor ids = Tensor::Empty({n}, DType::kInt64), rows = Tensor::Empty({n, width}), steps = Tensor::Empty({n}, DType::kInt64);
+  int64_t i = 0;
+  s.rows->ForEach([&](uint64_t id, const RowStore::Row& row) {
+    ids.data<int64_t>()[i] = static_cast<int64_t>(id);
+    std::memcpy(rows.data<float>() + i * width, row.values, static_cast<size_t>(width) * sizeof(float));
+    steps.data<int64_t>()[i] = *row.step;
+    ++i;
+  });
+  put("ids", ids);
+  put("rows", rows);
+  put("steps", steps);
+  const int64_t k = static_cast<int64_t>(s.row_sum.ids.size());
+  std::vector<int64_t> sum_ids(s.row_sum.ids.begin(), s.row_sum.ids.end());
+  put("sum_ids", Int64s(sum_ids));
+  Tensor sum_rows = Tensor::Empty({k, s.dim});
+  if (k > 0) std::memcpy(sum_rows.data<float>(), s.row_sum.values.data(), s.row_sum.values.size() * sizeof(float));
+  put("sum_rows", sum_rows);
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Restore(const nn::NamedTensors& in) {
+  // Group the fields by table, in file order.
+  std::vector<std::string> order;
+  std::map<std::string, std::map<std::string, Tensor>> tables;
+  for (const auto& [name, t] : in) {
+    const size_t bar = name.rfind('|');
+    if (bar == std::string::npos) return absl::DataLossError(absl::StrCat("checkpoint entry '", name, "' has no table"));
+    const std::string table = name.substr(0, bar);
+    if (!tables.contains(table)) order.push_back(table);
+    tables[table][name.substr(bar + 1)] = t;
+  }
+  std::vector<std::pair<std::string, std::unique_ptr<Shard>>> out;
+  for (const std::string& table : order) {
+    auto& f = tables[table];
+    auto need = [&](const std::string& field, DType dtype) -> absl::StatusOr<Tensor> {
+      auto it = f.find(field);
+      if (it == f.end() || it->second.dtype() != dtype) {
+        return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "' lacks a valid '", field, "'"));
+      }
+      return kernels::Contiguous(it->second);
+    };
+    absl::StatusOr<Tensor> meta_t = need("meta", DType::kInt64), init_t = need("init", DType::kFloat64);
+    if (!meta_t.ok()) return meta_t.status();
+    if (!init_t.ok()) return init_t.status();
+    const std::vector<int64_t> meta = ToInt64s(*meta_t);
+    if (meta.size() != kMetaSize || meta[kOptimizer] < 0 || meta[kOptimizer] >= 4 || meta[kConsistency] < 0 ||
+        meta[kConsistency] > 2 || meta[kTrainers] < 1 || init_t->numel() != 2) {
+      return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "' has a bad header"));
+    }
+    auto s = std::make_unique<Shard>();
+    rpc::ValueMap opt{{"name", rpc::Value(std::string(kOptimizerNames[static_cast<size_t>(meta[kOptimizer])]))}};
+    for (const auto& [field, t] : f) {
+      if (field.starts_with("opt.d.")) opt[field.substr(6)] = rpc::Value(kernels::Contiguous(t).item<double>());
+      if (field.starts_with("opt.b.")) opt[field.substr(6)] = rpc::Value(kernels::Contiguous(t).item<int64_t>() != 0);
+    }
+    absl::StatusOr<optim::OptimizerConfig> config = dist_autograd::ConfigFromValue(rpc::Value(opt));
+    if (!config.ok()) return config.status();
+    s->optimizer = *config;
+    s->sparse = meta[kKind] == 1;
+    s->consistency = static_cast<Consistency>(meta[kConsistency]);
+    s->trainers = static_cast<int>(meta[kTrainers]);
+    s->sync_timeout = absl::Milliseconds(meta[kTimeoutMs]);
+    s->staleness = meta[kStaleness];
+    s->applied = meta[kApplied];
+    s->dim = meta[kDim];
+    s->capacity = meta[kCapacity];
+    s->init.kind = static_cast<RowInit::Kind>(meta[kInitKind]);
+    std::memcpy(&s->init.seed, &meta[kInitSeed], sizeof(int64_t));
+    s->init.a = init_t->data<double>()[0];
+    s->init.b = init_t->data<double>()[1];
+    s->state.step = meta[kStateStep];
+    s->restored = true;
+    absl::StatusOr<Tensor> clocks = need("clocks", DType::kInt64), pushed = need("pushed", DType::kInt64);
+    if (!clocks.ok()) return clocks.status();
+    if (!pushed.ok()) return pushed.status();
+    s->clocks = ToInt64s(*clocks);
+    if (s->clocks.size() != static_cast<size_t>(s->trainers)) {
+      return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': clocks for ", s->clocks.size(),
+                                              " trainers, expected ", s->trainers));
+    }
+    for (int64_t t : ToInt64s(*pushed)) s->pushed.insert(static_cast<int>(t));
+    if (!s->sparse) {
+      absl::StatusOr<Tensor> values = need("values", DType::kFloat32);
+      if (!values.ok()) return values.status();
+      s->values = kernels::Clone(*values);
+      for (const auto& [field, t] : f) {
+        if (field.starts_with("state.")) s->state.buffers[field.substr(6)] = kernels::Clone(t);
+      }
+      if (f.contains("sum")) s->sum = kernels::Clone(f["sum"]);
+      out.emplace_back(table, std::move(s));
+      continue;
+    }
+    const int state_size = optim::RowStateSize(s->optimizer);
+    const int64_t width = s->dim * (1 + state_size);
+    absl::StatusOr<Tensor> ids = need("ids", DType::kInt64), rows = need("rows", DType::kFloat32),
+                           steps = need("steps", DType::kInt64), sum_ids = need("sum_ids", DType::kInt64),
+                           sum_rows = need("sum_rows", DType::kFloat32);
+    for (const auto* t : {&ids, &rows, &steps, &sum_ids, &sum_rows}) {
+      if (!t->ok()) return t->status();
+    }
+    const int64_t n = ids->numel();
+    if (s->dim < 1 || rows->dim() != 2 || rows->size(0) != n || rows->size(1) != width || steps->numel() != n ||
+        sum_rows->numel() != sum_ids->numel() * s->dim || (s->capacity > 0 && n > s->capacity)) {
+      return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': row arrays do not agree"));
+    }
+    s->rows = std::make_unique<RowStore>(s->dim, state_size, s->capacity, s->init);
+    for (int64_t i = 0; i < n; ++i) {
+      RowStore::Row row = s->rows->Get(static_cast<uint64_t>(ids->data<int64_t>()[i]));
+      std::memcpy(row.values, rows->data<float>() + i * width, static_cast<size_t>(width) * sizeof(float));
+      *row.step = steps->data<int64_t>()[i];
+    }
+    s->row_sum.Add(*sum_ids, kernels::Reshape(*sum_rows, {sum_ids->numel(), s->dim}), s->dim);
+    out.emplace_back(table, std::move(s));
+  }
+  return out;
+}
+
+}  // namespace gw::param_server::internal

@@ -1,0 +1,257 @@
+// Checkpoints and failures with real processes: a server killed with SIGKILL and started
+// again from its checkpoint loses no acknowledged push, and the trainers' next calls
+// reach it; a trainer killed mid-step makes the synchronous step fail naming it.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "agent_group.h"
+#include "gradwire/optim/functional.h"
+#include "gradwire/param_server/client.h"
+#include "gradwire/param_server/server.h"
+#include "gradwire/tensor/kernels.h"
+
+namespace gw::param_server {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_", ::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+Tensor Ids(const std::vector<int64_t>& ids) { return Tensor::FromVector(ids, {static_cast<int64_t>(ids.size())}); }
+
+void ExpectEqual(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  const Tensor x = kernels::Contiguous(a), y = kernels::Contiguous(b);
+  for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x.data<float>()[i], y.data<float>()[i]) << what << " at " << i;
+}
+
+// In one process: a checkpoint of dense and sparse tables, with optimizer state and an
+// open synchronous step, loads into a fresh server that continues exactly as the first
+// one would have.
+TEST(CheckpointTest, AFreshServerContinuesFromTheCheckpointExactly) {
+  const std::string dir = TempDir("ckpt_inproc");
+  auto deploy = [&](std::vector<std::shared_ptr<ParameterServer>>& servers) {
+    servers.assign(2, nullptr);
+    return rpc::testing::AgentGroup::Start(3, [&](rpc::Agent& a) {
+      if (a.self().rank < 2) servers[static_cast<size_t>(a.self().rank)] = *ParameterServer::Install(a, {dir});
+    });
+  };
+  const optim::Sgd momentum{.lr = 0.1, .momentum = 0.9};
+  const optim::Adam adam{.lr = 0.05};
+  Generator gen(2);
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 8; ++i) grads.push_back(Tensor::Randn({7}, gen));
+  const Tensor ids = Ids({5, 6, 7, 123456789});
+  auto run = [&](Client& c, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      ASSERT_TRUE(c.Push("w", step, grads[static_cast<size_t>(step)]).Get().ok());
+      ASSERT_TRUE(c.PushRows("emb", step, ids, kernels::Reshape(kernels::Narrow(grads[static_cast<size_t>(step)], 0, 0, 4), {4, 1})).Get().ok());
+    }
+  };
+  auto create = [&](Client& c) {
+    ASSERT_TRUE(c.CreateDense("w", Tensor::Ones({7}), momentum, Consistency::kAsync).ok());
+    ASSERT_TRUE(c.CreateSparse("emb", 1, {RowInit{RowInit::Kind::kNormal, 0, 1, 3}}, adam, Consistency::kAsync).ok());
+  };
+  Tensor w_straight, emb_straight;
+  {  // reference: 8 steps on one server pair without a restart (no checkpoint dir reuse)
+    std::vector<std::shared_ptr<ParameterServer>> servers(2);
+    auto g = rpc::testing::AgentGroup::Start(3, [&](rpc::Agent& a) {
+      if (a.self().rank < 2) servers[static_cast<size_t>(a.self().rank)] = *ParameterServer::Install(a);
+    });
+    ASSERT_NE(g, nullptr);
+    Client c((*g)[2], {"worker0", "worker1"}, 0, 1);
+    create(c);
+    run(c, 0, 8);
+    w_straight = *c.Pull("w", 8).Get();
+    emb_straight = *c.PullRows("emb", 8, ids).Get();
+  }
+  {
+    std::vector<std::shared_ptr<ParameterServer>> servers;
+    auto g = deploy(servers);
+    ASSERT_NE(g, nullptr);
+    Client c((*g)[2], {"worker0", "worker1"}, 0, 1);
+    create(c);
+    run(c, 0, 4);
+    absl::StatusOr<std::vector<std::string>> paths = c.Checkpoint().Get();
+    ASSERT_TRUE(paths.ok()) << paths.status();
+    ASSERT_EQ(paths->size(), 2u);
+    for (const std::string& p : *paths) EXPECT_TRUE(std::filesystem::exists(p)) << p;
+    run(c, 4, 6);  // lost with the servers: not in the checkpoint
+  }
+  std::vector<std::shared_ptr<ParameterServer>> servers;
+  auto g = deploy(servers);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(servers[0]->num_shards(), 2u) << "tables come back before any trainer creates them";
+  Client c((*g)[2], {"worker0", "worker1"}, 0, 1);
+  create(c);  // idempotent: the restored tables stay
+  run(c, 4, 8);
+  ExpectEqual(*c.Pull("w", 8).Get(), w_straight, "dense table with momentum");
+  ExpectEqual(*c.PullRows("emb", 8, ids).Get(), emb_straight, "sparse table with Adam state");
+  EXPECT_EQ(servers[0]->sparse_stats("emb")->rows + servers[1]->sparse_stats("emb")->rows, 4);
+}
+
+TEST(CheckpointTest, WithoutADirectoryCheckpointsAreRefusedWithTheReason) {
+  std::vector<std::shared_ptr<ParameterServer>> servers(1);
+  auto g = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
+    if (a.self().rank == 0) servers[0] = *ParameterServer::Install(a);
+  });
+  ASSERT_NE(g, nullptr);
+  Client c((*g)[1], {"worker0"}, 0, 1);
+  absl::StatusOr<std::vector<std::string>> paths = c.Checkpoint().Get();
+  EXPECT_EQ(paths.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(paths.status().message().find("checkpoint_dir"), std::string::npos) << paths.status();
+}
+
+TEST(CheckpointTest, PeriodicCheckpointsAreWrittenAndACorruptOneIsAClearError) {
+  const std::string dir = TempDir("ckpt_periodic");
+  {
+    std::vector<std::shared_ptr<ParameterServer>> servers(1);
+    auto g = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
+      if (a.self().rank == 0) servers[0] = *ParameterServer::Install(a, {dir, absl::Milliseconds(200)});
+    });
+    ASSERT_NE(g, nullptr);
+    Client c((*g)[1], {"worker0"}, 0, 1);
+    ASSERT_TRUE(c.CreateDense("w", Tensor::Ones({3}), optim::Sgd{.lr = 1}, Consistency::kAsync).ok());
+    ASSERT_TRUE(c.Push("w", 0, Tensor::Ones({3})).Get().ok());
+    const std::string path = dir + "/worker0.gwps";
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!std::filesystem::exists(path) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_TRUE(std::filesystem::exists(path));
+  }
+  std::filesystem::resize_file(dir + "/worker0.gwps", 40);  // truncated
+  absl::Status installed;
+  auto g = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
+    if (a.self().rank == 0) installed = ParameterServer::Install(a, {dir}).status();
+  });
+  EXPECT_FALSE(installed.ok());
+  EXPECT_NE(installed.message().find("worker0.gwps"), std::string::npos) << installed;
+}
+
+// This process is rank 0 (store, both trainers' clients); ranks 1 and 2 are server
+// processes. Server 1 is killed with SIGKILL after a checkpoint that follows an
+// acknowledged push of an open synchronous step, and started again.
+TEST(CheckpointTest, ServerKilledAndRestartedLosesNoAcknowledgedPush) {
+  const std::string dir = TempDir("ckpt_kill");
+  auto free_port = rpc::StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(free_port.ok());
+  const int port = (*free_port)->port();
+  (*free_port)->Shutdown();
+  auto env = [&](int rank) {
+    return std::map<std::string, std::string>{{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "3"},
+                                              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+                                              {"GW_PS_CHECKPOINT_DIR", dir}};
+  };
+  std::vector<pid_t> servers = {rpc::testing::SpawnSelf("ps_server", env(1)), rpc::testing::SpawnSelf("ps_server", env(2))};
+  rpc::AgentOptions o;
+  o.world_size = 3;
+  o.rendezvous = "127.0.0.1:" + std::to_string(port);
+  o.start_timeout = absl::Seconds(30);
+  auto agent = rpc::Agent::Start(o);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  const ClientOptions options{.sync_timeout = absl::Seconds(30), .reconnect_timeout = absl::Seconds(30)};
+  Client c0(**agent, {"worker1", "worker2"}, 0, 2, options), c1(**agent, {"worker1", "worker2"}, 1, 2, options);
+  const optim::Sgd sgd{.lr = 0.1, .momentum = 0.9};
+  ASSERT_TRUE(c0.CreateDense("w", Tensor::Zeros({9}), sgd, Consistency::kSync).ok());
+  ASSERT_TRUE(c0.CreateSparse("emb", 2, {RowInit{RowInit::Kind::kZeros}}, optim::Sgd{.lr = 1}, Consistency::kSync).ok());
+  for (Client* c : {&c0, &c1}) {
+    ASSERT_TRUE(c->CreateDense("w", Tensor::Zeros({9}), sgd, Consistency::kSync).ok());
+    ASSERT_TRUE(c->CreateSparse("emb", 2, {RowInit{RowInit::Kind::kZeros}}, optim::Sgd{.lr = 1}, Consistency::kSync).ok());
+  }
+  // Reference: the same steps applied locally.
+  Tensor w = Tensor::Zeros({9});
+  optim::ParamState state;
+  Generator gen(6);
+  const Tensor ids = Ids({1, 2, 3, 4, 5, 6});
+  std::vector<float> emb(12, 0.0f);
+  auto step_both = [&](int step, bool check) {
+    Tensor g0 = Tensor::Randn({9}, gen), g1 = Tensor::Randn({9}, gen);
+    Future<Tensor> a = c0.PushPull("w", step, g0);
+    Future<Tensor> b = c1.PushPull("w", step, g1);
+    ASSERT_TRUE(c0.PushRows("emb", step, ids, Tensor::Ones({6, 2})).Get().ok());
+    ASSERT_TRUE(c1.PushRows("emb", step, ids, Tensor::Ones({6, 2})).Get().ok());
+    optim::Update(sgd, w, kernels::MulScalar(kernels::Add(g0, g1), 0.5), state);
+    for (float& v : emb) v -= 1.0f;
+    absl::StatusOr<Tensor> ra = a.Get(), rb = b.Get();
+    ASSERT_TRUE(ra.ok()) << ra.status();
+    ASSERT_TRUE(rb.ok()) << rb.status();
+    if (check) ExpectEqual(*ra, w, absl::StrCat("step ", step));
+  };
+  for (int step = 0; step < 3; ++step) step_both(step, true);
+
+  // Step 3: trainer 0's push is acknowledged, then every server checkpoints.
+  Tensor g0 = Tensor::Randn({9}, gen);
+  ASSERT_TRUE(c0.Push("w", 3, g0).Get().ok());
+  ASSERT_TRUE(c0.PushRows("emb", 3, ids, Tensor::Full({6, 2}, 2.0)).Get().ok());
+  ASSERT_TRUE(c0.Checkpoint().Get().ok());
+
+  ::kill(servers[0], SIGKILL);
+  EXPECT_EQ(rpc::testing::WaitForExit(servers[0]), 128 + SIGKILL);
+  // Trainer 1's push of step 3 waits (retrying) until worker1 is back.
+  Tensor g1 = Tensor::Randn({9}, gen);
+  Future<Tensor> next = c1.PushPull("w", 3, g1);
+  Future<bool> rows_pushed = c1.PushRows("emb", 3, ids, Tensor::Zeros({6, 2}));
+  absl::SleepFor(absl::Milliseconds(500));
+  servers[0] = rpc::testing::SpawnSelf("ps_server", env(1));
+  absl::StatusOr<Tensor> after = next.Get();
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_TRUE(rows_pushed.Get().ok());
+  optim::Update(sgd, w, kernels::MulScalar(kernels::Add(g0, g1), 0.5), state);
+  for (float& v : emb) v -= 1.0f;  // mean of 2 and 0
+  ExpectEqual(*after, w, "step 3 completed by the restarted server with trainer 0's checkpointed push");
+  absl::StatusOr<Tensor> rows = c0.PullRows("emb", 4, ids).Get();
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ExpectEqual(*rows, Tensor::FromVector(emb, {6, 2}), "sparse rows after the restart");
+  for (int step = 4; step < 6; ++step) step_both(step, true);  // the job continues
+
+  ASSERT_TRUE((*agent)->Shutdown().ok());
+  for (pid_t p : servers) EXPECT_EQ(rpc::testing::WaitForExit(p), 0);
+}
+
+// A trainer process pushes half of a synchronous step and is killed: the other trainer's
+// pull fails after the step timeout naming it, instead of hanging.
+TEST(CheckpointTest, TrainerKilledMidStepIsNamedByTheFailedStep) {
+  auto free_port = rpc::StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(free_port.ok());
+  const int port = (*free_port)->port();
+  (*free_port)->Shutdown();
+  auto env = [&](int rank, const std::string& trainer) {
+    return std::map<std::string, std::string>{{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "3"},
+                                              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+                                              {"GW_PS_TRAINER", trainer}};
+  };
+  const pid_t server = rpc::testing::SpawnSelf("ps_server", env(1, ""));
+  const pid_t trainer1 = rpc::testing::SpawnSelf("ps_trainer", env(2, "1"));
+  rpc::AgentOptions o;
+  o.world_size = 3;
+  o.rendezvous = "127.0.0.1:" + std::to_string(port);
+  o.start_timeout = absl::Seconds(30);
+  auto agent = rpc::Agent::Start(o);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  ASSERT_TRUE((*agent)->store().Wait({"pushed/1"}, absl::Seconds(30)).ok());
+  ::kill(trainer1, SIGKILL);
+  EXPECT_EQ(rpc::testing::WaitForExit(trainer1), 128 + SIGKILL);
+  // Trainer 1 pushed step 0 and died; trainer 0 (here) completes step 0, then step 1
+  // cannot complete without trainer 1.
+  Client c0(**agent, {"worker1"}, 0, 2, absl::Seconds(2));
+  ASSERT_TRUE(c0.CreateDense("w", Tensor::Zeros({8}), optim::Sgd{.lr = 1}, Consistency::kSync).ok());
+  absl::StatusOr<Tensor> step1 = c0.PushPull("w", 0, Tensor::Ones({8})).Get();
+  ASSERT_TRUE(step1.ok()) << "step 0 had both pushes: " << step1.status();
+  EXPECT_EQ(step1->data<float>()[0], -1.0f);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Tensor> step2 = c0.PushPull("w", 1, Tensor::Ones({8})).Get();
+  EXPECT_EQ(step2.status().code(), absl::StatusCode::kDeadlineExceeded) << step2.status();
+  EXPECT_NE(step2.status().message().find("trainer 1"), std::string::npos) << step2.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  (void)(*agent)->Shutdown(/*graceful=*/false);
+  ::kill(server, SIGKILL);
+  rpc::testing::WaitForExit(server);
+}
+
+}  // namespace
+}  // namespace gw::param_server
