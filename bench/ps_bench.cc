@@ -1,11 +1,22 @@
-// Benchmark W6 `param_server_dense` of ../shared/BENCHMARKS.md for gradwire: one
-// parameter server (rank 0, a child process) holds an MLP 784-512-512-10 as dense tables
-// (one per parameter, all exchanged in one message per step); two trainers (this process is trainer 0, rank 1; a child is
-// trainer 1, rank 2) each step compute gradients on a batch of 64 and push them, and the
-// server applies SGD (lr 0.01) once per step with both trainers' gradients (synchronous)
-// and answers the pull of the next step with the new parameters.
+// Benchmarks W6 `param_server_dense` and W7 `sparse_embedding_ps` of
+// ../shared/BENCHMARKS.md for gradwire. One parameter server (rank 0, a child process),
+// two trainers (this process is trainer 0, rank 1; a child is trainer 1, rank 2).
 //
-//   ps_bench [--quick]
+//   ps_bench [--quick] [dense|sparse]
+//
+// dense (W6): the server holds an MLP 784-512-512-10 as dense tables (one per parameter,
+// all exchanged in one message per step); each step a trainer computes gradients on a
+// batch of 64 and pushes them, and the server applies SGD (lr 0.01) once per step with
+// both trainers' gradients (synchronous) and answers the pull of the next step with the
+// new parameters.
+// sparse (W7): the server holds a sparse table of 1,000,000 ids x 64 float32 (rows
+// created on first touch, N(0, 1) from seed 0; trainer 0 touches every row before the
+// timed steps, so the table exists as PyTorch's does), sparse SGD lr 0.01, asynchronous. Each
+// step a trainer pulls 4096 ids uniform in [0, 1e6) (its own generator) and pushes a
+// gradient for them, the push overlapping the next step's pull (at most one in flight),
+// as the PyTorch script does. rows_per_s_sum = 2 trainers * steps * 4096 * 2 / wall, the
+// wall time from the common start to the last trainer's last acknowledged push. The
+// server reports its rows and memory (bytes / raw row bytes) on stderr.
 #include <sys/wait.h>
 
 #include <cstring>
@@ -36,11 +47,58 @@ void Fail(const char* what, const absl::Status& s) {
   std::exit(1);
 }
 
+constexpr int64_t kIds = 4096, kDim = 64, kRows = 1000000;
+
 int Serve(int port) {
   std::shared_ptr<ps::ParameterServer> server;
   auto agent = gw::rpc::Agent::Start(Options(0, port), [&](gw::rpc::Agent& a) { server = *ps::ParameterServer::Install(a); });
   if (!agent.ok()) Fail("server start", agent.status());
-  return (*agent)->Shutdown().ok() ? 0 : 1;
+  const bool ok = (*agent)->Shutdown().ok();
+  if (absl::StatusOr<ps::SparseShardStats> s = server->sparse_stats("emb"); s.ok()) {
+    std::fprintf(stderr, "sparse_embedding_ps: server holds %lld rows in %.1f MB, %.3fx the raw row bytes\n",
+                 static_cast<long long>(s->rows), static_cast<double>(s->bytes) / 1e6,
+                 static_cast<double>(s->bytes) / static_cast<double>(s->raw_bytes));
+  }
+  return ok ? 0 : 1;
+}
+
+// W7 as trainer `trainer`: returns (start, end) wall-clock seconds of the timed steps.
+std::pair<double, double> TrainSparse(gw::rpc::Agent& agent, int trainer, int warmup, int steps) {
+  ps::Client client(agent, {"worker0"}, trainer, 2);
+  const ps::SparseOptions options{ps::RowInit{ps::RowInit::Kind::kNormal, 0, 1, 0}};
+  if (absl::Status s = client.CreateSparse("emb", kDim, options, gw::optim::Sgd{.lr = 0.01}, ps::Consistency::kAsync);
+      !s.ok()) {
+    Fail("create", s);
+  }
+  if (trainer == 0) {
+    // The table exists before the timed steps, as PyTorch's does: touch every row once
+    // (rows are created on first touch), 4096 ids at a time.
+    for (int64_t first = 0; first < kRows; first += kIds) {
+      const gw::Tensor ids = gw::Tensor::Arange(static_cast<double>(first), static_cast<double>(std::min(first + kIds, kRows)));
+      if (absl::StatusOr<gw::Tensor> rows = client.PullRows("emb", 0, ids).Get(); !rows.ok()) Fail("preload", rows.status());
+    }
+  }
+  gw::Generator gen(static_cast<uint64_t>(1 + trainer));
+  const gw::Tensor grad = gw::Tensor::Randn({kIds, kDim}, gen);
+  gw::Future<bool> pushed = gw::MakeReadyFuture<bool>(agent.executor(), true);
+  double start = 0;
+  for (int step = 0; step < warmup + steps; ++step) {
+    if (step == warmup) {
+      if (!pushed.Get().ok()) Fail("push", pushed.Get().status());
+      // Both trainers start the timed steps together.
+      (void)agent.store().Set("w7/ready/" + std::to_string(trainer), "1");
+      if (absl::Status s = agent.store().Wait({"w7/ready/0", "w7/ready/1"}, absl::Seconds(60)); !s.ok()) Fail("barrier", s);
+      start = absl::ToUnixMicros(absl::Now()) / 1e6;
+    }
+    gw::Tensor ids = gw::Tensor::Empty({kIds}, gw::DType::kInt64);
+    for (int64_t i = 0; i < kIds; ++i) ids.data<int64_t>()[i] = static_cast<int64_t>(gen.NextBelow(kRows));
+    absl::StatusOr<gw::Tensor> rows = client.PullRows("emb", step, ids).Get();
+    if (!rows.ok()) Fail("pull", rows.status());
+    if (absl::StatusOr<bool> p = pushed.Get(); !p.ok()) Fail("push", p.status());
+    pushed = client.PushRows("emb", step, ids, grad);
+  }
+  if (absl::StatusOr<bool> p = pushed.Get(); !p.ok()) Fail("push", p.status());
+  return {start, absl::ToUnixMicros(absl::Now()) / 1e6};
 }
 
 // Runs warm-up + timed steps as trainer `trainer`; returns the timed steps' wall seconds
@@ -100,27 +158,71 @@ std::pair<double, int64_t> Train(int port, int trainer, int warmup, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const int warmup = quick ? 2 : 5, steps = quick ? 10 : 100;
+  bool quick = false, sparse = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "sparse") == 0) {
+      sparse = true;
+    } else if (std::strcmp(argv[i], "dense") != 0) {
+      std::fprintf(stderr, "usage: ps_bench [--quick] [dense|sparse]\n");
+      return 2;
+    }
+  }
+  // Children get the parent's choices through the environment.
+  if (const char* w = std::getenv("GW_BENCH_WORKLOAD")) sparse = std::strcmp(w, "sparse") == 0;
+  if (std::getenv("GW_BENCH_QUICK")) quick = true;
+  const int warmup = quick ? 2 : 5, steps = sparse ? (quick ? 20 : 200) : (quick ? 10 : 100);
   if (const char* role = std::getenv("GW_BENCH_ROLE")) {
     int port = 0;
     if (!absl::SimpleAtoi(std::getenv("GW_BENCH_PORT"), &port)) return 2;
     if (std::strcmp(role, "server") == 0) return Serve(port);
-    Train(port, 1, warmup, steps);
-    return 0;
+    if (!sparse) {
+      Train(port, 1, warmup, steps);
+      return 0;
+    }
+    auto agent = gw::rpc::Agent::Start(Options(2, port));
+    if (!agent.ok()) Fail("trainer start", agent.status());
+    auto [start, end] = TrainSparse(**agent, 1, warmup, steps);
+    (void)(*agent)->store().Set("w7/end/1", std::to_string(end));
+    (void)(*agent)->store().Set("w7/start/1", std::to_string(start));
+    return (*agent)->Shutdown().ok() ? 0 : 1;
   }
   absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
   if (!port.ok()) Fail("port", port.status());
   const std::string p = std::to_string(*port);
-  const pid_t server = gw::bench::SpawnSelf({{"GW_BENCH_ROLE", "server"}, {"GW_BENCH_PORT", p}});
-  const pid_t other = gw::bench::SpawnSelf({{"GW_BENCH_ROLE", "trainer"}, {"GW_BENCH_PORT", p}});
-  std::fprintf(stderr, "param_server_dense: gradwire, 1 server + 2 trainers, %d warm-up + %d timed steps each\n",
-               warmup, steps);
-  auto [secs, bytes] = Train(*port, 0, warmup, steps);
-  const double steps_sum = 2.0 * steps / secs;  // synchronous: both trainers advance together
-  gw::bench::Report("param_server_dense", "steps_per_s_sum", steps_sum, "steps/s");
-  gw::bench::Report("param_server_dense", "param_bytes_per_s", 2.0 * static_cast<double>(bytes) * steps_sum / 1e6, "MB/s");
-  gw::bench::Report("param_server_dense", "step_ms_mean", 1e3 * secs / steps, "ms");
+  std::vector<std::pair<std::string, std::string>> env = {{"GW_BENCH_PORT", p},
+                                                          {"GW_BENCH_WORKLOAD", sparse ? "sparse" : "dense"}};
+  if (quick) env.emplace_back("GW_BENCH_QUICK", "1");
+  env.emplace_back("GW_BENCH_ROLE", "server");
+  const pid_t server = gw::bench::SpawnSelf(env);
+  env.back().second = "trainer";
+  const pid_t other = gw::bench::SpawnSelf(env);
+  if (sparse) {
+    std::fprintf(stderr, "sparse_embedding_ps: gradwire, 1 server + 2 trainers, %d warm-up + %d timed steps each\n",
+                 warmup, steps);
+    auto agent = gw::rpc::Agent::Start(Options(1, *port));
+    if (!agent.ok()) Fail("trainer start", agent.status());
+    auto [start, end] = TrainSparse(**agent, 0, warmup, steps);
+    absl::StatusOr<std::string> end1 = (*agent)->store().Get("w7/end/1", absl::Seconds(120));
+    absl::StatusOr<std::string> start1 = (*agent)->store().Get("w7/start/1", absl::Seconds(10));
+    double e1 = 0, s1 = 0;
+    if (!end1.ok() || !start1.ok() || !absl::SimpleAtod(*end1, &e1) || !absl::SimpleAtod(*start1, &s1)) {
+      Fail("trainer 1's times", end1.ok() ? start1.status() : end1.status());
+    }
+    const double wall = std::max(end, e1) - std::min(start, s1);
+    gw::bench::Report("sparse_embedding_ps", "rows_per_s_sum", 2.0 * steps * kIds * 2 / wall, "rows/s");
+    gw::bench::Report("sparse_embedding_ps", "step_ms_mean", 1e3 * (end - start) / steps, "ms");
+    if (absl::Status s = (*agent)->Shutdown(); !s.ok()) Fail("shutdown", s);
+  } else {
+    std::fprintf(stderr, "param_server_dense: gradwire, 1 server + 2 trainers, %d warm-up + %d timed steps each\n",
+                 warmup, steps);
+    auto [secs, bytes] = Train(*port, 0, warmup, steps);
+    const double steps_sum = 2.0 * steps / secs;  // synchronous: both trainers advance together
+    gw::bench::Report("param_server_dense", "steps_per_s_sum", steps_sum, "steps/s");
+    gw::bench::Report("param_server_dense", "param_bytes_per_s", 2.0 * static_cast<double>(bytes) * steps_sum / 1e6, "MB/s");
+    gw::bench::Report("param_server_dense", "step_ms_mean", 1e3 * secs / steps, "ms");
+  }
   int status = 0, ok = 1;
   for (pid_t child : {server, other}) {
     ::waitpid(child, &status, 0);

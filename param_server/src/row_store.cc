@@ -1,6 +1,10 @@
 #include "gradwire/param_server/row_store.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 #include <bit>
 #include <cmath>
 
@@ -9,6 +13,40 @@
 #include "gradwire/tensor/generator.h"
 
 namespace gw::param_server {
+
+namespace internal {
+
+void* AllocateLarge(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < kHuge) {
+    void* p = std::malloc(std::max<size_t>(bytes, 1));
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+  void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+  if (p == nullptr) throw std::bad_alloc();
+  (void)::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: fine to fail
+  return p;
+}
+
+void FreeLarge(void* p) { std::free(p); }
+
+}  // namespace internal
+
+namespace {
+
+// Rows per chunk (log2): 4096 and at least 2 MiB of floats, so chunks fill huge pages;
+// a small capacity needs no more than itself.
+int ChunkShift(int64_t stride, int64_t capacity) {
+  int shift = 12;
+  while ((int64_t{1} << shift) * stride * static_cast<int64_t>(sizeof(float)) < (int64_t{2} << 20)) ++shift;
+  if (capacity > 0) {
+    shift = std::min<int>(shift, std::bit_width(static_cast<uint64_t>(std::max<int64_t>(capacity - 1, 1))));
+  }
+  return shift;
+}
+
+}  // namespace
 
 void InitRow(const RowInit& init, uint64_t id, int64_t dim, float* out) {
   if (init.kind == RowInit::Kind::kZeros) {
@@ -28,67 +66,85 @@ RowStore::RowStore(int64_t dim, int state_size, int64_t capacity, RowInit init)
       capacity_(capacity),
       init_(init),
       stride_(dim * (1 + state_size)),
-      chunk_rows_(capacity > 0 ? std::min(kChunkRows, capacity) : kChunkRows) {
+      chunk_shift_(ChunkShift(dim * (1 + state_size), capacity)),
+      chunk_rows_(int64_t{1} << chunk_shift_) {
   GW_CHECK(dim >= 1, "RowStore", "row width must be at least 1, got ", dim);
   GW_CHECK(state_size >= 0, "RowStore", "negative state size ", state_size);
   GW_CHECK(capacity >= 0 && capacity < kEmpty, "RowStore", "capacity ", capacity, " out of range");
   // Bounded stores size the index once; load stays at most 3/4.
   size_t buckets = 16;
   while (capacity > 0 && static_cast<int64_t>(buckets) * 3 < capacity * 4) buckets *= 2;
-  index_.assign(buckets, kEmpty);
+  index_.assign(buckets, kEmptyEntry);
 }
 
 RowStore::~RowStore() = default;
 
 RowStore::Row RowStore::RowOf(uint32_t slot) const {
-  const Chunk& c = chunks_[slot / chunk_rows_];
-  const int64_t i = slot % chunk_rows_;
+  const Chunk& c = chunks_[slot >> chunk_shift_];
+  const int64_t i = slot & (chunk_rows_ - 1);
   float* values = c.floats.get() + i * stride_;
   return {values, values + dim_, &c.steps[i]};
 }
 
-uint64_t RowStore::IdOf(uint32_t slot) const { return chunks_[slot / chunk_rows_].ids[slot % chunk_rows_]; }
-uint32_t& RowStore::Prev(uint32_t slot) const { return chunks_[slot / chunk_rows_].prev[slot % chunk_rows_]; }
-uint32_t& RowStore::Next(uint32_t slot) const { return chunks_[slot / chunk_rows_].next[slot % chunk_rows_]; }
+uint64_t RowStore::IdOf(uint32_t slot) const { return chunks_[slot >> chunk_shift_].ids[slot & (chunk_rows_ - 1)]; }
+uint32_t& RowStore::Prev(uint32_t slot) const { return chunks_[slot >> chunk_shift_].prev[slot & (chunk_rows_ - 1)]; }
+uint32_t& RowStore::Next(uint32_t slot) const { return chunks_[slot >> chunk_shift_].next[slot & (chunk_rows_ - 1)]; }
 
 // Not MixId(id) itself: ServerOfId already fixed its residue modulo the server count.
-uint64_t RowStore::Bucket(uint64_t id) const { return MixId(~id) & (index_.size() - 1); }
+uint64_t RowStore::Hash(uint64_t id) { return MixId(~id); }
+uint64_t RowStore::Bucket(uint64_t id) const { return Hash(id) & (index_.size() - 1); }
 
+void RowStore::PrefetchRow(uint64_t id) const {
+  const uint64_t e = index_[Bucket(id)];
+  if (e == kEmptyEntry) return;
+  const uint32_t slot = static_cast<uint32_t>(e);
+  const Chunk& c = chunks_[slot >> chunk_shift_];
+  const int64_t i = slot & (chunk_rows_ - 1);
+  __builtin_prefetch(&c.ids[i]);
+  __builtin_prefetch(&c.steps[i]);
+  const char* row = reinterpret_cast<const char*>(c.floats.get() + i * stride_);
+  const int64_t bytes = std::min<int64_t>(stride_ * static_cast<int64_t>(sizeof(float)), 1024);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+}
+
+// An index entry is (tag << 32 | slot), the tag being the hash's top 32 bits: most
+// probes that miss are rejected without reading the row's id.
 int64_t RowStore::Lookup(uint64_t id) const {
-  const uint64_t mask = index_.size() - 1;
-  for (uint64_t b = Bucket(id);; b = (b + 1) & mask) {
-    if (index_[b] == kEmpty) return -1;
-    if (IdOf(index_[b]) == id) return static_cast<int64_t>(b);
+  const uint64_t mask = index_.size() - 1, hash = Hash(id), tag = hash >> 32;
+  for (uint64_t b = hash & mask;; b = (b + 1) & mask) {
+    const uint64_t e = index_[b];
+    if (e == kEmptyEntry) return -1;
+    if ((e >> 32) == tag && IdOf(static_cast<uint32_t>(e)) == id) return static_cast<int64_t>(b);
   }
 }
 
 void RowStore::InsertIndex(uint64_t id, uint32_t slot) {
-  const uint64_t mask = index_.size() - 1;
-  uint64_t b = Bucket(id);
-  while (index_[b] != kEmpty) b = (b + 1) & mask;
-  index_[b] = slot;
+  const uint64_t mask = index_.size() - 1, hash = Hash(id);
+  uint64_t b = hash & mask;
+  while (index_[b] != kEmptyEntry) b = (b + 1) & mask;
+  index_[b] = (hash >> 32) << 32 | slot;
 }
 
 // Backward-shift deletion keeps every probe sequence unbroken without tombstones.
 void RowStore::EraseIndex(int64_t bucket) {
   const uint64_t mask = index_.size() - 1;
   uint64_t hole = static_cast<uint64_t>(bucket);
-  index_[hole] = kEmpty;
-  for (uint64_t j = (hole + 1) & mask; index_[j] != kEmpty; j = (j + 1) & mask) {
-    const uint64_t home = Bucket(IdOf(index_[j]));
+  index_[hole] = kEmptyEntry;
+  for (uint64_t j = (hole + 1) & mask; index_[j] != kEmptyEntry; j = (j + 1) & mask) {
+    const uint64_t home = Bucket(IdOf(static_cast<uint32_t>(index_[j])));
     if (((j - home) & mask) >= ((j - hole) & mask)) {
       index_[hole] = index_[j];
-      index_[j] = kEmpty;
+      index_[j] = kEmptyEntry;
       hole = j;
     }
   }
 }
 
 void RowStore::Grow() {
-  std::vector<uint32_t> old(index_.size() * 2, kEmpty);
+  std::vector<uint64_t, internal::LargeAllocator<uint64_t>> old(index_.size() * 2, kEmptyEntry);
   old.swap(index_);
-  for (uint32_t slot : old) {
-    if (slot != kEmpty) InsertIndex(IdOf(slot), slot);
+  for (uint64_t e : old) {
+    if (e != kEmptyEntry) InsertIndex(IdOf(static_cast<uint32_t>(e)), static_cast<uint32_t>(e));
   }
 }
 
@@ -114,9 +170,9 @@ uint32_t RowStore::NewSlot(uint64_t id) {
     ++evictions_;
   } else {
     slot = static_cast<uint32_t>(size_++);
-    if (slot / chunk_rows_ == static_cast<int64_t>(chunks_.size())) {
+    if ((slot >> chunk_shift_) == static_cast<int64_t>(chunks_.size())) {
       Chunk c;
-      c.floats = std::make_unique<float[]>(static_cast<size_t>(chunk_rows_ * stride_));
+      c.floats.reset(static_cast<float*>(internal::AllocateLarge(static_cast<size_t>(chunk_rows_ * stride_) * sizeof(float))));
       c.ids = std::make_unique<uint64_t[]>(static_cast<size_t>(chunk_rows_));
       c.steps = std::make_unique<int64_t[]>(static_cast<size_t>(chunk_rows_));
       if (capacity_ > 0) {
@@ -127,7 +183,7 @@ uint32_t RowStore::NewSlot(uint64_t id) {
     }
     if (capacity_ == 0 && size_ * 4 > static_cast<int64_t>(index_.size()) * 3) Grow();
   }
-  chunks_[slot / chunk_rows_].ids[slot % chunk_rows_] = id;
+  chunks_[slot >> chunk_shift_].ids[slot & (chunk_rows_ - 1)] = id;
   InsertIndex(id, slot);
   if (capacity_ > 0) PushFront(slot);
   Row row = RowOf(slot);
@@ -140,7 +196,7 @@ uint32_t RowStore::NewSlot(uint64_t id) {
 bool RowStore::Find(uint64_t id, Row* row) {
   const int64_t b = Lookup(id);
   if (b < 0) return false;
-  const uint32_t slot = index_[static_cast<size_t>(b)];
+  const uint32_t slot = static_cast<uint32_t>(index_[static_cast<size_t>(b)]);
   if (capacity_ > 0 && head_ != slot) {
     Unlink(slot);
     PushFront(slot);
@@ -166,7 +222,7 @@ void RowStore::ForEach(const std::function<void(uint64_t, const Row&)>& fn) cons
 size_t RowStore::bytes() const {
   const size_t per_row = static_cast<size_t>(stride_) * sizeof(float) + sizeof(uint64_t) + sizeof(int64_t) +
                          (capacity_ > 0 ? 2 * sizeof(uint32_t) : 0);
-  return chunks_.size() * static_cast<size_t>(chunk_rows_) * per_row + index_.size() * sizeof(uint32_t) +
+  return chunks_.size() * static_cast<size_t>(chunk_rows_) * per_row + index_.size() * sizeof(uint64_t) +
          chunks_.capacity() * sizeof(Chunk) + sizeof(*this);
 }
 

@@ -29,24 +29,53 @@ Tensor ReadRows(Shard& s, const Tensor& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu)
   Tensor out = Tensor::Empty({n, s.dim});
   const int64_t* id = ids.data<int64_t>();
   float* dst = out.data<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    RowStore::Row row = s.rows->Get(static_cast<uint64_t>(id[i]));
+  s.rows->ForEachRow(reinterpret_cast<const uint64_t*>(id), n, [&](int64_t i, const RowStore::Row& row) {
     std::memcpy(dst + i * s.dim, row.values, static_cast<size_t>(s.dim) * sizeof(float));
-  }
+  });
   return out;
 }
 
 // Applies summed gradient rows, each scaled by `scale`, to a sparse shard.
 void ApplyRows(Shard& s, internal::RowSum& sum, float scale) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-  for (size_t i = 0; i < sum.ids.size(); ++i) {
-    float* g = sum.values.data() + static_cast<int64_t>(i) * s.dim;
+  s.rows->ForEachRow(sum.ids.data(), static_cast<int64_t>(sum.ids.size()), [&](int64_t i, const RowStore::Row& row) {
+    float* g = sum.values.data() + i * s.dim;
     if (scale != 1.0f) {
       for (int64_t j = 0; j < s.dim; ++j) g[j] *= scale;
     }
-    RowStore::Row row = s.rows->Get(sum.ids[i]);
     optim::UpdateRow(s.optimizer, s.dim, row.values, g, row.state, *row.step);
-  }
+  });
   sum.Clear();
+}
+
+// Applies one push: rows of duplicate ids are summed first (a few per push of random
+// ids), the others are applied straight from the received gradient without a copy.
+void ApplyPush(Shard& s, const Tensor& ids, const Tensor& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  const int64_t n = ids.numel(), dim = s.dim;
+  const uint64_t* id = reinterpret_cast<const uint64_t*>(ids.data<int64_t>());
+  const float* g = grad.data<float>();
+  absl::flat_hash_map<uint64_t, int64_t> first;  // id -> position among the unique ids
+  first.reserve(static_cast<size_t>(n));
+  std::vector<uint64_t> unique;
+  std::vector<const float*> rows;
+  unique.reserve(static_cast<size_t>(n));
+  rows.reserve(static_cast<size_t>(n));
+  absl::flat_hash_map<int64_t, std::vector<float>> sums;  // unique position -> summed row
+  for (int64_t i = 0; i < n; ++i) {
+    auto [it, fresh] = first.try_emplace(id[i], static_cast<int64_t>(unique.size()));
+    if (fresh) {
+      unique.push_back(id[i]);
+      rows.push_back(g + i * dim);
+      continue;
+    }
+    const size_t k = static_cast<size_t>(it->second);
+    auto [sum, new_sum] = sums.try_emplace(it->second);
+    if (new_sum) sum->second.assign(rows[k], rows[k] + dim);
+    for (int64_t j = 0; j < dim; ++j) sum->second[static_cast<size_t>(j)] += g[i * dim + j];
+    rows[k] = sum->second.data();  // node-stable: flat_hash_map moves the vector, not its buffer
+  }
+  s.rows->ForEachRow(unique.data(), static_cast<int64_t>(unique.size()), [&](int64_t i, const RowStore::Row& row) {
+    optim::UpdateRow(s.optimizer, dim, row.values, rows[static_cast<size_t>(i)], row.state, *row.step);
+  });
 }
 
 }  // namespace
@@ -453,11 +482,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     ops.apply_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       ApplyRows(s, s.row_sum, 1.0f / static_cast<float>(s.trainers));
     };
-    ops.apply_now = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      internal::RowSum rows;  // duplicate ids in one push are summed, then applied once
-      rows.Add(id, g, s.dim);
-      ApplyRows(s, rows, 1.0f);
-    };
+    ops.apply_now = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { ApplyPush(s, id, g); };
     return Admit(table, s, clock, trainer, [] { return absl::OkStatus(); }, ops);
   }
 

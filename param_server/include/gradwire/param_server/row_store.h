@@ -10,7 +10,7 @@
 //     Insert both count as touches); an evicted row that comes back starts afresh.
 //   - Memory: rows live in fixed-size chunks (no reallocation, pointers stay valid
 //     until the row is evicted); the id index is an open-addressing table of 32-bit
-//     slot numbers. bytes() is everything the store allocated; with 64-float rows it
+//     slot numbers, each tagged with 32 bits of the id's hash. bytes() is everything the store allocated; with 64-float rows it
 //     stays within 1.2x of raw_bytes() (the rows' values and state alone) for tables
 //     past a few chunks (tested).
 //   - Not thread-safe: the server guards each shard with its mutex.
@@ -35,6 +35,29 @@ struct RowInit {
 // Writes the initial values of row `id` (dim floats) to `out`.
 void InitRow(const RowInit& init, uint64_t id, int64_t dim, float* out);
 
+namespace internal {
+
+// Memory for large random-access arrays: blocks of 2 MiB or more are 2 MiB aligned and
+// advised to use transparent huge pages (madvise), so random rows do not each cost a
+// TLB miss. Smaller blocks come from malloc.
+void* AllocateLarge(size_t bytes);
+void FreeLarge(void* p);
+struct FreeLargeDeleter {
+  void operator()(void* p) const { FreeLarge(p); }
+};
+template <typename T>
+struct LargeAllocator {
+  using value_type = T;
+  LargeAllocator() = default;
+  template <typename U>
+  LargeAllocator(const LargeAllocator<U>&) {}  // NOLINT
+  T* allocate(size_t n) { return static_cast<T*>(AllocateLarge(n * sizeof(T))); }
+  void deallocate(T* p, size_t) { FreeLarge(p); }
+  friend bool operator==(const LargeAllocator&, const LargeAllocator&) { return true; }
+};
+
+}  // namespace internal
+
 class RowStore {
  public:
   struct Row {
@@ -51,6 +74,18 @@ class RowStore {
 
   // The row of `id`, created (initialised, state zero, step 0) if absent.
   Row Get(uint64_t id);
+  // Get() for ids[0..n) in order, calling fn(i, row) for each, with the index entries and
+  // rows of later ids prefetched: a table larger than the caches is bound by memory
+  // latency, and this keeps several misses in flight.
+  template <typename F>
+  void ForEachRow(const uint64_t* ids, int64_t n, F&& fn) {
+    constexpr int64_t kFar = 32, kNear = 12;
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kFar < n) __builtin_prefetch(&index_[Bucket(ids[i + kFar])]);
+      if (i + kNear < n) PrefetchRow(ids[i + kNear]);
+      fn(i, Get(ids[i]));
+    }
+  }
   // The row of `id` if present (no creation); counts as a touch.
   bool Find(uint64_t id, Row* row);
   // Visits every row (for checkpoints), least recently touched first when bounded.
@@ -66,11 +101,11 @@ class RowStore {
 
  private:
   static constexpr uint32_t kEmpty = 0xffffffffu;
-  static constexpr int64_t kChunkRows = 4096;
+  static constexpr uint64_t kEmptyEntry = ~uint64_t{0};
 
-  // Slots are numbered in creation order; slot s lives in chunk s / chunk_rows_.
+  // Slots are numbered in creation order; slot s lives in chunk s >> chunk_shift_.
   struct Chunk {
-    std::unique_ptr<float[]> floats;  // chunk_rows_ * stride_
+    std::unique_ptr<float[], internal::FreeLargeDeleter> floats;  // chunk_rows_ * stride_
     std::unique_ptr<uint64_t[]> ids;
     std::unique_ptr<int64_t[]> steps;
     std::unique_ptr<uint32_t[]> prev, next;  // LRU links (bounded stores only)
@@ -79,7 +114,9 @@ class RowStore {
   uint64_t IdOf(uint32_t slot) const;
   uint32_t& Prev(uint32_t slot) const;
   uint32_t& Next(uint32_t slot) const;
+  static uint64_t Hash(uint64_t id);
   uint64_t Bucket(uint64_t id) const;
+  void PrefetchRow(uint64_t id) const;  // the id and floats of the row in id's home bucket
   int64_t Lookup(uint64_t id) const;  // bucket holding id, or -1
   void InsertIndex(uint64_t id, uint32_t slot);
   void EraseIndex(int64_t bucket);
@@ -93,10 +130,11 @@ class RowStore {
   const int64_t capacity_;
   const RowInit init_;
   const int64_t stride_;      // floats per slot: values + state
-  const int64_t chunk_rows_;  // kChunkRows, or the capacity when smaller
+  const int chunk_shift_;     // log2 of the rows per chunk: at least 4096 rows and 2 MiB, fewer for a small capacity
+  const int64_t chunk_rows_;
   std::vector<Chunk> chunks_;
   uint32_t head_ = kEmpty, tail_ = kEmpty;  // most / least recently touched
-  std::vector<uint32_t> index_;  // power-of-two open-addressing table of slots
+  std::vector<uint64_t, internal::LargeAllocator<uint64_t>> index_;  // power-of-two open-addressing table: (hash tag << 32) | slot
   int64_t size_ = 0;
   int64_t evictions_ = 0;
 };
