@@ -65,10 +65,11 @@ void Snapshot(const std::string& table, const Shard& s, nn::NamedTensors& out) {
     if (s.sum.defined()) put("sum", kernels::Clone(s.sum));
     return;
   }
-  const int64_t n = s.rows->size(), width = s.dim * (1 + s.rows->state_size());
+  const int64_t n = s.rows->stats().rows, width = s.dim * (1 + s.rows->state_size());
   Tensor ids = Tensor::Empty({n}, DType::kInt64), rows = Tensor::Empty({n, width}), steps = Tensor::Empty({n}, DType::kInt64);
   int64_t i = 0;
-  s.rows->ForEach([&](uint64_t id, const RowStore::Row& row) {
+  s.rows->Visit([&](uint64_t id, const RowStore::Row& row) {
+    if (i == n) return;  // REQUIRES s.mu: only asynchronous pushes could add rows meanwhile
     ids.data<int64_t>()[i] = static_cast<int64_t>(id);
     std::memcpy(rows.data<float>() + i * width, row.values, static_cast<size_t>(width) * sizeof(float));
     steps.data<int64_t>()[i] = *row.step;
@@ -170,11 +171,14 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
         sum_rows->numel() != sum_ids->numel() * s->dim || (s->capacity > 0 && n > s->capacity)) {
       return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': row arrays do not agree"));
     }
-    s->rows = std::make_unique<RowStore>(s->dim, state_size, s->capacity, s->init);
+    s->rows = std::make_unique<StripedRows>(s->dim, state_size, s->capacity, s->init);
+    // In file order, so each stripe's LRU order comes back as it was.
     for (int64_t i = 0; i < n; ++i) {
-      RowStore::Row row = s->rows->Get(static_cast<uint64_t>(ids->data<int64_t>()[i]));
-      std::memcpy(row.values, rows->data<float>() + i * width, static_cast<size_t>(width) * sizeof(float));
-      *row.step = steps->data<int64_t>()[i];
+      const uint64_t id = static_cast<uint64_t>(ids->data<int64_t>()[i]);
+      s->rows->ForEach(&id, 1, [&](int64_t, const RowStore::Row& row) {
+        std::memcpy(row.values, rows->data<float>() + i * width, static_cast<size_t>(width) * sizeof(float));
+        *row.step = steps->data<int64_t>()[i];
+      });
     }
     s->row_sum.Add(*sum_ids, kernels::Reshape(*sum_rows, {sum_ids->numel(), s->dim}), s->dim);
     out.emplace_back(table, std::move(s));

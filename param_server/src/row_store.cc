@@ -70,7 +70,8 @@ RowStore::RowStore(int64_t dim, int state_size, int64_t capacity, RowInit init)
       chunk_rows_(int64_t{1} << chunk_shift_) {
   GW_CHECK(dim >= 1, "RowStore", "row width must be at least 1, got ", dim);
   GW_CHECK(state_size >= 0, "RowStore", "negative state size ", state_size);
-  GW_CHECK(capacity >= 0 && capacity < kEmpty, "RowStore", "capacity ", capacity, " out of range");
+  GW_CHECK(capacity >= 0 && capacity <= kMaxRows, "RowStore", "capacity ", capacity, " out of range (at most ",
+           kMaxRows, ")");
   // Bounded stores size the index once; load stays at most 3/4.
   size_t buckets = 16;
   while (capacity > 0 && static_cast<int64_t>(buckets) * 3 < capacity * 4) buckets *= 2;
@@ -95,9 +96,9 @@ uint64_t RowStore::Hash(uint64_t id) { return MixId(~id); }
 uint64_t RowStore::Bucket(uint64_t id) const { return Hash(id) & (index_.size() - 1); }
 
 void RowStore::PrefetchRow(uint64_t id) const {
-  const uint64_t e = index_[Bucket(id)];
+  const uint32_t e = index_[Bucket(id)];
   if (e == kEmptyEntry) return;
-  const uint32_t slot = static_cast<uint32_t>(e);
+  const uint32_t slot = e & kSlotMask;
   const Chunk& c = chunks_[slot >> chunk_shift_];
   const int64_t i = slot & (chunk_rows_ - 1);
   __builtin_prefetch(&c.ids[i]);
@@ -107,14 +108,15 @@ void RowStore::PrefetchRow(uint64_t id) const {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
 }
 
-// An index entry is (tag << 32 | slot), the tag being the hash's top 32 bits: most
+// An index entry is (tag << kSlotBits | slot), the tag being the hash's top bits: most
 // probes that miss are rejected without reading the row's id.
 int64_t RowStore::Lookup(uint64_t id) const {
-  const uint64_t mask = index_.size() - 1, hash = Hash(id), tag = hash >> 32;
+  const uint64_t mask = index_.size() - 1, hash = Hash(id);
+  const uint32_t tag = static_cast<uint32_t>(hash >> (64 - kTagBits));
   for (uint64_t b = hash & mask;; b = (b + 1) & mask) {
-    const uint64_t e = index_[b];
+    const uint32_t e = index_[b];
     if (e == kEmptyEntry) return -1;
-    if ((e >> 32) == tag && IdOf(static_cast<uint32_t>(e)) == id) return static_cast<int64_t>(b);
+    if ((e >> kSlotBits) == tag && IdOf(e & kSlotMask) == id) return static_cast<int64_t>(b);
   }
 }
 
@@ -122,7 +124,7 @@ void RowStore::InsertIndex(uint64_t id, uint32_t slot) {
   const uint64_t mask = index_.size() - 1, hash = Hash(id);
   uint64_t b = hash & mask;
   while (index_[b] != kEmptyEntry) b = (b + 1) & mask;
-  index_[b] = (hash >> 32) << 32 | slot;
+  index_[b] = static_cast<uint32_t>(hash >> (64 - kTagBits)) << kSlotBits | slot;
 }
 
 // Backward-shift deletion keeps every probe sequence unbroken without tombstones.
@@ -131,7 +133,7 @@ void RowStore::EraseIndex(int64_t bucket) {
   uint64_t hole = static_cast<uint64_t>(bucket);
   index_[hole] = kEmptyEntry;
   for (uint64_t j = (hole + 1) & mask; index_[j] != kEmptyEntry; j = (j + 1) & mask) {
-    const uint64_t home = Bucket(IdOf(static_cast<uint32_t>(index_[j])));
+    const uint64_t home = Bucket(IdOf(index_[j] & kSlotMask));
     if (((j - home) & mask) >= ((j - hole) & mask)) {
       index_[hole] = index_[j];
       index_[j] = kEmptyEntry;
@@ -141,10 +143,10 @@ void RowStore::EraseIndex(int64_t bucket) {
 }
 
 void RowStore::Grow() {
-  std::vector<uint64_t, internal::LargeAllocator<uint64_t>> old(index_.size() * 2, kEmptyEntry);
+  std::vector<uint32_t, internal::LargeAllocator<uint32_t>> old(index_.size() * 2, kEmptyEntry);
   old.swap(index_);
-  for (uint64_t e : old) {
-    if (e != kEmptyEntry) InsertIndex(IdOf(static_cast<uint32_t>(e)), static_cast<uint32_t>(e));
+  for (uint32_t e : old) {
+    if (e != kEmptyEntry) InsertIndex(IdOf(e & kSlotMask), e & kSlotMask);
   }
 }
 
@@ -169,6 +171,8 @@ uint32_t RowStore::NewSlot(uint64_t id) {
     Unlink(slot);
     ++evictions_;
   } else {
+    GW_CHECK(size_ < kMaxRows, "RowStore", "a table shard holds at most ", kMaxRows,
+             " rows; set a capacity or add servers");
     slot = static_cast<uint32_t>(size_++);
     if ((slot >> chunk_shift_) == static_cast<int64_t>(chunks_.size())) {
       Chunk c;
@@ -196,7 +200,7 @@ uint32_t RowStore::NewSlot(uint64_t id) {
 bool RowStore::Find(uint64_t id, Row* row) {
   const int64_t b = Lookup(id);
   if (b < 0) return false;
-  const uint32_t slot = static_cast<uint32_t>(index_[static_cast<size_t>(b)]);
+  const uint32_t slot = index_[static_cast<size_t>(b)] & kSlotMask;
   if (capacity_ > 0 && head_ != slot) {
     Unlink(slot);
     PushFront(slot);
@@ -222,7 +226,7 @@ void RowStore::ForEach(const std::function<void(uint64_t, const Row&)>& fn) cons
 size_t RowStore::bytes() const {
   const size_t per_row = static_cast<size_t>(stride_) * sizeof(float) + sizeof(uint64_t) + sizeof(int64_t) +
                          (capacity_ > 0 ? 2 * sizeof(uint32_t) : 0);
-  return chunks_.size() * static_cast<size_t>(chunk_rows_) * per_row + index_.size() * sizeof(uint64_t) +
+  return chunks_.size() * static_cast<size_t>(chunk_rows_) * per_row + index_.size() * sizeof(uint32_t) +
          chunks_.capacity() * sizeof(Chunk) + sizeof(*this);
 }
 

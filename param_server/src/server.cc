@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gradwire/nn/serialize.h"
 #include "gradwire/optim/functional.h"
+#include "gradwire/param_server/sharding.h"
 #include "gradwire/tensor/error.h"
 #include "gradwire/tensor/kernels.h"
 #include "shard.h"
@@ -29,7 +30,7 @@ Tensor ReadRows(Shard& s, const Tensor& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu)
   Tensor out = Tensor::Empty({n, s.dim});
   const int64_t* id = ids.data<int64_t>();
   float* dst = out.data<float>();
-  s.rows->ForEachRow(reinterpret_cast<const uint64_t*>(id), n, [&](int64_t i, const RowStore::Row& row) {
+  s.rows->ForEach(reinterpret_cast<const uint64_t*>(id), n, [&](int64_t i, const RowStore::Row& row) {
     std::memcpy(dst + i * s.dim, row.values, static_cast<size_t>(s.dim) * sizeof(float));
   });
   return out;
@@ -37,7 +38,7 @@ Tensor ReadRows(Shard& s, const Tensor& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu)
 
 // Applies summed gradient rows, each scaled by `scale`, to a sparse shard.
 void ApplyRows(Shard& s, internal::RowSum& sum, float scale) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-  s.rows->ForEachRow(sum.ids.data(), static_cast<int64_t>(sum.ids.size()), [&](int64_t i, const RowStore::Row& row) {
+  s.rows->ForEach(sum.ids.data(), static_cast<int64_t>(sum.ids.size()), [&](int64_t i, const RowStore::Row& row) {
     float* g = sum.values.data() + i * s.dim;
     if (scale != 1.0f) {
       for (int64_t j = 0; j < s.dim; ++j) g[j] *= scale;
@@ -73,7 +74,7 @@ void ApplyPush(Shard& s, const Tensor& ids, const Tensor& grad) ABSL_EXCLUSIVE_L
     for (int64_t j = 0; j < dim; ++j) sum->second[static_cast<size_t>(j)] += g[i * dim + j];
     rows[k] = sum->second.data();  // node-stable: flat_hash_map moves the vector, not its buffer
   }
-  s.rows->ForEachRow(unique.data(), static_cast<int64_t>(unique.size()), [&](int64_t i, const RowStore::Row& row) {
+  s.rows->ForEach(unique.data(), static_cast<int64_t>(unique.size()), [&](int64_t i, const RowStore::Row& row) {
     optim::UpdateRow(s.optimizer, dim, row.values, rows[static_cast<size_t>(i)], row.state, *row.step);
   });
 }
@@ -81,6 +82,34 @@ void ApplyPush(Shard& s, const Tensor& ids, const Tensor& grad) ABSL_EXCLUSIVE_L
 }  // namespace
 
 namespace internal {
+
+StripedRows::StripedRows(int64_t dim, int state_size, int64_t capacity, RowInit init) {
+  const int64_t per_stripe = capacity == 0 ? 0 : (capacity + kStripes - 1) / kStripes;
+  for (int k = 0; k < kStripes; ++k) stripes_.push_back(std::make_unique<Stripe>(dim, state_size, per_stripe, init));
+}
+
+// The top bits of the id's hash: independent of ServerOfId's residue and of RowStore's index.
+int StripedRows::StripeOf(uint64_t id) { return static_cast<int>(MixId(id) >> 61); }
+static_assert(StripedRows::kStripes == 8, "StripeOf takes 3 bits");
+
+void StripedRows::Visit(const std::function<void(uint64_t, const RowStore::Row&)>& fn) const {
+  for (const auto& stripe : stripes_) {
+    absl::MutexLock lock(&stripe->mu);
+    stripe->rows.ForEach(fn);
+  }
+}
+
+SparseShardStats StripedRows::stats() const {
+  SparseShardStats total;
+  for (const auto& stripe : stripes_) {
+    absl::MutexLock lock(&stripe->mu);
+    total.rows += stripe->rows.size();
+    total.evictions += stripe->rows.evictions();
+    total.bytes += static_cast<int64_t>(stripe->rows.bytes());
+    total.raw_bytes += static_cast<int64_t>(stripe->rows.raw_bytes());
+  }
+  return total;
+}
 
 void RowSum::Add(const Tensor& ids_tensor, const Tensor& grad, int64_t dim) {
   const int64_t n = ids_tensor.numel();
@@ -169,8 +198,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     Shard& s = **found;
     absl::MutexLock lock(&s.mu);
     if (!s.sparse) return absl::InvalidArgumentError(absl::StrCat("table '", table, "' is dense"));
-    return SparseShardStats{s.rows->size(), s.rows->evictions(), static_cast<int64_t>(s.rows->bytes()),
-                            static_cast<int64_t>(s.rows->raw_bytes())};
+    return s.rows->stats();
   }
 
   absl::StatusOr<std::string> Checkpoint() {
@@ -284,7 +312,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     shard->dim = l->dim;
     shard->capacity = l->capacity;
     shard->init = l->init;
-    shard->rows = std::make_unique<RowStore>(l->dim, optim::RowStateSize(shard->optimizer), l->capacity, l->init);
+    shard->rows = std::make_unique<internal::StripedRows>(l->dim, optim::RowStateSize(shard->optimizer), l->capacity, l->init);
     return Add(table, std::move(shard), [&](const Shard& old) {
       if (!old.sparse || old.dim != l->dim) {
         return absl::AlreadyExistsError(absl::StrCat("table '", table, "' exists on ", name_, " and is not a sparse table of width ", l->dim));
@@ -313,6 +341,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
 
   // Serves `read` now if `clock` is readable, else when it becomes so.
   Future<Value> PullWhenReadable(Shard& s, int64_t clock, std::function<Value()> read) {
+    // Sparse rows have their own locks (StripedRows); asynchronous pulls never wait.
+    if (s.sparse && s.consistency == Consistency::kAsync) return MakeReadyFuture<Value>(agent_.executor(), read());
     absl::MutexLock lock(&s.mu);
     if (s.consistency == Consistency::kAsync || Readable(s, clock)) {
       return MakeReadyFuture<Value>(agent_.executor(), read());
@@ -380,6 +410,16 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   // Runs a push through the shard's consistency mode and answers the pulls it released.
   absl::Status Admit(const std::string& table, Shard& s, int64_t clock, int64_t trainer,
                      const std::function<absl::Status()>& check, const PushOps& ops) {
+    if (s.sparse && s.consistency == Consistency::kAsync) {
+      // Nothing waits on an asynchronous table and its rows have their own locks: pushes
+      // run in parallel with each other and with pulls.
+      try {
+        ops.apply_now();
+      } catch (const gw::Error& e) {
+        return absl::InvalidArgumentError(e.what());
+      }
+      return absl::OkStatus();
+    }
     std::vector<std::pair<Promise<Value>, Value>> ready;
     absl::Status status;
     {

@@ -7,6 +7,8 @@
 #ifndef GRADWIRE_PARAM_SERVER_SRC_SHARD_H_
 #define GRADWIRE_PARAM_SERVER_SRC_SHARD_H_
 
+#include <array>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <set>
@@ -37,6 +39,52 @@ struct RowSum {
   void Clear();
 };
 
+// A sparse shard's rows, split by id hash into kStripes RowStores with a lock each, so
+// that requests on one table run in parallel (a pull and a push of different trainers
+// meet only when they reach the same stripe at the same time). A capacity is shared
+// evenly: LRU order is kept per stripe, so eviction is least-recently-used within the
+// stripe the new id falls in.
+class StripedRows {
+ public:
+  static constexpr int kStripes = 8;
+  StripedRows(int64_t dim, int state_size, int64_t capacity, RowInit init);
+
+  // Calls fn(i, row) for every ids[i] (rows created on first touch), one stripe at a
+  // time under its lock. Each id's call is made once, in no particular order.
+  template <typename F>
+  void ForEach(const uint64_t* ids, int64_t n, F&& fn) {
+    std::array<std::vector<int64_t>, kStripes> positions;
+    for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(StripeOf(ids[i]))].push_back(i);
+    std::vector<uint64_t> sub;
+    // Start at a different stripe each time so that concurrent requests spread out.
+    const int first = static_cast<int>(next_start_.fetch_add(1, std::memory_order_relaxed) % kStripes);
+    for (int k = 0; k < kStripes; ++k) {
+      const size_t stripe = static_cast<size_t>((first + k) % kStripes);
+      const std::vector<int64_t>& pos = positions[stripe];
+      if (pos.empty()) continue;
+      sub.resize(pos.size());
+      for (size_t j = 0; j < pos.size(); ++j) sub[j] = ids[pos[j]];
+      absl::MutexLock lock(&stripes_[stripe]->mu);
+      stripes_[stripe]->rows.ForEachRow(sub.data(), static_cast<int64_t>(sub.size()),
+                                        [&](int64_t j, const RowStore::Row& row) { fn(pos[static_cast<size_t>(j)], row); });
+    }
+  }
+  // Every row (for checkpoints), stripe by stripe under its lock.
+  void Visit(const std::function<void(uint64_t id, const RowStore::Row& row)>& fn) const;
+  SparseShardStats stats() const;
+  int state_size() const { return stripes_[0]->rows.state_size(); }
+
+ private:
+  struct Stripe {
+    Stripe(int64_t dim, int state_size, int64_t capacity, RowInit init) : rows(dim, state_size, capacity, init) {}
+    mutable absl::Mutex mu;
+    RowStore rows ABSL_GUARDED_BY(mu);
+  };
+  static int StripeOf(uint64_t id);
+  std::vector<std::unique_ptr<Stripe>> stripes_;
+  std::atomic<uint64_t> next_start_{0};
+};
+
 struct Waiter {
   int64_t clock = 0;
   Promise<rpc::Value> answer;
@@ -58,7 +106,7 @@ struct Shard {
   absl::Mutex mu;
   Tensor values;            // dense: 1-D float32, the shard's key range
   optim::ParamState state;  // dense
-  std::unique_ptr<RowStore> rows;  // sparse
+  std::unique_ptr<StripedRows> rows;  // sparse
 
   // kBoundedStaleness (and retried pushes): the next clock each trainer pushes.
   std::vector<int64_t> clocks;

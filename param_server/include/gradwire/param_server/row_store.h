@@ -10,7 +10,7 @@
 //     Insert both count as touches); an evicted row that comes back starts afresh.
 //   - Memory: rows live in fixed-size chunks (no reallocation, pointers stay valid
 //     until the row is evicted); the id index is an open-addressing table of 32-bit
-//     slot numbers, each tagged with 32 bits of the id's hash. bytes() is everything the store allocated; with 64-float rows it
+//     entries (a slot number and 5 bits of the id's hash). At most 2^27 - 1 rows. bytes() is everything the store allocated; with 64-float rows it
 //     stays within 1.2x of raw_bytes() (the rows' values and state alone) for tables
 //     past a few chunks (tested).
 //   - Not thread-safe: the server guards each shard with its mutex.
@@ -101,7 +101,10 @@ class RowStore {
 
  private:
   static constexpr uint32_t kEmpty = 0xffffffffu;
-  static constexpr uint64_t kEmptyEntry = ~uint64_t{0};
+  // Index entries: 27 bits of slot, 5 bits of hash tag; all ones is empty.
+  static constexpr int kSlotBits = 27, kTagBits = 5;
+  static constexpr uint32_t kSlotMask = (1u << kSlotBits) - 1, kEmptyEntry = ~0u;
+  static constexpr int64_t kMaxRows = kSlotMask;  // slot kSlotMask would look empty
 
   // Slots are numbered in creation order; slot s lives in chunk s >> chunk_shift_.
   struct Chunk {
@@ -134,7 +137,7 @@ class RowStore {
   const int64_t chunk_rows_;
   std::vector<Chunk> chunks_;
   uint32_t head_ = kEmpty, tail_ = kEmpty;  // most / least recently touched
-  std::vector<uint64_t, internal::LargeAllocator<uint64_t>> index_;  // power-of-two open-addressing table: (hash tag << 32) | slot
+  std::vector<uint32_t, internal::LargeAllocator<uint32_t>> index_;  // power-of-two open addressing: tag | slot
   int64_t size_ = 0;
   int64_t evictions_ = 0;
 };
