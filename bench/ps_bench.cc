@@ -81,7 +81,7 @@ std::pair<double, double> TrainSparse(gw::rpc::Agent& agent, int trainer, int wa
   gw::Generator gen(static_cast<uint64_t>(1 + trainer));
   const gw::Tensor grad = gw::Tensor::Randn({kIds, kDim}, gen);
   gw::Future<bool> pushed = gw::MakeReadyFuture<bool>(agent.executor(), true);
-  double start = 0;
+  double start = 0, pull_s = 0, push_wait_s = 0;
   for (int step = 0; step < warmup + steps; ++step) {
     if (step == warmup) {
       if (!pushed.Get().ok()) Fail("push", pushed.Get().status());
@@ -92,12 +92,20 @@ std::pair<double, double> TrainSparse(gw::rpc::Agent& agent, int trainer, int wa
     }
     gw::Tensor ids = gw::Tensor::Empty({kIds}, gw::DType::kInt64);
     for (int64_t i = 0; i < kIds; ++i) ids.data<int64_t>()[i] = static_cast<int64_t>(gen.NextBelow(kRows));
+    const double t0 = gw::bench::NowSeconds();
     absl::StatusOr<gw::Tensor> rows = client.PullRows("emb", step, ids).Get();
     if (!rows.ok()) Fail("pull", rows.status());
+    const double t1 = gw::bench::NowSeconds();
     if (absl::StatusOr<bool> p = pushed.Get(); !p.ok()) Fail("push", p.status());
+    if (step >= warmup) {
+      pull_s += t1 - t0;
+      push_wait_s += gw::bench::NowSeconds() - t1;
+    }
     pushed = client.PushRows("emb", step, ids, grad);
   }
   if (absl::StatusOr<bool> p = pushed.Get(); !p.ok()) Fail("push", p.status());
+  std::fprintf(stderr, "sparse_embedding_ps: trainer %d: pull %.3f ms, waiting for the previous push %.3f ms per step\n",
+               trainer, 1e3 * pull_s / steps, 1e3 * push_wait_s / steps);
   return {start, absl::ToUnixMicros(absl::Now()) / 1e6};
 }
 

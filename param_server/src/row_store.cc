@@ -65,8 +65,8 @@ RowStore::RowStore(int64_t dim, int state_size, int64_t capacity, RowInit init)
       state_size_(state_size),
       capacity_(capacity),
       init_(init),
-      stride_(dim * (1 + state_size)),
-      chunk_shift_(ChunkShift(dim * (1 + state_size), capacity)),
+      stride_(kHeaderFloats + (dim * (1 + state_size) + 1) / 2 * 2),
+      chunk_shift_(ChunkShift(stride_, capacity)),
       chunk_rows_(int64_t{1} << chunk_shift_) {
   GW_CHECK(dim >= 1, "RowStore", "row width must be at least 1, got ", dim);
   GW_CHECK(state_size >= 0, "RowStore", "negative state size ", state_size);
@@ -81,13 +81,15 @@ RowStore::RowStore(int64_t dim, int state_size, int64_t capacity, RowInit init)
 RowStore::~RowStore() = default;
 
 RowStore::Row RowStore::RowOf(uint32_t slot) const {
-  const Chunk& c = chunks_[slot >> chunk_shift_];
-  const int64_t i = slot & (chunk_rows_ - 1);
-  float* values = c.floats.get() + i * stride_;
-  return {values, values + dim_, &c.steps[i]};
+  float* slot_base = SlotBase(slot);
+  float* values = slot_base + kHeaderFloats;
+  return {values, values + dim_, reinterpret_cast<int64_t*>(slot_base) + 1};
 }
 
-uint64_t RowStore::IdOf(uint32_t slot) const { return chunks_[slot >> chunk_shift_].ids[slot & (chunk_rows_ - 1)]; }
+float* RowStore::SlotBase(uint32_t slot) const {
+  return chunks_[slot >> chunk_shift_].floats.get() + static_cast<int64_t>(slot & (chunk_rows_ - 1)) * stride_;
+}
+uint64_t RowStore::IdOf(uint32_t slot) const { return *reinterpret_cast<const uint64_t*>(SlotBase(slot)); }
 uint32_t& RowStore::Prev(uint32_t slot) const { return chunks_[slot >> chunk_shift_].prev[slot & (chunk_rows_ - 1)]; }
 uint32_t& RowStore::Next(uint32_t slot) const { return chunks_[slot >> chunk_shift_].next[slot & (chunk_rows_ - 1)]; }
 
@@ -99,11 +101,7 @@ void RowStore::PrefetchRow(uint64_t id) const {
   const uint32_t e = index_[Bucket(id)];
   if (e == kEmptyEntry) return;
   const uint32_t slot = e & kSlotMask;
-  const Chunk& c = chunks_[slot >> chunk_shift_];
-  const int64_t i = slot & (chunk_rows_ - 1);
-  __builtin_prefetch(&c.ids[i]);
-  __builtin_prefetch(&c.steps[i]);
-  const char* row = reinterpret_cast<const char*>(c.floats.get() + i * stride_);
+  const char* row = reinterpret_cast<const char*>(SlotBase(slot));
   const int64_t bytes = std::min<int64_t>(stride_ * static_cast<int64_t>(sizeof(float)), 1024);
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
 }
@@ -177,8 +175,6 @@ uint32_t RowStore::NewSlot(uint64_t id) {
     if ((slot >> chunk_shift_) == static_cast<int64_t>(chunks_.size())) {
       Chunk c;
       c.floats.reset(static_cast<float*>(internal::AllocateLarge(static_cast<size_t>(chunk_rows_ * stride_) * sizeof(float))));
-      c.ids = std::make_unique<uint64_t[]>(static_cast<size_t>(chunk_rows_));
-      c.steps = std::make_unique<int64_t[]>(static_cast<size_t>(chunk_rows_));
       if (capacity_ > 0) {
         c.prev = std::make_unique<uint32_t[]>(static_cast<size_t>(chunk_rows_));
         c.next = std::make_unique<uint32_t[]>(static_cast<size_t>(chunk_rows_));
@@ -187,7 +183,7 @@ uint32_t RowStore::NewSlot(uint64_t id) {
     }
     if (capacity_ == 0 && size_ * 4 > static_cast<int64_t>(index_.size()) * 3) Grow();
   }
-  chunks_[slot >> chunk_shift_].ids[slot & (chunk_rows_ - 1)] = id;
+  *reinterpret_cast<uint64_t*>(SlotBase(slot)) = id;
   InsertIndex(id, slot);
   if (capacity_ > 0) PushFront(slot);
   Row row = RowOf(slot);
@@ -224,12 +220,11 @@ void RowStore::ForEach(const std::function<void(uint64_t, const Row&)>& fn) cons
 }
 
 size_t RowStore::bytes() const {
-  const size_t per_row = static_cast<size_t>(stride_) * sizeof(float) + sizeof(uint64_t) + sizeof(int64_t) +
-                         (capacity_ > 0 ? 2 * sizeof(uint32_t) : 0);
+  const size_t per_row = static_cast<size_t>(stride_) * sizeof(float) + (capacity_ > 0 ? 2 * sizeof(uint32_t) : 0);
   return chunks_.size() * static_cast<size_t>(chunk_rows_) * per_row + index_.size() * sizeof(uint32_t) +
          chunks_.capacity() * sizeof(Chunk) + sizeof(*this);
 }
 
-size_t RowStore::raw_bytes() const { return static_cast<size_t>(size_ * stride_) * sizeof(float); }
+size_t RowStore::raw_bytes() const { return static_cast<size_t>(size_ * dim_ * (1 + state_size_)) * sizeof(float); }
 
 }  // namespace gw::param_server
