@@ -6,10 +6,13 @@
 //
 //   gradwire launch -n 4 ps_fashion_mnist [--servers=2] [--epochs=10] [--batch_size=64]
 //                                         [--lr=0.05] [--momentum=0.9] [--min_accuracy=0.85]
+//                                         [--stop_at=0.85] [--report] [--checkpoint_dir=DIR]
+//                                         [--checkpoint_every_s=S] [--reconnect_timeout_s=S]
 //
 // Trainer 0 shows the progress and the final test accuracy; exit status 1 when it ends
 // below --min_accuracy, 2 when the data or the group cannot be set up.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "absl/flags/flag.h"
@@ -28,6 +31,13 @@ ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
 ABSL_FLAG(std::string, data_dir, gw::data::kFashionMnistDir, "directory with the IDX files");
 ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy ends below this");
+ABSL_FLAG(double, stop_at, 0, "stop after the first epoch whose test accuracy reaches this (0: run every epoch)");
+ABSL_FLAG(bool, report, false,
+          "print benchmark W9's result lines (time_to_85, samples_per_s, final_test_acc) at the end");
+ABSL_FLAG(std::string, checkpoint_dir, "", "servers: write checkpoints here and start from the latest one");
+ABSL_FLAG(double, checkpoint_every_s, 0, "servers: seconds between periodic checkpoints (0: none)");
+ABSL_FLAG(double, reconnect_timeout_s, 60,
+          "trainers: how long to wait for a server that died to come back (restarted from its checkpoint)");
 
 namespace {
 
@@ -43,7 +53,10 @@ int Serve(gw::rpc::AgentOptions options) {
   std::shared_ptr<gw::param_server::ParameterServer> server;
   absl::Status installed;
   auto agent = gw::rpc::Agent::Start(options, [&](gw::rpc::Agent& a) {
-    auto s = gw::param_server::ParameterServer::Install(a);
+    gw::param_server::ServerOptions server_options;
+    server_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+    server_options.checkpoint_every = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
+    auto s = gw::param_server::ParameterServer::Install(a, server_options);
     if (s.ok()) server = *s;
     installed = s.status();
   });
@@ -66,7 +79,9 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
   std::vector<std::string> server_names;
   for (int r = 0; r < servers; ++r) server_names.push_back((*agent)->workers()[static_cast<size_t>(r)].name);
-  gw::param_server::Client ps(**agent, server_names, trainer, trainers);
+  gw::param_server::Client ps(**agent, server_names, trainer, trainers,
+                              gw::param_server::ClientOptions{
+                                  .reconnect_timeout = absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s))});
 
   // Every trainer builds the same initial model (same seed) and creates the tables.
   gw::Generator gen(absl::GetFlag(FLAGS_seed));
@@ -99,8 +114,10 @@ int Train(gw::rpc::AgentOptions options, int servers) {
                 params.size(), absl::GetFlag(FLAGS_batch_size));
   }
   const auto start = std::chrono::steady_clock::now();
-  int64_t clock = 0;
-  double test_acc = 0;
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  int64_t clock = 0, samples = 0;  // samples: both trainers' (every trainer sees the same count)
+  double test_acc = 0, time_to_85 = -1, samples_to_85 = 0;
+  const double stop_at = absl::GetFlag(FLAGS_stop_at);
   for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
     std::unique_ptr<gw::data::ProgressBar> bar;
     if (show) {
@@ -134,6 +151,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       loss_sum += loss.item();
       correct += gw::nn::Accuracy(logits, batch.targets) * static_cast<double>(batch.targets.size(0));
       seen += batch.targets.size(0);
+      samples += trainers * batch.targets.size(0);
       if (bar) bar->Update(++step, fields());
     }
     // Evaluate the parameters as the servers hold them after this epoch.
@@ -143,11 +161,27 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       test_acc = gw::nn::Accuracy(model->Forward(test->images), test->labels);
     }
     if (bar) bar->Finish(fields() + absl::StrFormat(" test_acc=%.4f", test_acc));
+    if (time_to_85 < 0 && test_acc >= 0.85) {
+      time_to_85 = elapsed();
+      samples_to_85 = static_cast<double>(samples);
+    }
+    // Every trainer evaluates the same parameters, so all of them stop at the same epoch.
+    if (stop_at > 0 && test_acc >= stop_at) break;
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs = elapsed();
   if (show) {
     std::printf("final test accuracy: %.4f (%.1f s, %.0f samples/s over %d trainers)\n", test_acc, secs,
-                absl::GetFlag(FLAGS_epochs) * train->size() / secs, trainers);
+                static_cast<double>(samples) / secs, trainers);
+    if (time_to_85 >= 0) std::printf("reached 85%% test accuracy after %.1f s\n", time_to_85);
+  }
+  if (show && absl::GetFlag(FLAGS_report)) {
+    auto line = [](const char* metric, double value, const char* unit) {
+      std::printf("workload=fashion_mnist_ps impl=gradwire metric=%s value=%.6g unit=%s\n", metric, value, unit);
+    };
+    line("time_to_85", time_to_85 >= 0 ? time_to_85 : std::nan(""), "s");
+    line("samples_per_s", time_to_85 >= 0 ? samples_to_85 / time_to_85 : static_cast<double>(samples) / secs,
+         "samples/s");
+    line("final_test_acc", test_acc, "fraction");
   }
   if (absl::Status s = (*agent)->Shutdown(); !s.ok()) return Fail("shutdown", s);
   if (show && test_acc < absl::GetFlag(FLAGS_min_accuracy)) {
