@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "gradwire/autograd/functions.h"
 #include "gradwire/tensor/kernels.h"
 #include "wire.h"
 
@@ -367,6 +368,36 @@ Future<std::vector<std::string>> Client::Checkpoint() {
     paths.push_back(Call<std::string>([this, i] { return agent_.Async<std::string>(servers_[i], kCheckpointFn); }));
   }
   return WhenAll(agent_.executor(), std::move(paths));
+}
+
+absl::StatusOr<std::vector<rpc::RRef<Tensor>>> Client::ShardRRefs(const std::string& name) {
+  absl::StatusOr<Table> table = Find(name);
+  if (!table.ok()) return table.status();
+  if (table->sparse) return absl::InvalidArgumentError(absl::StrCat("table '", name, "' is sparse: use PullRows/PushRows"));
+  std::vector<Future<rpc::RRef<Tensor>>> shards;
+  for (const std::string& server : servers_) shards.push_back(agent_.Async<rpc::RRef<Tensor>>(server, kShardRRefFn, name));
+  return WhenAll(agent_.executor(), std::move(shards)).Get();
+}
+
+absl::StatusOr<Tensor> Client::FetchDense(const std::string& name, const std::vector<rpc::RRef<Tensor>>& shards) {
+  absl::StatusOr<Table> table = Find(name);
+  if (!table.ok()) return table.status();
+  if (shards.size() != servers_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", name, "': ", shards.size(), " shard RRefs for ",
+                                                   servers_.size(), " servers (use ShardRRefs)"));
+  }
+  std::vector<Tensor> parts;
+  for (const rpc::RRef<Tensor>& shard : shards) {
+    absl::StatusOr<Tensor> part = shard.ToHere();
+    if (!part.ok()) return part.status();
+    if (part->numel() > 0) parts.push_back(*part);
+  }
+  // Differentiable Cat and Reshape: the gradient flows back to each shard's owner.
+  Tensor flat = parts.size() == 1 ? parts[0] : gw::Cat(parts, 0);
+  if (flat.numel() != NumElements(table->shape)) {
+    return absl::DataLossError(absl::StrCat("table '", name, "': shards hold ", flat.numel(), " values"));
+  }
+  return gw::Reshape(flat, table->shape);
 }
 
 }  // namespace gw::param_server

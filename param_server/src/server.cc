@@ -180,6 +180,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                              [self](std::vector<std::string> tables, int64_t clock, int64_t trainer,
                                     std::vector<Tensor> grads) { return self->PushPullMany(tables, clock, trainer, grads); }),
              agent_.Register(kCheckpointFn, [self]() { return self->Checkpoint(); }),
+             agent_.Register(kShardRRefFn, [self](std::string table) { return self->ShardRRef(table); }),
          }) {
       if (!s.ok()) return s;
     }
@@ -335,6 +336,21 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                                                      sparse ? "dense: use Pull/Push" : "sparse: use PullRows/PushRows"));
     }
     return found;
+  }
+
+  // The dense shard as an RRef owned by this server: one per shard, so every trainer's
+  // DistributedOptimizer updates the same owned tensor (whose storage is the shard's).
+  absl::StatusOr<rpc::RRef<Tensor>> ShardRRef(const std::string& table) {
+    absl::StatusOr<std::shared_ptr<Shard>> found = FindKind(table, false);
+    if (!found.ok()) return found.status();
+    Shard& s = **found;
+    absl::MutexLock lock(&s.mu);
+    if (!s.rref) {
+      Tensor view = s.values.detach();  // same storage
+      view.set_requires_grad(true);
+      s.rref = agent_.Own(view);
+    }
+    return *s.rref;
   }
 
   // ---------------------------------------------------------------- pulls

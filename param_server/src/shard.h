@@ -11,6 +11,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "gradwire/optim/functional.h"
 #include "gradwire/param_server/row_store.h"
 #include "gradwire/param_server/server.h"
+#include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/future.h"
 #include "gradwire/rpc/value.h"
 
@@ -105,6 +107,9 @@ struct Shard {
 
   absl::Mutex mu;
   Tensor values;            // dense: 1-D float32, the shard's key range
+  // dense: the shard as an RRef owned here (created on first request): a view of
+  // `values` that requires grad, for distributed autograd and DistributedOptimizer.
+  std::optional<rpc::RRef<Tensor>> rref;
   optim::ParamState state;  // dense
   std::unique_ptr<StripedRows> rows;  // sparse
 

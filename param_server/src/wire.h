@@ -19,6 +19,7 @@ inline constexpr char kCreateSparseFn[] = "__ps.create_sparse";
 inline constexpr char kPullRowsFn[] = "__ps.pull_rows";  // (table, clock, ids int64 [n]) -> rows [n, dim]
 inline constexpr char kPushRowsFn[] = "__ps.push_rows";  // (table, clock, trainer, ids, gradient rows)
 inline constexpr char kCheckpointFn[] = "__ps.checkpoint";  // () -> path of the checkpoint written
+inline constexpr char kShardRRefFn[] = "__ps.shard_rref";    // (table) -> RRef<Tensor> of this server's shard
 
 // A sparse table's shape on the wire: {"dim", "capacity", "init", "a", "b", "seed"}.
 struct SparseLayout {

@@ -5,6 +5,10 @@
 #include <thread>
 
 #include "agent_group.h"
+#include "gradwire/autograd/engine.h"
+#include "gradwire/autograd/functions.h"
+#include "gradwire/dist_autograd/dist_autograd.h"
+#include "gradwire/dist_autograd/distributed_optimizer.h"
 #include "gradwire/param_server/client.h"
 #include "gradwire/param_server/server.h"
 #include "gradwire/param_server/sharding.h"
@@ -151,6 +155,83 @@ TEST(ParameterServerTest, BoundedStalenessHoldsTheFastTrainerBack) {
   EXPECT_EQ(stuck.status().code(), absl::StatusCode::kDeadlineExceeded) << stuck.status();
   EXPECT_NE(stuck.status().message().find("trainer 1"), std::string::npos) << stuck.status();
   EXPECT_TRUE(d.group->ShutdownAll().ok());
+}
+
+}  // namespace
+}  // namespace gw::param_server
+
+namespace gw::param_server {
+namespace {
+
+// The same synchronous SGD step two ways, on two fresh deployments of 2 servers: explicit
+// Pull / Push, and distributed autograd over the tables' shard RRefs with a
+// DistributedOptimizer applying the update on the servers. Pulls then see equal tables.
+TEST(ParameterServerTest, TheSameStepThroughPushPullAndThroughDistributedAutograd) {
+  const optim::Sgd sgd{.lr = 0.1};
+  Generator gen(12);
+  const Tensor w0 = Tensor::Randn({5, 3}, gen), b0 = Tensor::Randn({3}, gen), x = Tensor::Randn({4, 5}, gen);
+  auto loss_of = [&](const Tensor& w, const Tensor& b) {
+    Tensor y = Add(MatMul(x, w), b);
+    return Sum(Mul(y, y));
+  };
+  auto deploy = [](std::vector<std::shared_ptr<dist_autograd::DistAutograd>>& engines) {
+    engines.assign(3, nullptr);
+    return rpc::testing::AgentGroup::Start(3, [&](rpc::Agent& a) {
+      engines[static_cast<size_t>(a.self().rank)] = dist_autograd::DistAutograd::Install(a);
+      if (a.self().rank < 2) (void)ParameterServer::Install(a);
+    });
+  };
+  Tensor w_push, b_push;
+  {  // explicit: pull, local autograd, push the gradients, pull the next step
+    std::vector<std::shared_ptr<dist_autograd::DistAutograd>> engines;
+    auto g = deploy(engines);
+    ASSERT_NE(g, nullptr);
+    Client c((*g)[2], {"worker0", "worker1"}, 0, 1);
+    ASSERT_TRUE(c.CreateDense("w", w0, sgd, Consistency::kSync).ok());
+    ASSERT_TRUE(c.CreateDense("b", b0, sgd, Consistency::kSync).ok());
+    Tensor w = *c.Pull("w", 0).Get(), b = *c.Pull("b", 0).Get();
+    w.set_requires_grad(true);
+    b.set_requires_grad(true);
+    autograd::Backward({loss_of(w, b)});
+    ASSERT_TRUE(c.Push("w", 0, w.grad()).Get().ok());
+    ASSERT_TRUE(c.Push("b", 0, b.grad()).Get().ok());
+    w_push = *c.Pull("w", 1).Get();
+    b_push = *c.Pull("b", 1).Get();
+    (void)g->ShutdownAll();
+  }
+  std::vector<std::shared_ptr<dist_autograd::DistAutograd>> engines;
+  auto g = deploy(engines);
+  ASSERT_NE(g, nullptr);
+  Client c((*g)[2], {"worker0", "worker1"}, 0, 1);
+  ASSERT_TRUE(c.CreateDense("w", w0, sgd, Consistency::kAsync).ok());
+  ASSERT_TRUE(c.CreateDense("b", b0, sgd, Consistency::kAsync).ok());
+  absl::StatusOr<std::vector<rpc::RRef<Tensor>>> w_shards = c.ShardRRefs("w"), b_shards = c.ShardRRefs("b");
+  ASSERT_TRUE(w_shards.ok()) << w_shards.status();
+  ASSERT_TRUE(b_shards.ok()) << b_shards.status();
+  std::vector<rpc::RRef<Tensor>> all = *w_shards;
+  all.insert(all.end(), b_shards->begin(), b_shards->end());
+  auto optimizer = dist_autograd::DistributedOptimizer::Create((*g)[2], sgd, all);
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  {
+    dist_autograd::Context ctx(*engines[2]);
+    absl::StatusOr<Tensor> w = c.FetchDense("w", *w_shards), b = c.FetchDense("b", *b_shards);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_TRUE(ctx.Backward({loss_of(*w, *b)}).ok());
+    ASSERT_TRUE((*optimizer)->Step(ctx).ok());
+  }
+  const Tensor w_dist = *c.Pull("w", 1).Get(), b_dist = *c.Pull("b", 1).Get();
+  ASSERT_EQ(w_dist.sizes(), w_push.sizes());
+  for (int64_t i = 0; i < w_dist.numel(); ++i) EXPECT_NEAR(w_dist.data<float>()[i], w_push.data<float>()[i], 1e-6) << i;
+  for (int64_t i = 0; i < b_dist.numel(); ++i) EXPECT_NEAR(b_dist.data<float>()[i], b_push.data<float>()[i], 1e-6) << i;
+  double change = 0;
+  for (int64_t i = 0; i < w0.numel(); ++i) change += std::abs(w0.data<float>()[i] - w_dist.data<float>()[i]);
+  EXPECT_GT(change, 1e-3) << "the step changed the table";
+  optimizer->reset();
+  all.clear();
+  w_shards->clear();
+  b_shards->clear();
+  EXPECT_TRUE(g->ShutdownAll().ok()) << "no RRef is left referenced";
 }
 
 }  // namespace

@@ -21,6 +21,15 @@
 //     are split by server, one message per server; under kSync and kBoundedStaleness
 //     every server gets this trainer's push (maybe empty) so that its step completes.
 //   - Checkpoint() asks every server to write a checkpoint now; returns their paths.
+//   - The same tables through distributed autograd: ShardRRefs(name) returns a dense
+//     table's shards as RRefs owned by the servers (one per server, in server order; the
+//     owned tensor shares the shard's storage and requires grad). FetchDense(name,
+//     shards) inside a dist_autograd Context fetches them (ToHere) and assembles the
+//     table's shape; after ctx.Backward the gradients are on the servers, and a
+//     DistributedOptimizer created over the shard RRefs updates the tables in place,
+//     where Pull sees them. That path applies updates as DistributedOptimizer does
+//     (per-parameter lock, its own optimizer state), outside the table's consistency
+//     mode: use one path or the other for a table at a time.
 //   - Reconnection (ClientOptions::reconnect_timeout > 0): a call a server answers with
 //     UNAVAILABLE (dead, restarting) is retried every 200 ms until the server is back or
 //     the timeout passes; pushes are exactly once under kSync and kBoundedStaleness
@@ -78,6 +87,9 @@ class Client {
   Future<bool> PushRows(const std::string& name, int64_t clock, const Tensor& ids, const Tensor& grad);
 
   Future<std::vector<std::string>> Checkpoint();
+
+  absl::StatusOr<std::vector<rpc::RRef<Tensor>>> ShardRRefs(const std::string& name);
+  absl::StatusOr<Tensor> FetchDense(const std::string& name, const std::vector<rpc::RRef<Tensor>>& shards);
 
   int trainer() const { return trainer_; }
 
