@@ -15,58 +15,20 @@
 #include <cmath>
 #include <cstdio>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
-#include "gradwire/gradwire.h"
-#include "gradwire/param_server/client.h"
-#include "gradwire/param_server/server.h"
+#include "ps_job.h"
 
-ABSL_FLAG(int, servers, 2, "how many of the ranks are parameter servers (the first ones)");
 ABSL_FLAG(int, epochs, 10, "passes over the training set");
-ABSL_FLAG(int, batch_size, 64, "examples per step and trainer");
+ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy ends below this");
 ABSL_FLAG(double, lr, 0.05, "learning rate");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
-ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
-ABSL_FLAG(std::string, data_dir, gw::data::kFashionMnistDir, "directory with the IDX files");
-ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy ends below this");
 ABSL_FLAG(double, stop_at, 0, "stop after the first epoch whose test accuracy reaches this (0: run every epoch)");
 ABSL_FLAG(bool, report, false,
           "print benchmark W9's result lines (time_to_85, samples_per_s, final_test_acc) at the end");
-ABSL_FLAG(std::string, checkpoint_dir, "", "servers: write checkpoints here and start from the latest one");
-ABSL_FLAG(double, checkpoint_every_s, 0, "servers: seconds between periodic checkpoints (0: none)");
-ABSL_FLAG(double, reconnect_timeout_s, 60,
-          "trainers: how long to wait for a server that died to come back (restarted from its checkpoint)");
 
 namespace {
 
-int Fail(const char* what, const absl::Status& s) {
-  std::fprintf(stderr, "error: %s: %s\n", what, std::string(s.message()).c_str());
-  return 2;
-}
-
-int Serve(gw::rpc::AgentOptions options) {
-  // A server serves until the trainers are done, however long training takes (if a
-  // trainer dies, the launcher stops everyone).
-  options.shutdown_timeout = absl::Hours(24 * 7);
-  std::shared_ptr<gw::param_server::ParameterServer> server;
-  absl::Status installed;
-  auto agent = gw::rpc::Agent::Start(options, [&](gw::rpc::Agent& a) {
-    gw::param_server::ServerOptions server_options;
-    server_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-    server_options.checkpoint_every = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
-    auto s = gw::param_server::ParameterServer::Install(a, server_options);
-    if (s.ok()) server = *s;
-    installed = s.status();
-  });
-  if (!agent.ok()) return Fail("cannot join the group", agent.status());
-  if (!installed.ok()) return Fail("cannot start the parameter server", installed);
-  std::printf("%s: serving parameters\n", (*agent)->self().name.c_str());
-  // Serves until every worker has reached shutdown (the trainers, when they are done).
-  absl::Status s = (*agent)->Shutdown();
-  return s.ok() ? 0 : Fail("shutdown", s);
-}
+using gw::examples::Fail;
 
 int Train(gw::rpc::AgentOptions options, int servers) {
   const std::string dir = absl::GetFlag(FLAGS_data_dir);
@@ -77,11 +39,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   const int trainers = options.world_size - servers, trainer = options.rank - servers;
   auto agent = gw::rpc::Agent::Start(options);
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
-  std::vector<std::string> server_names;
-  for (int r = 0; r < servers; ++r) server_names.push_back((*agent)->workers()[static_cast<size_t>(r)].name);
-  gw::param_server::Client ps(**agent, server_names, trainer, trainers,
-                              gw::param_server::ClientOptions{
-                                  .reconnect_timeout = absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s))});
+  gw::param_server::Client ps = gw::examples::MakeClient(**agent, servers);
 
   // Every trainer builds the same initial model (same seed) and creates the tables.
   gw::Generator gen(absl::GetFlag(FLAGS_seed));
@@ -195,17 +153,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Parameter-server training of an MLP on Fashion-MNIST; run under `gradwire launch -n N`.");
-  absl::ParseCommandLine(argc, argv);
-  absl::StatusOr<gw::rpc::AgentOptions> options = gw::rpc::AgentOptions::FromEnv();
-  if (!options.ok()) return Fail("not started by a launcher", options.status());
-  options->start_timeout = absl::Seconds(120);  // servers wait for trainers loading data
-  const int servers = absl::GetFlag(FLAGS_servers);
-  if (servers < 1 || servers >= options->world_size) {
-    std::fprintf(stderr, "error: --servers=%d needs 1 <= servers < WORLD_SIZE (%d): at least one trainer\n", servers,
-                 options->world_size);
-    return 2;
-  }
-  return options->rank < servers ? Serve(*options) : Train(*options, servers);
+  return gw::examples::Main(argc, argv,
+                            "Parameter-server training of an MLP on Fashion-MNIST; run under `gradwire launch -n N`.",
+                            Train);
 }

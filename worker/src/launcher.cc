@@ -14,9 +14,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -282,6 +284,11 @@ absl::Status ValidateOptions(const LaunchOptions& options, std::FILE* out, std::
 }
 
 // The environment shared by every worker: the launcher's, minus what is overridden.
+int OmpThreadsPerWorker(int num_workers) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, num_workers));
+}
+
 std::vector<std::string> CommonEnvironment(const LaunchOptions& options, int port) {
   auto overridden = [&](const std::string& name) {
     if (options.extra_env.count(name) != 0) return true;
@@ -296,6 +303,12 @@ std::vector<std::string> CommonEnvironment(const LaunchOptions& options, int por
     if (!overridden(var.substr(0, var.find('=')))) env.push_back(var);
   }
   for (const auto& [name, value] : options.extra_env) env.push_back(absl::StrCat(name, "=", value));
+  // As torchrun does: workers sharing this machine's cores get an equal share of OpenMP
+  // threads (oneDNN's), unless the user chose; otherwise each worker's threads spin for
+  // cores the others need.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr && options.extra_env.count("OMP_NUM_THREADS") == 0) {
+    env.push_back(absl::StrCat("OMP_NUM_THREADS=", OmpThreadsPerWorker(options.num_workers)));
+  }
   env.push_back(absl::StrCat("WORLD_SIZE=", options.num_workers));
   env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", options.num_workers));
   env.push_back(absl::StrCat("MASTER_ADDR=", options.master_addr));

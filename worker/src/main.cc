@@ -33,7 +33,8 @@ Options of launch (they end at PROGRAM; everything after it goes to PROGRAM unto
   -h, --help                print this help
 
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-and GRADWIRE_WORKER_NAME, reads stdin from /dev/null, and has each line of its stdout and
+and GRADWIRE_WORKER_NAME (and, unless already set, OMP_NUM_THREADS = cores / N, at least 1,
+as torchrun does), reads stdin from /dev/null, and has each line of its stdout and
 stderr prefixed with "[worker<rank>] ". SIGINT/SIGTERM are forwarded to the workers.
 Exit status: 0 if every worker exited 0, else the first failing worker's status
 (128+N if it was killed by signal N); 2 for bad usage; 127 if PROGRAM is not found.

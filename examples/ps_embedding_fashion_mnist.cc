@@ -1,0 +1,194 @@
+// A parameter-server deployment with a sparse first layer: each Fashion-MNIST image
+// becomes a bag of sparse feature ids (one per lit pixel: id = pixel * 8 + its intensity
+// in eighths, so 6,272 possible ids and ~380 per image), an EmbeddingBag (mean) over
+// rows held in a sparse table on the servers, then dense layers 64-128-10 held in
+// dense tables. Synchronous steps; the rows are Adagrad-updated on the servers (only the
+// rows a step touched), the dense layers SGD with momentum. Run it under the launcher:
+//
+//   gradwire launch -n 4 ps_embedding_fashion_mnist [--servers=2] [--epochs=3] [--dim=64]
+//
+// Three epochs reach about 84% test accuracy (the featurisation is a bag of pixel
+// intensities: more epochs overfit rather than improve).
+//
+// Each step a trainer pulls only the rows its batch uses (PullRows of the batch's
+// distinct ids), looks them up locally with autograd, and pushes their gradient rows
+// (PushRows) next to the dense gradients (PushPullMany). Trainer 0 shows the progress;
+// exit status 1 when the final test accuracy is below --min_accuracy.
+#include <chrono>
+#include <cstdio>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "ps_job.h"
+
+ABSL_FLAG(int, epochs, 3, "passes over the training set");
+ABSL_FLAG(double, min_accuracy, 0.80, "exit with status 1 if the test accuracy ends below this");
+ABSL_FLAG(int64_t, dim, 64, "embedding width");
+ABSL_FLAG(double, lr, 0.05, "learning rate of the dense layers (SGD)");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum of the dense layers");
+ABSL_FLAG(double, embedding_lr, 0.3, "learning rate of the embedding rows (Adagrad)");
+
+namespace {
+
+using gw::Tensor;
+using gw::examples::Fail;
+
+constexpr int64_t kLevels = 8;  // intensity buckets per pixel
+
+// Bags of feature ids of images [B, 784] in [0, 1]: ids [N] and offsets [B].
+std::pair<Tensor, Tensor> Featurize(const Tensor& images) {
+  const int64_t b = images.size(0), pixels = images.size(1);
+  const float* x = images.data<float>();
+  std::vector<int64_t> ids, offsets;
+  for (int64_t i = 0; i < b; ++i) {
+    offsets.push_back(static_cast<int64_t>(ids.size()));
+    for (int64_t p = 0; p < pixels; ++p) {
+      const float v = x[i * pixels + p];
+      if (v > 0) ids.push_back(p * kLevels + std::min<int64_t>(kLevels - 1, static_cast<int64_t>(v * kLevels)));
+    }
+  }
+  return {Tensor::FromVector(ids, {static_cast<int64_t>(ids.size())}),
+          Tensor::FromVector(offsets, {static_cast<int64_t>(offsets.size())})};
+}
+
+// The distinct ids of `ids` (to pull) and `ids` renumbered as positions in that list.
+std::pair<Tensor, Tensor> Distinct(const Tensor& ids) {
+  absl::flat_hash_map<int64_t, int64_t> position;
+  std::vector<int64_t> distinct, local;
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    auto [it, fresh] = position.try_emplace(ids.data<int64_t>()[i], static_cast<int64_t>(distinct.size()));
+    if (fresh) distinct.push_back(it->first);
+    local.push_back(it->second);
+  }
+  return {Tensor::FromVector(distinct, {static_cast<int64_t>(distinct.size())}),
+          Tensor::FromVector(local, {static_cast<int64_t>(local.size())})};
+}
+
+int Train(gw::rpc::AgentOptions options, int servers) {
+  const std::string dir = absl::GetFlag(FLAGS_data_dir);
+  auto train = gw::data::LoadFashionMnist(gw::data::Split::kTrain, dir);
+  auto test = gw::data::LoadFashionMnist(gw::data::Split::kTest, dir);
+  if (!train.ok()) return Fail("training data", train.status());
+  if (!test.ok()) return Fail("test data", test.status());
+  const int trainers = options.world_size - servers, trainer = options.rank - servers;
+  auto agent = gw::rpc::Agent::Start(options);
+  if (!agent.ok()) return Fail("cannot join the group", agent.status());
+  gw::param_server::Client ps = gw::examples::MakeClient(**agent, servers);
+
+  const int64_t dim = absl::GetFlag(FLAGS_dim);
+  const gw::param_server::SparseOptions rows{
+      gw::param_server::RowInit{gw::param_server::RowInit::Kind::kNormal, 0, 1, absl::GetFlag(FLAGS_seed)}};
+  if (absl::Status s = ps.CreateSparse("pixels", dim, rows, gw::optim::Adagrad{.lr = absl::GetFlag(FLAGS_embedding_lr)},
+                                       gw::param_server::Consistency::kSync);
+      !s.ok()) {
+    return Fail("cannot create the embedding table", s);
+  }
+  gw::Generator gen(absl::GetFlag(FLAGS_seed));
+  auto head = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
+      std::make_shared<gw::nn::Linear>(dim, 128, gen), std::make_shared<gw::nn::ReLU>(),
+      std::make_shared<gw::nn::Linear>(128, 10, gen)});
+  const gw::nn::NamedTensors params = head->NamedParameters();
+  const gw::optim::Sgd sgd{.lr = absl::GetFlag(FLAGS_lr), .momentum = absl::GetFlag(FLAGS_momentum)};
+  std::vector<std::string> names;
+  std::vector<Tensor> values;
+  for (const auto& [name, p] : params) {
+    if (absl::Status s = ps.CreateDense(name, p, sgd, gw::param_server::Consistency::kSync); !s.ok()) {
+      return Fail("cannot create the dense tables", s);
+    }
+    names.push_back(name);
+    absl::StatusOr<Tensor> v = ps.Pull(name, 0).Get();
+    if (!v.ok()) return Fail("pull", v.status());
+    values.push_back(*v);
+  }
+  auto [test_ids, test_offsets] = Featurize(test->images);
+  const Tensor every_id = Tensor::Arange(0, static_cast<double>(784 * kLevels));
+
+  gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(trainer));
+  gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
+  loader.Shard(trainer, trainers);
+  const bool show = trainer == 0;
+  if (show) {
+    std::printf("EmbeddingBag(%lld ids x %lld, mean) on %d servers -> %s\n%d trainers, batch %d per trainer\n",
+                static_cast<long long>(784 * kLevels), static_cast<long long>(dim), servers,
+                head->ToString().c_str(), trainers, absl::GetFlag(FLAGS_batch_size));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  int64_t clock = 0;
+  double test_acc = 0;
+  for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
+    std::unique_ptr<gw::data::ProgressBar> bar;
+    if (show) {
+      bar = std::make_unique<gw::data::ProgressBar>(absl::StrFormat("epoch %d/%d", epoch, absl::GetFlag(FLAGS_epochs)),
+                                                    loader.batches_per_epoch());
+    }
+    const auto epoch_start = std::chrono::steady_clock::now();
+    double loss_sum = 0, correct = 0;
+    int64_t seen = 0, step = 0, pulled_rows = 0;
+    auto fields = [&] {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+      return absl::StrFormat("loss=%.4f acc=%.4f rows/step=%.0f %.0f samples/s", loss_sum / std::max<int64_t>(step, 1),
+                             correct / std::max<int64_t>(seen, 1),
+                             static_cast<double>(pulled_rows) / static_cast<double>(std::max<int64_t>(step, 1)),
+                             trainers * seen / std::max(secs, 1e-9));
+    };
+    gw::data::Batch batch;
+    loader.Reset();
+    while (loader.Next(&batch)) {
+      auto [ids, offsets] = Featurize(batch.inputs);
+      auto [distinct, local] = Distinct(ids);
+      // The rows this batch uses, as of this step (the servers answer once every
+      // trainer's push of the previous step was applied).
+      absl::StatusOr<Tensor> pulled = ps.PullRows("pixels", clock, distinct).Get();
+      if (!pulled.ok()) return Fail("pull rows", pulled.status());
+      Tensor weight = *pulled;
+      weight.set_requires_grad(true);
+      for (size_t i = 0; i < params.size(); ++i) gw::kernels::CopyInPlace(params[i].second, values[i]);
+      head->ZeroGrad();
+      Tensor logits = head->Forward(gw::nn::EmbeddingBagLookup(weight, local, offsets, gw::nn::BagMode::kMean));
+      Tensor loss = gw::nn::CrossEntropyLoss(logits, batch.targets);
+      gw::autograd::Backward({loss});
+      std::vector<Tensor> grads;
+      for (const auto& [name, p] : params) grads.push_back(p.grad());
+      gw::Future<bool> rows_pushed = ps.PushRows("pixels", clock, distinct, weight.grad());
+      absl::StatusOr<std::vector<Tensor>> next = ps.PushPullMany(names, clock, grads).Get();
+      if (!next.ok()) return Fail("push/pull", next.status());
+      if (absl::StatusOr<bool> p = rows_pushed.Get(); !p.ok()) return Fail("push rows", p.status());
+      values = *std::move(next);
+      ++clock;
+      loss_sum += loss.item();
+      correct += gw::nn::Accuracy(logits, batch.targets) * static_cast<double>(batch.targets.size(0));
+      seen += batch.targets.size(0);
+      pulled_rows += distinct.numel();
+      if (bar) bar->Update(++step, fields());
+    }
+    // Evaluate with every row as the servers hold it after this epoch.
+    absl::StatusOr<Tensor> table = ps.PullRows("pixels", clock, every_id).Get();
+    if (!table.ok()) return Fail("pull rows", table.status());
+    for (size_t i = 0; i < params.size(); ++i) gw::kernels::CopyInPlace(params[i].second, values[i]);
+    {
+      gw::autograd::NoGradGuard no_grad;
+      test_acc = gw::nn::Accuracy(
+          head->Forward(gw::nn::EmbeddingBagLookup(*table, test_ids, test_offsets, gw::nn::BagMode::kMean)),
+          test->labels);
+    }
+    if (bar) bar->Finish(fields() + absl::StrFormat(" test_acc=%.4f", test_acc));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (show) std::printf("final test accuracy: %.4f (%.1f s)\n", test_acc, secs);
+  if (absl::Status s = (*agent)->Shutdown(); !s.ok()) return Fail("shutdown", s);
+  if (show && test_acc < absl::GetFlag(FLAGS_min_accuracy)) {
+    std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc,
+                 absl::GetFlag(FLAGS_min_accuracy));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return gw::examples::Main(
+      argc, argv,
+      "Parameter-server training with a sparse EmbeddingBag layer on Fashion-MNIST; run under `gradwire launch -n N`.",
+      Train);
+}

@@ -1,0 +1,92 @@
+// What the parameter-server examples share: their command-line flags, the server role,
+// the trainer's connection to the servers, and main()'s dispatch by rank. Included by
+// exactly one source file of each example program (it defines flags; each program
+// defines its own --epochs and --min_accuracy).
+//
+// Under `gradwire launch -n N`, the first --servers ranks serve the tables (checkpoints
+// with --checkpoint_dir), the others run `train(options, servers)`.
+#ifndef GRADWIRE_EXAMPLES_PS_JOB_H_
+#define GRADWIRE_EXAMPLES_PS_JOB_H_
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "gradwire/gradwire.h"
+#include "gradwire/param_server/client.h"
+#include "gradwire/param_server/server.h"
+
+ABSL_FLAG(int, servers, 2, "how many of the ranks are parameter servers (the first ones)");
+ABSL_FLAG(int, batch_size, 64, "examples per step and trainer");
+ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
+ABSL_FLAG(std::string, data_dir, gw::data::kFashionMnistDir, "directory with the IDX files");
+ABSL_FLAG(std::string, checkpoint_dir, "", "servers: write checkpoints here and start from the latest one");
+ABSL_FLAG(double, checkpoint_every_s, 0, "servers: seconds between periodic checkpoints (0: none)");
+ABSL_FLAG(double, reconnect_timeout_s, 60,
+          "trainers: how long to wait for a server that died to come back (restarted from its checkpoint)");
+
+namespace gw::examples {
+
+inline int Fail(const char* what, const absl::Status& s) {
+  std::fprintf(stderr, "error: %s: %s\n", what, std::string(s.message()).c_str());
+  return 2;
+}
+
+inline int Serve(rpc::AgentOptions options) {
+  // A server serves until the trainers are done, however long training takes (if a
+  // trainer dies, the launcher stops everyone).
+  options.shutdown_timeout = absl::Hours(24 * 7);
+  param_server::ServerOptions server_options;
+  server_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  server_options.checkpoint_every = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
+  std::shared_ptr<param_server::ParameterServer> server;
+  absl::Status installed;
+  auto agent = rpc::Agent::Start(options, [&](rpc::Agent& a) {
+    auto s = param_server::ParameterServer::Install(a, server_options);
+    if (s.ok()) server = *s;
+    installed = s.status();
+  });
+  if (!agent.ok()) return Fail("cannot join the group", agent.status());
+  if (!installed.ok()) return Fail("cannot start the parameter server", installed);
+  std::printf("%s: serving parameters%s\n", (*agent)->self().name.c_str(),
+              server->num_shards() > 0 ? " (restored from its checkpoint)" : "");
+  // Serves until every worker has reached shutdown (the trainers, when they are done).
+  absl::Status s = (*agent)->Shutdown();
+  return s.ok() ? 0 : Fail("shutdown", s);
+}
+
+// This trainer's client of the first `servers` ranks.
+inline param_server::Client MakeClient(rpc::Agent& agent, int servers) {
+  std::vector<std::string> names;
+  for (int r = 0; r < servers; ++r) names.push_back(agent.workers()[static_cast<size_t>(r)].name);
+  const int trainers = static_cast<int>(agent.workers().size()) - servers;
+  return param_server::Client(
+      agent, names, agent.self().rank - servers, trainers,
+      param_server::ClientOptions{.reconnect_timeout = absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s))});
+}
+
+// Parses flags and runs the rank's role: Serve, or train(options, servers).
+inline int Main(int argc, char** argv, const char* usage,
+                const std::function<int(rpc::AgentOptions, int servers)>& train) {
+  absl::SetProgramUsageMessage(usage);
+  absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<rpc::AgentOptions> options = rpc::AgentOptions::FromEnv();
+  if (!options.ok()) return Fail("not started by a launcher", options.status());
+  options->start_timeout = absl::Seconds(120);  // servers wait for trainers loading data
+  const int servers = absl::GetFlag(FLAGS_servers);
+  if (servers < 1 || servers >= options->world_size) {
+    std::fprintf(stderr, "error: --servers=%d needs 1 <= servers < WORLD_SIZE (%d): at least one trainer\n", servers,
+                 options->world_size);
+    return 2;
+  }
+  return options->rank < servers ? Serve(*options) : train(*options, servers);
+}
+
+}  // namespace gw::examples
+
+#endif  // GRADWIRE_EXAMPLES_PS_JOB_H_
