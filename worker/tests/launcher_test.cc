@@ -3,6 +3,9 @@
 #include "gradwire/worker/launcher.h"
 
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -151,6 +154,31 @@ TEST(LaunchTest, ExplicitPortAndPrefixAreUsed) {
   const std::string out = cap.Out();
   EXPECT_NE(out.find("[trainer0] 29555 trainer0\n"), std::string::npos) << out;
   EXPECT_NE(out.find("[trainer1] 29555 trainer1\n"), std::string::npos) << out;
+}
+
+// Like torchrun: without OMP_NUM_THREADS, workers get an equal share of the cores; a
+// value the user set is kept.
+TEST(LaunchTest, OpenMpThreadsAreSharedUnlessSet) {
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::string restore = saved ? saved : "";
+  ::unsetenv("OMP_NUM_THREADS");
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int n : {1, 2, 64}) {
+    Capture cap;
+    absl::StatusOr<LaunchResult> result = Launch(Shell(n, "echo \"omp=$OMP_NUM_THREADS\""), cap.out, cap.err);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_NE(cap.Out().find("[worker0] omp=" + std::to_string(std::max(1, cores / n)) + "\n"), std::string::npos)
+        << n << " workers: " << cap.Out();
+  }
+  ::setenv("OMP_NUM_THREADS", "3", 1);
+  Capture cap;
+  ASSERT_TRUE(Launch(Shell(2, "echo \"omp=$OMP_NUM_THREADS\""), cap.out, cap.err).ok());
+  EXPECT_NE(cap.Out().find("[worker1] omp=3\n"), std::string::npos) << cap.Out();
+  if (saved) {
+    ::setenv("OMP_NUM_THREADS", restore.c_str(), 1);
+  } else {
+    ::unsetenv("OMP_NUM_THREADS");
+  }
 }
 
 TEST(LaunchTest, OneFailureStopsTheOthers) {
