@@ -62,7 +62,11 @@ void Snapshot(const std::string& table, const Shard& s, nn::NamedTensors& out) {
   if (!s.sparse) {
     put("values", kernels::Clone(s.values));
     for (const auto& [name, buffer] : s.state.buffers) put(absl::StrCat("state.", name), kernels::Clone(buffer));
-    if (s.sum.defined()) put("sum", kernels::Clone(s.sum));
+    if (!s.pending.empty()) {
+      Tensor sum = kernels::Clone(s.pending[0]);
+      for (size_t i = 1; i < s.pending.size(); ++i) kernels::AddInPlace(sum, s.pending[i]);
+      put("sum", sum);
+    }
     return;
   }
   const int64_t n = s.rows->stats().rows, width = s.dim * (1 + s.rows->state_size());
@@ -154,7 +158,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
       for (const auto& [field, t] : f) {
         if (field.starts_with("state.")) s->state.buffers[field.substr(6)] = kernels::Clone(t);
       }
-      if (f.contains("sum")) s->sum = kernels::Clone(f["sum"]);
+      if (f.contains("sum")) s->pending.push_back(kernels::Clone(f["sum"]));
       out.emplace_back(table, std::move(s));
       continue;
     }

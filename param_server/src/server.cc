@@ -48,6 +48,28 @@ void ApplyRows(Shard& s, internal::RowSum& sum, float scale) ABSL_EXCLUSIVE_LOCK
   sum.Clear();
 }
 
+// (g_0 + g_1 + ...) / n in one pass over contiguous float32 tensors of one shape (n = 1:
+// their sum).
+Tensor MeanOf(const std::vector<Tensor>& grads, int n) {
+  Tensor out = Tensor::Empty(grads[0].sizes());
+  float* o = out.data<float>();
+  const int64_t size = out.numel();
+  const float scale = 1.0f / static_cast<float>(n);
+  std::vector<const float*> in;
+  for (const Tensor& g : grads) in.push_back(g.data<float>());
+  constexpr int64_t kBlock = 4096;  // stays in L1 across the inputs
+  for (int64_t b = 0; b < size; b += kBlock) {
+    const int64_t e = std::min(size, b + kBlock);
+    std::copy(in[0] + b, in[0] + e, o + b);
+    for (size_t k = 1; k < in.size(); ++k) {
+      const float* x = in[k];
+      for (int64_t i = b; i < e; ++i) o[i] += x[i];
+    }
+    for (int64_t i = b; i < e; ++i) o[i] *= scale;
+  }
+  return out;
+}
+
 // Applies one push: rows of duplicate ids are summed first (a few per push of random
 // ids), the others are applied straight from the received gradient without a copy.
 void ApplyPush(Shard& s, const Tensor& ids, const Tensor& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
@@ -503,17 +525,18 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                                                      ShapeToString(s.values.sizes())));
     };
     PushOps ops;
+    // Received gradients are kept as they are (never written: a caller on this worker
+    // may share them). Pushes before the last are summed as they arrive, so that the
+    // last one only adds itself while averaging (one pass on the step's critical path).
     ops.accumulate = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      if (s.sum.defined()) {
-        kernels::AddInPlace(s.sum, grad);
-      } else {
-        s.sum = kernels::Clone(grad);
+      s.pending.push_back(kernels::Contiguous(grad));
+      if (s.pending.size() == 2 && static_cast<int>(s.pushed.size()) < s.trainers) {
+        s.pending = {MeanOf(s.pending, 1)};
       }
     };
     ops.apply_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      kernels::ScaleInPlace(s.sum, 1.0 / s.trainers);  // the mean gradient
-      optim::Update(s.optimizer, s.values, s.sum, s.state);
-      s.sum = Tensor();
+      optim::Update(s.optimizer, s.values, MeanOf(s.pending, s.trainers), s.state);
+      s.pending.clear();
     };
     ops.apply_now = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { optim::Update(s.optimizer, s.values, grad, s.state); };
     return Admit(table, s, clock, trainer, check, ops);

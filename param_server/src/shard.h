@@ -117,7 +117,9 @@ struct Shard {
   std::vector<int64_t> clocks;
   // kSync: steps applied; a pull for clock c is served once applied >= c.
   int64_t applied = 0;
-  Tensor sum;      // dense kSync: pushes of step `applied` so far
+  // dense kSync: the gradients pushed for step `applied` so far, as received (summed
+  // once, when the step completes; a restored partial sum is one entry).
+  std::vector<Tensor> pending;
   RowSum row_sum;  // sparse kSync
   std::set<int> pushed;
   // Restored from a checkpoint and not yet resumed: a synchronous push may move the step
