@@ -175,13 +175,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (show) std::printf("final test accuracy: %.4f (%.1f s)\n", test_acc, secs);
-  if (absl::Status s = (*agent)->Shutdown(); !s.ok()) return Fail("shutdown", s);
-  if (show && test_acc < absl::GetFlag(FLAGS_min_accuracy)) {
-    std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc,
-                 absl::GetFlag(FLAGS_min_accuracy));
-    return 1;
-  }
-  return 0;
+  return gw::examples::Finish(**agent, show, test_acc, absl::GetFlag(FLAGS_min_accuracy));
 }
 
 }  // namespace

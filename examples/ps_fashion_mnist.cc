@@ -141,13 +141,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
          "samples/s");
     line("final_test_acc", test_acc, "fraction");
   }
-  if (absl::Status s = (*agent)->Shutdown(); !s.ok()) return Fail("shutdown", s);
-  if (show && test_acc < absl::GetFlag(FLAGS_min_accuracy)) {
-    std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc,
-                 absl::GetFlag(FLAGS_min_accuracy));
-    return 1;
-  }
-  return 0;
+  return gw::examples::Finish(**agent, show, test_acc, absl::GetFlag(FLAGS_min_accuracy));
 }
 
 }  // namespace

@@ -70,6 +70,17 @@ inline param_server::Client MakeClient(rpc::Agent& agent, int servers) {
       param_server::ClientOptions{.reconnect_timeout = absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s))});
 }
 
+// A trainer's end: graceful shutdown, then exit status 1 if trainer 0 (`show`) saw a test
+// accuracy below `required`.
+inline int Finish(rpc::Agent& agent, bool show, double test_acc, double required) {
+  if (absl::Status s = agent.Shutdown(); !s.ok()) return Fail("shutdown", s);
+  if (show && test_acc < required) {
+    std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc, required);
+    return 1;
+  }
+  return 0;
+}
+
 // Parses flags and runs the rank's role: Serve, or train(options, servers).
 inline int Main(int argc, char** argv, const char* usage,
                 const std::function<int(rpc::AgentOptions, int servers)>& train) {

@@ -23,6 +23,17 @@ std::string TempDir(const std::string& name) {
   return dir;
 }
 
+// This test process as rank 0 of `world` (hosting the store at 127.0.0.1:port).
+std::shared_ptr<rpc::Agent> StartRankZero(int world, int port) {
+  rpc::AgentOptions o;
+  o.world_size = world;
+  o.rendezvous = "127.0.0.1:" + std::to_string(port);
+  o.start_timeout = absl::Seconds(30);
+  auto agent = rpc::Agent::Start(o);
+  EXPECT_TRUE(agent.ok()) << agent.status();
+  return agent.ok() ? *agent : nullptr;
+}
+
 Tensor Ids(const std::vector<int64_t>& ids) { return Tensor::FromVector(ids, {static_cast<int64_t>(ids.size())}); }
 
 void ExpectEqual(const Tensor& a, const Tensor& b, const std::string& what) {
@@ -148,14 +159,10 @@ TEST(CheckpointTest, ServerKilledAndRestartedLosesNoAcknowledgedPush) {
                                               {"GW_PS_CHECKPOINT_DIR", dir}};
   };
   std::vector<pid_t> servers = {rpc::testing::SpawnSelf("ps_server", env(1)), rpc::testing::SpawnSelf("ps_server", env(2))};
-  rpc::AgentOptions o;
-  o.world_size = 3;
-  o.rendezvous = "127.0.0.1:" + std::to_string(port);
-  o.start_timeout = absl::Seconds(30);
-  auto agent = rpc::Agent::Start(o);
-  ASSERT_TRUE(agent.ok()) << agent.status();
+  std::shared_ptr<rpc::Agent> agent = StartRankZero(3, port);
+  ASSERT_NE(agent, nullptr);
   const ClientOptions options{.sync_timeout = absl::Seconds(30), .reconnect_timeout = absl::Seconds(30)};
-  Client c0(**agent, {"worker1", "worker2"}, 0, 2, options), c1(**agent, {"worker1", "worker2"}, 1, 2, options);
+  Client c0(*agent, {"worker1", "worker2"}, 0, 2, options), c1(*agent, {"worker1", "worker2"}, 1, 2, options);
   const optim::Sgd sgd{.lr = 0.1, .momentum = 0.9};
   ASSERT_TRUE(c0.CreateDense("w", Tensor::Zeros({9}), sgd, Consistency::kSync).ok());
   ASSERT_TRUE(c0.CreateSparse("emb", 2, {RowInit{RowInit::Kind::kZeros}}, optim::Sgd{.lr = 1}, Consistency::kSync).ok());
@@ -209,7 +216,7 @@ TEST(CheckpointTest, ServerKilledAndRestartedLosesNoAcknowledgedPush) {
   ExpectEqual(*rows, Tensor::FromVector(emb, {6, 2}), "sparse rows after the restart");
   for (int step = 4; step < 6; ++step) step_both(step, true);  // the job continues
 
-  ASSERT_TRUE((*agent)->Shutdown().ok());
+  ASSERT_TRUE(agent->Shutdown().ok());
   for (pid_t p : servers) EXPECT_EQ(rpc::testing::WaitForExit(p), 0);
 }
 
@@ -227,18 +234,14 @@ TEST(CheckpointTest, TrainerKilledMidStepIsNamedByTheFailedStep) {
   };
   const pid_t server = rpc::testing::SpawnSelf("ps_server", env(1, ""));
   const pid_t trainer1 = rpc::testing::SpawnSelf("ps_trainer", env(2, "1"));
-  rpc::AgentOptions o;
-  o.world_size = 3;
-  o.rendezvous = "127.0.0.1:" + std::to_string(port);
-  o.start_timeout = absl::Seconds(30);
-  auto agent = rpc::Agent::Start(o);
-  ASSERT_TRUE(agent.ok()) << agent.status();
-  ASSERT_TRUE((*agent)->store().Wait({"pushed/1"}, absl::Seconds(30)).ok());
+  std::shared_ptr<rpc::Agent> agent = StartRankZero(3, port);
+  ASSERT_NE(agent, nullptr);
+  ASSERT_TRUE(agent->store().Wait({"pushed/1"}, absl::Seconds(30)).ok());
   ::kill(trainer1, SIGKILL);
   EXPECT_EQ(rpc::testing::WaitForExit(trainer1), 128 + SIGKILL);
   // Trainer 1 pushed step 0 and died; trainer 0 (here) completes step 0, then step 1
   // cannot complete without trainer 1.
-  Client c0(**agent, {"worker1"}, 0, 2, absl::Seconds(2));
+  Client c0(*agent, {"worker1"}, 0, 2, absl::Seconds(2));
   ASSERT_TRUE(c0.CreateDense("w", Tensor::Zeros({8}), optim::Sgd{.lr = 1}, Consistency::kSync).ok());
   absl::StatusOr<Tensor> step1 = c0.PushPull("w", 0, Tensor::Ones({8})).Get();
   ASSERT_TRUE(step1.ok()) << "step 0 had both pushes: " << step1.status();
@@ -248,7 +251,7 @@ TEST(CheckpointTest, TrainerKilledMidStepIsNamedByTheFailedStep) {
   EXPECT_EQ(step2.status().code(), absl::StatusCode::kDeadlineExceeded) << step2.status();
   EXPECT_NE(step2.status().message().find("trainer 1"), std::string::npos) << step2.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
-  (void)(*agent)->Shutdown(/*graceful=*/false);
+  (void)agent->Shutdown(/*graceful=*/false);
   ::kill(server, SIGKILL);
   rpc::testing::WaitForExit(server);
 }
