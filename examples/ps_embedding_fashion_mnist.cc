@@ -65,15 +65,12 @@ std::pair<Tensor, Tensor> Distinct(const Tensor& ids) {
 }
 
 int Train(gw::rpc::AgentOptions options, int servers) {
-  const std::string dir = absl::GetFlag(FLAGS_data_dir);
-  auto train = gw::data::LoadFashionMnist(gw::data::Split::kTrain, dir);
-  auto test = gw::data::LoadFashionMnist(gw::data::Split::kTest, dir);
-  if (!train.ok()) return Fail("training data", train.status());
-  if (!test.ok()) return Fail("test data", test.status());
-  const int trainers = options.world_size - servers, trainer = options.rank - servers;
-  auto agent = gw::rpc::Agent::Start(options);
-  if (!agent.ok()) return Fail("cannot join the group", agent.status());
-  gw::param_server::Client ps = gw::examples::MakeClient(**agent, servers);
+  gw::examples::TrainerSetup setup;
+  if (int failed = gw::examples::StartTrainer(options, servers, &setup); failed != 0) return failed;
+  const gw::data::Dataset* train = &setup.train;
+  const gw::data::Dataset* test = &setup.test;
+  const int trainers = setup.trainers, trainer = setup.trainer;
+  gw::param_server::Client& ps = *setup.ps;
 
   const int64_t dim = absl::GetFlag(FLAGS_dim);
   const gw::param_server::SparseOptions rows{
@@ -175,7 +172,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (show) std::printf("final test accuracy: %.4f (%.1f s)\n", test_acc, secs);
-  return gw::examples::Finish(**agent, show, test_acc, absl::GetFlag(FLAGS_min_accuracy));
+  return gw::examples::Finish(*setup.agent, show, test_acc, absl::GetFlag(FLAGS_min_accuracy));
 }
 
 }  // namespace

@@ -60,14 +60,41 @@ inline int Serve(rpc::AgentOptions options) {
   return s.ok() ? 0 : Fail("shutdown", s);
 }
 
+// A trainer's start: the data, the agent, and its client of the servers.
+struct TrainerSetup {
+  data::Dataset train, test;
+  std::shared_ptr<rpc::Agent> agent;
+  std::unique_ptr<param_server::Client> ps;
+  int trainer = 0, trainers = 1;
+};
+
 // This trainer's client of the first `servers` ranks.
-inline param_server::Client MakeClient(rpc::Agent& agent, int servers) {
+inline std::unique_ptr<param_server::Client> MakeClient(rpc::Agent& agent, int servers) {
   std::vector<std::string> names;
   for (int r = 0; r < servers; ++r) names.push_back(agent.workers()[static_cast<size_t>(r)].name);
   const int trainers = static_cast<int>(agent.workers().size()) - servers;
-  return param_server::Client(
+  return std::make_unique<param_server::Client>(
       agent, names, agent.self().rank - servers, trainers,
       param_server::ClientOptions{.reconnect_timeout = absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s))});
+}
+
+// Loads Fashion-MNIST (--data_dir), joins the group and connects to the servers; on
+// failure returns the exit status (after saying why), else 0.
+inline int StartTrainer(const rpc::AgentOptions& options, int servers, TrainerSetup* setup) {
+  const std::string dir = absl::GetFlag(FLAGS_data_dir);
+  auto train = data::LoadFashionMnist(data::Split::kTrain, dir);
+  auto test = data::LoadFashionMnist(data::Split::kTest, dir);
+  if (!train.ok()) return Fail("training data", train.status());
+  if (!test.ok()) return Fail("test data", test.status());
+  auto agent = rpc::Agent::Start(options);
+  if (!agent.ok()) return Fail("cannot join the group", agent.status());
+  setup->train = *std::move(train);
+  setup->test = *std::move(test);
+  setup->agent = *agent;
+  setup->trainers = options.world_size - servers;
+  setup->trainer = options.rank - servers;
+  setup->ps = MakeClient(*setup->agent, servers);
+  return 0;
 }
 
 // A trainer's end: graceful shutdown, then exit status 1 if trainer 0 (`show`) saw a test
