@@ -17,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "gradwire/gradwire.h"
 #include "gradwire/param_server/client.h"
 #include "gradwire/param_server/server.h"
@@ -46,15 +47,19 @@ inline int Serve(rpc::AgentOptions options) {
   server_options.checkpoint_every = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
   std::shared_ptr<param_server::ParameterServer> server;
   absl::Status installed;
+  size_t restored = 0;  // tables loaded from the checkpoint, before any trainer could create one
   auto agent = rpc::Agent::Start(options, [&](rpc::Agent& a) {
     auto s = param_server::ParameterServer::Install(a, server_options);
-    if (s.ok()) server = *s;
+    if (s.ok()) {
+      server = *s;
+      restored = server->num_shards();
+    }
     installed = s.status();
   });
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
   if (!installed.ok()) return Fail("cannot start the parameter server", installed);
   std::printf("%s: serving parameters%s\n", (*agent)->self().name.c_str(),
-              server->num_shards() > 0 ? " (restored from its checkpoint)" : "");
+              restored > 0 ? absl::StrCat(" (", restored, " tables restored from its checkpoint)").c_str() : "");
   // Serves until every worker has reached shutdown (the trainers, when they are done).
   absl::Status s = (*agent)->Shutdown();
   return s.ok() ? 0 : Fail("shutdown", s);

@@ -69,16 +69,19 @@ void Snapshot(const std::string& table, const Shard& s, nn::NamedTensors& out) {
     }
     return;
   }
-  const int64_t n = s.rows->stats().rows, width = s.dim * (1 + s.rows->state_size());
-  Tensor ids = Tensor::Empty({n}, DType::kInt64), rows = Tensor::Empty({n, width}), steps = Tensor::Empty({n}, DType::kInt64);
-  int64_t i = 0;
+  // Rows are gathered into growable buffers: asynchronous pushes (which take only the
+  // stripe locks) may add rows while the stripes are visited.
+  const int64_t width = s.dim * (1 + s.rows->state_size());
+  std::vector<int64_t> id_list, step_list;
+  std::vector<float> row_list;
   s.rows->Visit([&](uint64_t id, const RowStore::Row& row) {
-    if (i == n) return;  // REQUIRES s.mu: only asynchronous pushes could add rows meanwhile
-    ids.data<int64_t>()[i] = static_cast<int64_t>(id);
-    std::memcpy(rows.data<float>() + i * width, row.values, static_cast<size_t>(width) * sizeof(float));
-    steps.data<int64_t>()[i] = *row.step;
-    ++i;
+    id_list.push_back(static_cast<int64_t>(id));
+    row_list.insert(row_list.end(), row.values, row.values + width);
+    step_list.push_back(*row.step);
   });
+  const int64_t n = static_cast<int64_t>(id_list.size());
+  Tensor ids = Int64s(id_list), steps = Int64s(step_list), rows = Tensor::Empty({n, width});
+  if (n > 0) std::memcpy(rows.data<float>(), row_list.data(), row_list.size() * sizeof(float));
   put("ids", ids);
   put("rows", rows);
   put("steps", steps);
@@ -90,7 +93,9 @@ void Snapshot(const std::string& table, const Shard& s, nn::NamedTensors& out) {
   put("sum_rows", sum_rows);
 }
 
-absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Restore(const nn::NamedTensors& in) {
+namespace {
+
+absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> RestoreTables(const nn::NamedTensors& in) {
   // Group the fields by table, in file order.
   std::vector<std::string> order;
   std::map<std::string, std::map<std::string, Tensor>> tables;
@@ -116,17 +121,26 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
     if (!init_t.ok()) return init_t.status();
     const std::vector<int64_t> meta = ToInt64s(*meta_t);
     if (meta.size() != kMetaSize || meta[kOptimizer] < 0 || meta[kOptimizer] >= 4 || meta[kConsistency] < 0 ||
-        meta[kConsistency] > 2 || meta[kTrainers] < 1 || init_t->numel() != 2) {
+        meta[kConsistency] > 2 || meta[kTrainers] < 1 || meta[kTrainers] > kMaxTrainers || meta[kStaleness] < 0 ||
+        meta[kTimeoutMs] < 0 || meta[kApplied] < 0 || meta[kCapacity] < 0 ||
+        meta[kCapacity] > StripedRows::kMaxCapacity || meta[kInitKind] < 0 || meta[kInitKind] > 2 ||
+        (meta[kKind] == 1 && (meta[kDim] < 1 || meta[kDim] > kMaxRowWidth)) || init_t->numel() != 2) {
       return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "' has a bad header"));
     }
     auto s = std::make_unique<Shard>();
     rpc::ValueMap opt{{"name", rpc::Value(std::string(kOptimizerNames[static_cast<size_t>(meta[kOptimizer])]))}};
     for (const auto& [field, t] : f) {
-      if (field.starts_with("opt.d.")) opt[field.substr(6)] = rpc::Value(kernels::Contiguous(t).item<double>());
-      if (field.starts_with("opt.b.")) opt[field.substr(6)] = rpc::Value(kernels::Contiguous(t).item<int64_t>() != 0);
+      const bool d = field.starts_with("opt.d."), b = field.starts_with("opt.b.");
+      if (!d && !b) continue;
+      if (t.numel() != 1 || t.dtype() != (d ? DType::kFloat64 : DType::kInt64)) {
+        return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': bad optimizer field ", field));
+      }
+      opt[field.substr(6)] = d ? rpc::Value(kernels::Contiguous(t).item<double>())
+                               : rpc::Value(kernels::Contiguous(t).item<int64_t>() != 0);
     }
     absl::StatusOr<optim::OptimizerConfig> config = dist_autograd::ConfigFromValue(rpc::Value(opt));
     if (!config.ok()) return config.status();
+    optim::Validate(*config);  // throws: caught by Restore
     s->optimizer = *config;
     s->sparse = meta[kKind] == 1;
     s->consistency = static_cast<Consistency>(meta[kConsistency]);
@@ -150,20 +164,31 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
       return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': clocks for ", s->clocks.size(),
                                               " trainers, expected ", s->trainers));
     }
-    for (int64_t t : ToInt64s(*pushed)) s->pushed.insert(static_cast<int>(t));
+    for (int64_t t : ToInt64s(*pushed)) {
+      if (t < 0 || t >= s->trainers) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': no trainer ", t));
+      s->pushed.insert(static_cast<int>(t));
+    }
     if (!s->sparse) {
       absl::StatusOr<Tensor> values = need("values", DType::kFloat32);
       if (!values.ok()) return values.status();
+      if (values->dim() != 1) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': values not 1-D"));
       s->values = kernels::Clone(*values);
+      auto like_values = [&](const Tensor& t) { return t.sizes() == s->values.sizes() && t.dtype() == DType::kFloat32; };
       for (const auto& [field, t] : f) {
-        if (field.starts_with("state.")) s->state.buffers[field.substr(6)] = kernels::Clone(t);
+        if (!field.starts_with("state.")) continue;
+        if (!like_values(t)) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': bad ", field));
+        s->state.buffers[field.substr(6)] = kernels::Clone(t);
       }
-      if (f.contains("sum")) s->pending.push_back(kernels::Clone(f["sum"]));
+      if (f.contains("sum")) {
+        if (!like_values(f["sum"])) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': bad sum"));
+        s->pending.push_back(kernels::Clone(f["sum"]));
+      }
       out.emplace_back(table, std::move(s));
       continue;
     }
     const int state_size = optim::RowStateSize(s->optimizer);
     const int64_t width = s->dim * (1 + state_size);
+    if (width > RowStore::kMaxWidth) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': rows too wide"));
     absl::StatusOr<Tensor> ids = need("ids", DType::kInt64), rows = need("rows", DType::kFloat32),
                            steps = need("steps", DType::kInt64), sum_ids = need("sum_ids", DType::kInt64),
                            sum_rows = need("sum_rows", DType::kFloat32);
@@ -171,8 +196,9 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
       if (!t->ok()) return t->status();
     }
     const int64_t n = ids->numel();
-    if (s->dim < 1 || rows->dim() != 2 || rows->size(0) != n || rows->size(1) != width || steps->numel() != n ||
-        sum_rows->numel() != sum_ids->numel() * s->dim || (s->capacity > 0 && n > s->capacity)) {
+    // (More rows than the capacity only evict the oldest again.)
+    if (rows->dim() != 2 || rows->size(0) != n || rows->size(1) != width || steps->numel() != n ||
+        sum_rows->numel() != sum_ids->numel() * s->dim) {
       return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': row arrays do not agree"));
     }
     s->rows = std::make_unique<StripedRows>(s->dim, state_size, s->capacity, s->init);
@@ -188,6 +214,16 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
     out.emplace_back(table, std::move(s));
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Restore(const nn::NamedTensors& in) {
+  try {
+    return RestoreTables(in);
+  } catch (const std::exception& e) {  // a value the checks above let through
+    return absl::DataLossError(absl::StrCat("checkpoint is inconsistent: ", e.what()));
+  }
 }
 
 }  // namespace gw::param_server::internal

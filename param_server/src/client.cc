@@ -20,7 +20,8 @@ Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer,
       trainer_(trainer),
       trainers_(trainers),
       sync_timeout_(options.sync_timeout),
-      reconnect_timeout_(options.reconnect_timeout) {}
+      reconnect_timeout_(options.reconnect_timeout),
+      last_pushes_(std::make_shared<LastPushes>()) {}
 
 namespace {
 
@@ -51,6 +52,41 @@ struct Retry : std::enable_shared_from_this<Retry<T>> {
 };
 
 }  // namespace
+
+// The last push of a synchronous or bounded-staleness table to each server, kept so that
+// a pull retried after the server was unavailable sends it again first: a restarted
+// server may have lost an acknowledged push made after its last checkpoint, and without
+// it the step would wait for this trainer forever. The server drops it if it already
+// counted it ((trainer, clock) identify a push).
+struct Client::LastPushes {
+  absl::Mutex mu;
+  std::map<std::pair<std::string, size_t>, std::function<Future<Value>()>> push ABSL_GUARDED_BY(mu);
+};
+
+std::function<Future<Value>()> Client::Remember(Consistency consistency, const std::string& name, size_t server,
+                                                std::function<Future<Value>()> push) const {
+  if (consistency == Consistency::kAsync || reconnect_timeout_ <= absl::ZeroDuration()) return push;
+  absl::MutexLock lock(&last_pushes_->mu);
+  last_pushes_->push[{name, server}] = push;
+  return push;
+}
+
+std::function<Future<Tensor>()> Client::WithPushResent(Consistency consistency, const std::string& name, size_t server,
+                                                       std::function<Future<Tensor>()> pull) const {
+  if (consistency == Consistency::kAsync || reconnect_timeout_ <= absl::ZeroDuration()) return pull;
+  return [pushes = last_pushes_, key = std::make_pair(name, server), pull, attempts = std::make_shared<int>(0)] {
+    if ((*attempts)++ > 0) {
+      std::function<Future<Value>()> push;
+      {
+        absl::MutexLock lock(&pushes->mu);
+        auto it = pushes->push.find(key);
+        if (it != pushes->push.end()) push = it->second;
+      }
+      if (push) (void)push();  // on the same connection, ahead of the pull; the pull waits for the step anyway
+    }
+    return pull();
+  };
+}
 
 template <typename T>
 Future<T> Client::Call(std::function<Future<T>()> call) const {
@@ -111,9 +147,10 @@ Future<Tensor> Client::Pull(const std::string& name, int64_t clock) {
   if (!table.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), table.status());
   std::vector<Future<Tensor>> shards;
   for (size_t i = 0; i < servers_.size(); ++i) {
-    shards.push_back(Call<Tensor>([this, i, name, clock] {
-      return agent_.Async<Tensor>(servers_[i], kPullFn, name, clock, rpc::CallOptions{sync_timeout_ * 2});
-    }));
+    shards.push_back(Call<Tensor>(WithPushResent(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
+                                                                                   timeout = sync_timeout_ * 2] {
+      return agent->Async<Tensor>(server, kPullFn, name, clock, rpc::CallOptions{timeout});
+    })));
   }
   return Assemble(*table, std::move(shards));
 }
@@ -132,9 +169,10 @@ Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& 
   for (size_t i = 0; i < servers_.size(); ++i) {
     const KeyRange& r = table->ranges[i];
     const Tensor shard = kernels::Narrow(flat, 0, r.begin, r.size());
-    pushed.push_back(Call<Value>([this, i, name, clock, shard] {
-      return agent_.Async<Value>(servers_[i], kPushFn, name, clock, static_cast<int64_t>(trainer_), shard);
-    }));
+    pushed.push_back(Call<Value>(Remember(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
+                                                                        trainer = static_cast<int64_t>(trainer_), shard] {
+      return agent->Async<Value>(server, kPushFn, name, clock, trainer, shard);
+    })));
   }
   return WhenAll(agent_.executor(), std::move(pushed)).Then([](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
     if (!r.ok()) return r.status();
@@ -195,10 +233,11 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
       shards.push_back(kernels::Narrow(kernels::Reshape(kernels::Contiguous(grads[t]), {grads[t].numel()}), 0, r.begin,
                                        r.size()));
     }
-    per_server.push_back(Call<std::vector<Tensor>>([this, i, names, clock, shards] {
-      return agent_.Async<std::vector<Tensor>>(servers_[i], kPushPullManyFn, names, clock,
-                                               static_cast<int64_t>(trainer_), shards,
-                                               rpc::CallOptions{sync_timeout_ * 2});
+    per_server.push_back(Call<std::vector<Tensor>>([agent = &agent_, server = servers_[i], names, clock,
+                                                    trainer = static_cast<int64_t>(trainer_), shards,
+                                                    timeout = sync_timeout_ * 2] {
+      return agent->Async<std::vector<Tensor>>(server, kPushPullManyFn, names, clock, trainer, shards,
+                                               rpc::CallOptions{timeout});
     }));
   }
   return WhenAll(agent_.executor(), std::move(per_server))
@@ -297,9 +336,10 @@ Future<Tensor> Client::PullRows(const std::string& name, int64_t clock, const Te
     if (split->positions[i].empty()) continue;
     const Tensor part = split->ids[i];
     asked.push_back(i);
-    parts.push_back(Call<Tensor>([this, i, name, clock, part] {
-      return agent_.Async<Tensor>(servers_[i], kPullRowsFn, name, clock, part, rpc::CallOptions{sync_timeout_ * 2});
-    }));
+    parts.push_back(Call<Tensor>(WithPushResent(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
+                                                                                 part, timeout = sync_timeout_ * 2] {
+      return agent->Async<Tensor>(server, kPullRowsFn, name, clock, part, rpc::CallOptions{timeout});
+    })));
   }
   const int64_t n = ids.numel(), dim = table->dim;
   return WhenAll(agent_.executor(), std::move(parts))
@@ -351,9 +391,10 @@ Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tens
       }
     }
     const Tensor part = split.ids[i];
-    pushed.push_back(Call<Value>([this, i, name, clock, part, rows] {
-      return agent_.Async<Value>(servers_[i], kPushRowsFn, name, clock, static_cast<int64_t>(trainer_), part, rows);
-    }));
+    pushed.push_back(Call<Value>(Remember(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
+                                                                        trainer = static_cast<int64_t>(trainer_), part, rows] {
+      return agent->Async<Value>(server, kPushRowsFn, name, clock, trainer, part, rows);
+    })));
   }
   return WhenAll(agent_.executor(), std::move(pushed))
       .Then([](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
@@ -365,7 +406,9 @@ Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tens
 Future<std::vector<std::string>> Client::Checkpoint() {
   std::vector<Future<std::string>> paths;
   for (size_t i = 0; i < servers_.size(); ++i) {
-    paths.push_back(Call<std::string>([this, i] { return agent_.Async<std::string>(servers_[i], kCheckpointFn); }));
+    paths.push_back(Call<std::string>([agent = &agent_, server = servers_[i]] {
+      return agent->Async<std::string>(server, kCheckpointFn);
+    }));
   }
   return WhenAll(agent_.executor(), std::move(paths));
 }

@@ -60,18 +60,25 @@ void InitRow(const RowInit& init, uint64_t id, int64_t dim, float* out) {
   }
 }
 
+// Validates the layout before any member derived from it exists.
+int64_t RowStore::CheckedStride(int64_t dim, int state_size, int64_t capacity) {
+  GW_CHECK(dim >= 1 && dim <= kMaxWidth, "RowStore", "row width must be in [1, ", kMaxWidth, "], got ", dim);
+  GW_CHECK(state_size >= 0 && state_size <= 3, "RowStore", "state size must be in [0, 3], got ", state_size);
+  GW_CHECK(dim * (1 + state_size) <= kMaxWidth, "RowStore", "a row with its state is ", dim * (1 + state_size),
+           " floats, more than ", kMaxWidth);
+  GW_CHECK(capacity >= 0 && capacity <= kMaxRows, "RowStore", "capacity ", capacity, " out of range [0, ", kMaxRows,
+           "]");
+  return kHeaderFloats + (dim * (1 + state_size) + 1) / 2 * 2;
+}
+
 RowStore::RowStore(int64_t dim, int state_size, int64_t capacity, RowInit init)
     : dim_(dim),
       state_size_(state_size),
       capacity_(capacity),
       init_(init),
-      stride_(kHeaderFloats + (dim * (1 + state_size) + 1) / 2 * 2),
+      stride_(CheckedStride(dim, state_size, capacity)),
       chunk_shift_(ChunkShift(stride_, capacity)),
       chunk_rows_(int64_t{1} << chunk_shift_) {
-  GW_CHECK(dim >= 1, "RowStore", "row width must be at least 1, got ", dim);
-  GW_CHECK(state_size >= 0, "RowStore", "negative state size ", state_size);
-  GW_CHECK(capacity >= 0 && capacity <= kMaxRows, "RowStore", "capacity ", capacity, " out of range (at most ",
-           kMaxRows, ")");
   // Bounded stores size the index once; load stays at most 3/4.
   size_t buckets = 16;
   while (capacity > 0 && static_cast<int64_t>(buckets) * 3 < capacity * 4) buckets *= 2;

@@ -25,7 +25,8 @@ using internal::Waiter;
 using rpc::Value;
 
 // Rows `ids` of a sparse shard as one [n, dim] tensor, created on first touch.
-Tensor ReadRows(Shard& s, const Tensor& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+// Takes the stripe locks itself (under s.mu or not: asynchronous tables don't hold it).
+Tensor ReadRows(Shard& s, const Tensor& ids) {
   const int64_t n = ids.numel();
   Tensor out = Tensor::Empty({n, s.dim});
   const int64_t* id = ids.data<int64_t>();
@@ -37,7 +38,7 @@ Tensor ReadRows(Shard& s, const Tensor& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu)
 }
 
 // Applies summed gradient rows, each scaled by `scale`, to a sparse shard.
-void ApplyRows(Shard& s, internal::RowSum& sum, float scale) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+void ApplyRows(Shard& s, internal::RowSum& sum, float scale) {
   s.rows->ForEach(sum.ids.data(), static_cast<int64_t>(sum.ids.size()), [&](int64_t i, const RowStore::Row& row) {
     float* g = sum.values.data() + i * s.dim;
     if (scale != 1.0f) {
@@ -72,7 +73,7 @@ Tensor MeanOf(const std::vector<Tensor>& grads, int n) {
 
 // Applies one push: rows of duplicate ids are summed first (a few per push of random
 // ids), the others are applied straight from the received gradient without a copy.
-void ApplyPush(Shard& s, const Tensor& ids, const Tensor& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+void ApplyPush(Shard& s, const Tensor& ids, const Tensor& grad) {
   const int64_t n = ids.numel(), dim = s.dim;
   const uint64_t* id = reinterpret_cast<const uint64_t*>(ids.data<int64_t>());
   const float* g = grad.data<float>();
@@ -106,8 +107,13 @@ void ApplyPush(Shard& s, const Tensor& ids, const Tensor& grad) ABSL_EXCLUSIVE_L
 namespace internal {
 
 StripedRows::StripedRows(int64_t dim, int state_size, int64_t capacity, RowInit init) {
-  const int64_t per_stripe = capacity == 0 ? 0 : (capacity + kStripes - 1) / kStripes;
-  for (int k = 0; k < kStripes; ++k) stripes_.push_back(std::make_unique<Stripe>(dim, state_size, per_stripe, init));
+  // The capacity is shared exactly: the first capacity % kStripes stripes hold one more.
+  for (int k = 0; k < kStripes; ++k) {
+    const int64_t share = capacity == 0 ? 0 : capacity / kStripes + (k < capacity % kStripes ? 1 : 0);
+    // A stripe whose share is 0 (capacity < kStripes) still holds one row: RowStore's 0
+    // means unbounded.
+    stripes_.push_back(std::make_unique<Stripe>(dim, state_size, capacity == 0 ? 0 : std::max<int64_t>(share, 1), init));
+  }
 }
 
 // The top bits of the id's hash: independent of ServerOfId's residue and of RowStore's index.
@@ -279,7 +285,9 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     }
     if (consistency < 0 || consistency > 2) return absl::InvalidArgumentError("unknown consistency mode");
     if (staleness < 0) return absl::InvalidArgumentError("staleness must not be negative");
-    if (trainers < 1) return absl::InvalidArgumentError("trainers must be at least 1");
+    if (trainers < 1 || trainers > internal::kMaxTrainers) {
+      return absl::InvalidArgumentError(absl::StrCat("trainers must be in [1, ", internal::kMaxTrainers, "], got ", trainers));
+    }
     s.optimizer = *config;
     s.consistency = static_cast<Consistency>(consistency);
     s.trainers = static_cast<int>(trainers);
@@ -287,6 +295,20 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     s.staleness = staleness;
     s.clocks.assign(static_cast<size_t>(trainers), 0);
     return absl::OkStatus();
+  }
+
+  // A table created again (by another trainer, or after a restart) must ask for the
+  // same consistency, trainers and staleness: a silent mismatch would hang its steps.
+  absl::Status SameMode(const std::string& table, const Shard& old, int64_t consistency, int64_t trainers,
+                        int64_t staleness) const {
+    if (static_cast<int64_t>(old.consistency) == consistency && old.trainers == trainers &&
+        (old.consistency != Consistency::kBoundedStaleness || old.staleness == staleness)) {
+      return absl::OkStatus();
+    }
+    return absl::AlreadyExistsError(absl::StrCat(
+        "table '", table, "' exists on ", name_, " with consistency ", static_cast<int>(old.consistency), ", ",
+        old.trainers, " trainers and staleness ", old.staleness, "; asked for consistency ", consistency, ", ",
+        trainers, " trainers and staleness ", staleness, " (restarted with another deployment? move its checkpoint away)"));
   }
 
   // Adds a configured shard unless the table exists; `same` says whether an existing
@@ -309,6 +331,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     if (absl::Status s = Configure(*shard, optimizer, consistency, trainers, timeout_ms, staleness); !s.ok()) return s;
     shard->values = kernels::Clone(values);
     return Add(table, std::move(shard), [&](const Shard& old) {
+      if (absl::Status same = SameMode(table, old, consistency, trainers, staleness); !same.ok()) return same;
       if (old.sparse || old.values.numel() != values.numel()) {
         return absl::AlreadyExistsError(absl::StrCat("table '", table, "' exists on ", name_, " as ",
                                                      old.sparse ? "a sparse table" : "a dense shard of ",
@@ -327,7 +350,9 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     if (absl::Status s = Configure(*shard, optimizer, consistency, trainers, timeout_ms, staleness); !s.ok()) return s;
     absl::StatusOr<SparseLayout> l = LayoutFromValue(layout);
     if (!l.ok()) return l.status();
-    if (l->dim < 1 || l->capacity < 0 || static_cast<int>(l->init.kind) < 0 || static_cast<int>(l->init.kind) > 2) {
+    if (l->dim < 1 || l->dim > internal::kMaxRowWidth || l->capacity < 0 ||
+        l->capacity > internal::StripedRows::kMaxCapacity || static_cast<int>(l->init.kind) < 0 ||
+        static_cast<int>(l->init.kind) > 2) {
       return absl::InvalidArgumentError(absl::StrCat("sparse table '", table, "': bad layout (dim ", l->dim,
                                                      ", capacity ", l->capacity, ")"));
     }
@@ -337,6 +362,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     shard->init = l->init;
     shard->rows = std::make_unique<internal::StripedRows>(l->dim, optim::RowStateSize(shard->optimizer), l->capacity, l->init);
     return Add(table, std::move(shard), [&](const Shard& old) {
+      if (absl::Status same = SameMode(table, old, consistency, trainers, staleness); !same.ok()) return same;
       if (!old.sparse || old.dim != l->dim) {
         return absl::AlreadyExistsError(absl::StrCat("table '", table, "' exists on ", name_, " and is not a sparse table of width ", l->dim));
       }
@@ -432,7 +458,11 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     auto split = std::partition(s.waiting.begin(), s.waiting.end(), [&](const Waiter& w) { return !Readable(s, w.clock); });
     for (auto it = split; it != s.waiting.end(); ++it) ready.emplace_back(it->answer, it->read());
     s.waiting.erase(split, s.waiting.end());
-    if (s.waiting.empty()) s.step_deadline = absl::InfiniteFuture();
+    if (s.waiting.empty()) {
+      s.step_deadline = absl::InfiniteFuture();
+    } else if (!ready.empty() && s.consistency == Consistency::kBoundedStaleness) {
+      s.step_deadline = absl::Now() + s.sync_timeout;  // progress: the slowest moved on
+    }
     return ready;
   }
 
@@ -443,6 +473,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     std::function<void()> accumulate;  // kSync: add to the open step
     std::function<void()> apply_step;  // kSync: apply the open step's mean, reset it
     std::function<void()> apply_now;   // otherwise: apply this push
+    std::function<void()> drop_step;   // kSync: forget the open step's pushes
   };
 
   // Runs a push through the shard's consistency mode and answers the pulls it released.
@@ -453,8 +484,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       // run in parallel with each other and with pulls.
       try {
         ops.apply_now();
-      } catch (const gw::Error& e) {
-        return absl::InvalidArgumentError(e.what());
+      } catch (const std::exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat("table '", table, "' on ", name_, ": ", e.what()));
       }
       return absl::OkStatus();
     }
@@ -480,8 +511,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
             break;
           }
         }
-      } catch (const gw::Error& e) {
-        status = absl::InvalidArgumentError(e.what());
+      } catch (const std::exception& e) {  // the pulls it released are answered all the same
+        status = absl::InvalidArgumentError(absl::StrCat("table '", table, "' on ", name_, ": ", e.what()));
       }
       ready = Released(s);
     }
@@ -493,23 +524,28 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   absl::Status AddToStep(const std::string& table, Shard& s, int64_t clock, int trainer, const PushOps& ops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     if (clock < s.applied) return absl::OkStatus();  // a retry of a push already applied
-    if (clock > s.applied && s.restored && s.pushed.empty()) {
+    if (clock > s.applied && s.restored) {
       // The server restarted from a checkpoint taken before the trainers' current step:
-      // the steps in between were lost with it; join the trainers where they are.
+      // the steps in between (and the checkpoint's open step, which the trainers have
+      // passed) were lost with it; join the trainers where they are. Pulls up to `clock`
+      // are answered with the checkpoint's values.
+      ops.drop_step();
+      s.pushed.clear();
       s.applied = clock;
     }
     if (clock != s.applied) {
       return absl::FailedPreconditionError(absl::StrCat("table '", table, "' on ", name_, ": push for step ", clock,
                                                         " while step ", s.applied, " is being aggregated"));
     }
-    s.restored = false;
-    if (!s.pushed.insert(trainer).second) return absl::OkStatus();  // a retried push of this step
-    ops.accumulate();
+    if (s.pushed.contains(trainer)) return absl::OkStatus();  // a retried push of this step
+    ops.accumulate();  // may throw: the trainer is marked as pushed only once it counts
+    s.pushed.insert(trainer);
     if (s.step_deadline == absl::InfiniteFuture()) s.step_deadline = absl::Now() + s.sync_timeout;
     if (static_cast<int>(s.pushed.size()) < s.trainers) return absl::OkStatus();
     ops.apply_step();
     ++s.applied;
     s.pushed.clear();
+    s.restored = false;
     s.step_deadline = absl::InfiniteFuture();
     return absl::OkStatus();
   }
@@ -530,7 +566,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     // last one only adds itself while averaging (one pass on the step's critical path).
     ops.accumulate = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       s.pending.push_back(kernels::Contiguous(grad));
-      if (s.pending.size() == 2 && static_cast<int>(s.pushed.size()) < s.trainers) {
+      if (s.pending.size() == 2 && static_cast<int>(s.pushed.size()) + 1 < s.trainers) {
         s.pending = {MeanOf(s.pending, 1)};
       }
     };
@@ -538,6 +574,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       optim::Update(s.optimizer, s.values, MeanOf(s.pending, s.trainers), s.state);
       s.pending.clear();
     };
+    ops.drop_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { s.pending.clear(); };
     ops.apply_now = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { optim::Update(s.optimizer, s.values, grad, s.state); };
     return Admit(table, s, clock, trainer, check, ops);
   }
@@ -561,6 +598,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     ops.apply_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       ApplyRows(s, s.row_sum, 1.0f / static_cast<float>(s.trainers));
     };
+    ops.drop_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { s.row_sum.Clear(); };
     ops.apply_now = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { ApplyPush(s, id, g); };
     return Admit(table, s, clock, trainer, [] { return absl::OkStatus(); }, ops);
   }

@@ -3,7 +3,9 @@
 //
 // A shard is dense (a contiguous key range of a flat float32 table, one optimizer state
 // for the range) or sparse (rows by id in a RowStore, state per row). The consistency
-// fields are the same for both; every field is guarded by `mu` once the shard is shared.
+// fields are the same for both and guarded by `mu` once the shard is shared; the rows of
+// a sparse shard have their own stripe locks (StripedRows), and asynchronous sparse
+// pulls and pushes take only those.
 #ifndef GRADWIRE_PARAM_SERVER_SRC_SHARD_H_
 #define GRADWIRE_PARAM_SERVER_SRC_SHARD_H_
 
@@ -30,6 +32,10 @@
 
 namespace gw::param_server::internal {
 
+// Bounds on what a peer or a checkpoint file may ask for.
+inline constexpr int64_t kMaxTrainers = 1 << 16;
+inline constexpr int64_t kMaxRowWidth = 1 << 20;  // floats per row (values; state adds at most 3x)
+
 // Gradient rows summed by id (duplicates within a push, or a synchronous step's pushes).
 struct RowSum {
   absl::flat_hash_map<uint64_t, int64_t> offset;  // id -> row index into `values`
@@ -44,11 +50,12 @@ struct RowSum {
 // A sparse shard's rows, split by id hash into kStripes RowStores with a lock each, so
 // that requests on one table run in parallel (a pull and a push of different trainers
 // meet only when they reach the same stripe at the same time). A capacity is shared
-// evenly: LRU order is kept per stripe, so eviction is least-recently-used within the
-// stripe the new id falls in.
+// exactly (at least one row per stripe): LRU order is kept per stripe, so eviction is
+// least-recently-used within the stripe the new id falls in.
 class StripedRows {
  public:
   static constexpr int kStripes = 8;
+  static constexpr int64_t kMaxCapacity = RowStore::kMaxRows * kStripes;
   StripedRows(int64_t dim, int state_size, int64_t capacity, RowInit init);
 
   // Calls fn(i, row) for every ids[i] (rows created on first touch), one stripe at a
@@ -113,7 +120,7 @@ struct Shard {
   optim::ParamState state;  // dense
   std::unique_ptr<StripedRows> rows;  // sparse
 
-  // kBoundedStaleness (and retried pushes): the next clock each trainer pushes.
+  // kBoundedStaleness: the next clock each trainer pushes (older ones are retries).
   std::vector<int64_t> clocks;
   // kSync: steps applied; a pull for clock c is served once applied >= c.
   int64_t applied = 0;

@@ -107,6 +107,55 @@ TEST(CheckpointTest, AFreshServerContinuesFromTheCheckpointExactly) {
   EXPECT_EQ(servers[0]->sparse_stats("emb")->rows + servers[1]->sparse_stats("emb")->rows, 4);
 }
 
+// A checkpoint taken in the middle of a synchronous step, then steps the restart loses:
+// the trainers' next pushes move the restored table to their step (the partial step of
+// the checkpoint is passed), and training goes on from the checkpoint's values. A
+// bounded sparse table whose capacity is not a multiple of the stripes restores too.
+TEST(CheckpointTest, RestoredSynchronousTableJoinsTrainersThatAreAhead) {
+  const std::string dir = TempDir("ckpt_ahead");
+  auto deploy = [&]() {
+    return rpc::testing::AgentGroup::Start(3, [&](rpc::Agent& a) {
+      if (a.self().rank == 0) (void)*ParameterServer::Install(a, {dir});
+    });
+  };
+  const optim::Sgd sgd{.lr = 1};
+  const Tensor init = Tensor::Full({4}, 10.0);
+  {
+    auto g = deploy();
+    ASSERT_NE(g, nullptr);
+    Client c0((*g)[1], {"worker0"}, 0, 2), c1((*g)[2], {"worker0"}, 1, 2);
+    ASSERT_TRUE(c0.CreateDense("w", init, sgd, Consistency::kSync).ok());
+    ASSERT_TRUE(c1.CreateDense("w", init, sgd, Consistency::kSync).ok());
+    ASSERT_TRUE(c0.CreateSparse("emb", 2, {RowInit{RowInit::Kind::kZeros}, /*capacity=*/13}, sgd, Consistency::kAsync).ok());
+    std::vector<int64_t> many;
+    for (int64_t id = 0; id < 40; ++id) many.push_back(id);
+    ASSERT_TRUE(c0.PullRows("emb", 0, Ids(many)).Get().ok());  // fills the 13 rows
+    ASSERT_TRUE(c0.Push("w", 0, Tensor::Ones({4})).Get().ok());
+    ASSERT_TRUE(c0.Checkpoint().Get().ok());  // step 0 open, trainer 0 in it
+    ASSERT_TRUE(c1.Push("w", 0, Tensor::Ones({4})).Get().ok());
+    for (int step = 1; step < 3; ++step) {
+      Future<Tensor> a = c0.PushPull("w", step, Tensor::Ones({4}));
+      ASSERT_TRUE(c1.PushPull("w", step, Tensor::Ones({4})).Get().ok());
+      ASSERT_TRUE(a.Get().ok());
+    }
+  }
+  auto g = deploy();
+  ASSERT_NE(g, nullptr) << "the checkpoint (a sparse table of capacity 13 on 8 stripes) loads";
+  Client c0((*g)[1], {"worker0"}, 0, 2), c1((*g)[2], {"worker0"}, 1, 2);
+  ASSERT_TRUE(c0.CreateDense("w", init, sgd, Consistency::kSync).ok());
+  ASSERT_TRUE(c1.CreateDense("w", init, sgd, Consistency::kSync).ok());
+  EXPECT_EQ(c0.CreateDense("w", init, sgd, Consistency::kAsync).code(), absl::StatusCode::kAlreadyExists)
+      << "another consistency for an existing table is refused";
+  Future<Tensor> a = c0.PushPull("w", 3, Tensor::Full({4}, 2.0));
+  absl::StatusOr<Tensor> b = c1.PushPull("w", 3, Tensor::Full({4}, 4.0)).Get();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(a.Get().ok()) << a.Get().status();
+  // The checkpoint's values (no step applied yet) minus the mean of step 3's pushes.
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(b->data<float>()[i], 10.0f - 3.0f) << i;
+  absl::StatusOr<std::vector<std::string>> again = c0.Checkpoint().Get();
+  ASSERT_TRUE(again.ok()) << again.status();
+}
+
 TEST(CheckpointTest, WithoutADirectoryCheckpointsAreRefusedWithTheReason) {
   std::vector<std::shared_ptr<ParameterServer>> servers(1);
   auto g = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
@@ -215,6 +264,21 @@ TEST(CheckpointTest, ServerKilledAndRestartedLosesNoAcknowledgedPush) {
   ASSERT_TRUE(rows.ok()) << rows.status();
   ExpectEqual(*rows, Tensor::FromVector(emb, {6, 2}), "sparse rows after the restart");
   for (int step = 4; step < 6; ++step) step_both(step, true);  // the job continues
+
+  // Step 6: trainer 0's push is acknowledged after the last checkpoint and dies with the
+  // server. Its pull, retried, sends the push again, so the step still completes.
+  Tensor h0 = Tensor::Randn({9}, gen), h1 = Tensor::Randn({9}, gen);
+  ASSERT_TRUE(c0.Push("w", 6, h0).Get().ok());
+  ::kill(servers[0], SIGKILL);
+  EXPECT_EQ(rpc::testing::WaitForExit(servers[0]), 128 + SIGKILL);
+  Future<Tensor> pulled0 = c0.Pull("w", 7);
+  Future<bool> pushed1 = c1.Push("w", 6, h1);
+  absl::SleepFor(absl::Milliseconds(300));
+  servers[0] = rpc::testing::SpawnSelf("ps_server", env(1));
+  ASSERT_TRUE(pushed1.Get().ok()) << pushed1.Get().status();
+  absl::StatusOr<Tensor> step7 = pulled0.Get();
+  ASSERT_TRUE(step7.ok()) << step7.status();
+  EXPECT_EQ(step7->numel(), 9);
 
   ASSERT_TRUE(agent->Shutdown().ok());
   for (pid_t p : servers) EXPECT_EQ(rpc::testing::WaitForExit(p), 0);

@@ -32,13 +32,19 @@
 //     mode: use one path or the other for a table at a time.
 //   - Reconnection (ClientOptions::reconnect_timeout > 0): a call a server answers with
 //     UNAVAILABLE (dead, restarting) is retried every 200 ms until the server is back or
-//     the timeout passes; pushes are exactly once under kSync and kBoundedStaleness
-//     (server.h). The agent re-reads a restarted server's address from the store.
+//     the timeout passes; a retried pull first sends this trainer's last push of that
+//     table to that server again (a restarted server may have lost it), and the server
+//     counts each (trainer, clock) once under kSync and kBoundedStaleness (server.h). The
+//     agent re-reads a restarted server's address from the store. Retries wait on a
+//     pool thread of the agent.
+//   - The agent must outlive the Client, and the Client the futures it returned.
 //   - Errors name the server; futures complete on transport or pool threads.
 #ifndef GRADWIRE_PARAM_SERVER_CLIENT_H_
 #define GRADWIRE_PARAM_SERVER_CLIENT_H_
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -111,6 +117,11 @@ class Client {
   // unavailable (ClientOptions::reconnect_timeout).
   template <typename T>
   Future<T> Call(std::function<Future<T>()> call) const;
+  struct LastPushes;
+  std::function<Future<rpc::Value>()> Remember(Consistency consistency, const std::string& name, size_t server,
+                                               std::function<Future<rpc::Value>()> push) const;
+  std::function<Future<Tensor>()> WithPushResent(Consistency consistency, const std::string& name, size_t server,
+                                                 std::function<Future<Tensor>()> pull) const;
   absl::StatusOr<Table> FindSparse(const std::string& name) const;
   absl::StatusOr<Table> Find(const std::string& name) const;
   Future<Tensor> Assemble(const Table& table, std::vector<Future<Tensor>> shards) const;
@@ -121,6 +132,7 @@ class Client {
   const int trainers_;
   const absl::Duration sync_timeout_;
   const absl::Duration reconnect_timeout_;
+  const std::shared_ptr<LastPushes> last_pushes_;
   mutable absl::Mutex mu_;
   std::map<std::string, Table> tables_ ABSL_GUARDED_BY(mu_);
 };

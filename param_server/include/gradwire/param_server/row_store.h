@@ -13,7 +13,7 @@
 //     entries (a slot number and 5 bits of the id's hash). At most 2^27 - 1 rows. bytes() is everything the store allocated; with 64-float rows it
 //     stays within 1.2x of raw_bytes() (the rows' values and state alone) for tables
 //     past a few chunks (tested).
-//   - Not thread-safe: the server guards each shard with its mutex.
+//   - Not thread-safe: the server guards each with a lock (a stripe's, shard.h).
 #ifndef GRADWIRE_PARAM_SERVER_ROW_STORE_H_
 #define GRADWIRE_PARAM_SERVER_ROW_STORE_H_
 
@@ -60,13 +60,16 @@ struct LargeAllocator {
 
 class RowStore {
  public:
+  static constexpr int64_t kMaxRows = (int64_t{1} << 27) - 1;  // slot numbers have 27 bits
+  static constexpr int64_t kMaxWidth = int64_t{1} << 22;     // floats per row with its state
   struct Row {
     float* values = nullptr;  // dim floats
     float* state = nullptr;   // state_size * dim floats
     int64_t* step = nullptr;  // updates applied to this row
   };
 
-  // REQUIRES: dim >= 1, state_size >= 0, capacity >= 0 (checked, gw::Error).
+  // REQUIRES: dim >= 1, 0 <= state_size <= 3, dim * (1 + state_size) <= kMaxWidth,
+  // 0 <= capacity <= kMaxRows (checked, gw::Error, before anything is allocated).
   RowStore(int64_t dim, int state_size, int64_t capacity, RowInit init);
   ~RowStore();
   RowStore(const RowStore&) = delete;
@@ -104,7 +107,6 @@ class RowStore {
   // Index entries: 27 bits of slot, 5 bits of hash tag; all ones is empty.
   static constexpr int kSlotBits = 27, kTagBits = 5;
   static constexpr uint32_t kSlotMask = (1u << kSlotBits) - 1, kEmptyEntry = ~0u;
-  static constexpr int64_t kMaxRows = kSlotMask;  // slot kSlotMask would look empty
 
   // Slots are numbered in creation order; slot s lives in chunk s >> chunk_shift_.
   struct Chunk {
@@ -119,6 +121,7 @@ class RowStore {
   uint64_t IdOf(uint32_t slot) const;
   uint32_t& Prev(uint32_t slot) const;
   uint32_t& Next(uint32_t slot) const;
+  static int64_t CheckedStride(int64_t dim, int state_size, int64_t capacity);
   static uint64_t Hash(uint64_t id);
   uint64_t Bucket(uint64_t id) const;
   void PrefetchRow(uint64_t id) const;  // the id and floats of the row in id's home bucket

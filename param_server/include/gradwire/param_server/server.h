@@ -11,8 +11,11 @@
 //     of one push are summed by id first) and a consistency mode:
 //       kSync     a step's pushes from all `trainers` are summed and averaged, then
 //                 applied once; a pull for clock c waits until step c-1 was applied. If
-//                 the step is not complete within `sync_timeout` the waiting pulls and
-//                 pushes fail with DEADLINE_EXCEEDED naming the trainers that did not push.
+//                 the step is not complete within `sync_timeout` the waiting pulls fail
+//                 with DEADLINE_EXCEEDED naming the trainers that did not push. Pulls are
+//                 answered without a copy (the values change only once every trainer
+//                 pushed again): a reader that is not one of the trainers must use an
+//                 asynchronous table or accept that.
 //       kAsync    every push is applied when it arrives; pulls never wait.
 //       kBoundedStaleness(s)  pushes apply on arrival; a trainer's clock is one past
 //                 the clock of its last push; a pull for clock c waits until every
@@ -21,7 +24,12 @@
 //     A push is identified by (trainer, clock): under kSync and kBoundedStaleness a push
 //     for a clock the server has already passed is acknowledged without being applied
 //     again, so a client may retry a push whose answer was lost (exactly once). kAsync
-//     pushes carry no such identity: a retried one applies again (at least once).
+//     pushes carry no such identity: a retried one applies again (at least once). The
+//     server runs one trainer's requests concurrently: under kBoundedStaleness a trainer
+//     waits for a push's answer before its next push of that table.
+//   - Bounds: at most 65,536 trainers, rows of at most 2^20 floats, capacity at most
+//     8 x (2^27 - 1) rows per shard; a table created again must ask for the same
+//     consistency, trainers and staleness (ALREADY_EXISTS otherwise).
 //   - Creating a table that exists with the same shape is a no-op (every trainer may
 //     create it); a different shape is an error.
 //   - Checkpoints (options.checkpoint_dir non-empty): Checkpoint() (or a client's
