@@ -128,17 +128,35 @@ absl::StatusOr<Client::Table> Client::Find(const std::string& name) const {
   return it->second;
 }
 
+namespace {
+
+// A dense table from its shards in server order (empty shards skipped; one shard: no copy).
+Tensor JoinShards(const std::vector<Tensor>& shards, const Shape& shape) {
+  std::vector<Tensor> nonempty;
+  for (const Tensor& p : shards) {
+    if (p.numel() > 0) nonempty.push_back(p);
+  }
+  Tensor flat = nonempty.size() == 1 ? nonempty[0] : kernels::Cat(nonempty, 0);
+  return kernels::Reshape(flat, shape);
+}
+
+}  // namespace
+
+absl::StatusOr<Client::Table> Client::FindForGradient(const std::string& name, const Tensor& grad) const {
+  absl::StatusOr<Table> table = Find(name);
+  if (table.ok() && grad.sizes() != table->shape) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", name, "': gradient of shape ", ShapeToString(grad.sizes()),
+                                                   ", table has shape ", ShapeToString(table->shape)));
+  }
+  return table;
+}
+
 Future<Tensor> Client::Assemble(const Table& table, std::vector<Future<Tensor>> shards) const {
   const Shape shape = table.shape;
   return WhenAll(agent_.executor(), std::move(shards))
       .Then([shape](const absl::StatusOr<std::vector<Tensor>>& parts) -> absl::StatusOr<Tensor> {
         if (!parts.ok()) return parts.status();
-        std::vector<Tensor> nonempty;
-        for (const Tensor& p : *parts) {
-          if (p.numel() > 0) nonempty.push_back(p);
-        }
-        Tensor flat = nonempty.size() == 1 ? nonempty[0] : kernels::Cat(nonempty, 0);
-        return kernels::Reshape(flat, shape);
+        return JoinShards(*parts, shape);
       });
 }
 
@@ -156,14 +174,8 @@ Future<Tensor> Client::Pull(const std::string& name, int64_t clock) {
 }
 
 Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& grad) {
-  absl::StatusOr<Table> table = Find(name);
+  absl::StatusOr<Table> table = FindForGradient(name, grad);
   if (!table.ok()) return MakeReadyFuture<bool>(agent_.executor(), table.status());
-  if (grad.sizes() != table->shape) {
-    return MakeReadyFuture<bool>(
-        agent_.executor(), absl::InvalidArgumentError(absl::StrCat("table '", name, "': gradient of shape ",
-                                                                   ShapeToString(grad.sizes()), ", table has shape ",
-                                                                   ShapeToString(table->shape))));
-  }
   const Tensor flat = kernels::Reshape(kernels::Contiguous(grad), {grad.numel()});
   std::vector<Future<Value>> pushed;
   for (size_t i = 0; i < servers_.size(); ++i) {
@@ -201,9 +213,6 @@ Future<Tensor> Client::PushPull(const std::string& name, int64_t clock, const Te
   });
 }
 
-}  // namespace gw::param_server
-
-namespace gw::param_server {
 
 Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>& names, int64_t clock,
                                                  const std::vector<Tensor>& grads) {
@@ -212,16 +221,12 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
                                                 absl::InvalidArgumentError("PushPullMany: one gradient per table"));
   }
   std::vector<Table> tables;
+  std::vector<Tensor> flat;  // each gradient as a contiguous 1-D view, once
   for (size_t t = 0; t < names.size(); ++t) {
-    absl::StatusOr<Table> table = Find(names[t]);
+    absl::StatusOr<Table> table = FindForGradient(names[t], grads[t]);
     if (!table.ok()) return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), table.status());
-    if (grads[t].sizes() != table->shape) {
-      return MakeReadyFuture<std::vector<Tensor>>(
-          agent_.executor(), absl::InvalidArgumentError(absl::StrCat("table '", names[t], "': gradient of shape ",
-                                                                     ShapeToString(grads[t].sizes()), ", table has shape ",
-                                                                     ShapeToString(table->shape))));
-    }
     tables.push_back(*std::move(table));
+    flat.push_back(kernels::Reshape(kernels::Contiguous(grads[t]), {grads[t].numel()}));
   }
   // One message per server: every table's shard of the gradient; the answer is the list of
   // the tables' shards as of clock + 1.
@@ -230,8 +235,7 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
     std::vector<Tensor> shards;
     for (size_t t = 0; t < names.size(); ++t) {
       const KeyRange& r = tables[t].ranges[i];
-      shards.push_back(kernels::Narrow(kernels::Reshape(kernels::Contiguous(grads[t]), {grads[t].numel()}), 0, r.begin,
-                                       r.size()));
+      shards.push_back(kernels::Narrow(flat[t], 0, r.begin, r.size()));
     }
     per_server.push_back(Call<std::vector<Tensor>>([agent = &agent_, server = servers_[i], names, clock,
                                                     trainer = static_cast<int64_t>(trainer_), shards,
@@ -248,18 +252,14 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
           std::vector<Tensor> parts;
           for (const std::vector<Tensor>& server : *r) {
             if (t >= server.size()) return absl::DataLossError("push_pull_many: a server answered too few tables");
-            if (server[t].numel() > 0) parts.push_back(server[t]);
+            parts.push_back(server[t]);
           }
-          Tensor flat = parts.size() == 1 ? parts[0] : kernels::Cat(parts, 0);
-          out.push_back(kernels::Reshape(flat, tables[t].shape));
+          out.push_back(JoinShards(parts, tables[t].shape));
         }
         return out;
       });
 }
 
-}  // namespace gw::param_server
-
-namespace gw::param_server {
 
 absl::Status Client::CreateSparse(const std::string& name, int64_t dim, const SparseOptions& options,
                                   const optim::OptimizerConfig& optimizer, Consistency consistency,

@@ -124,6 +124,8 @@ class Client {
                                                  std::function<Future<Tensor>()> pull) const;
   absl::StatusOr<Table> FindSparse(const std::string& name) const;
   absl::StatusOr<Table> Find(const std::string& name) const;
+  // Find, and the gradient must have the table's shape.
+  absl::StatusOr<Table> FindForGradient(const std::string& name, const Tensor& grad) const;
   Future<Tensor> Assemble(const Table& table, std::vector<Future<Tensor>> shards) const;
 
   rpc::Agent& agent_;
