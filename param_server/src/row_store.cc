@@ -104,9 +104,19 @@ uint32_t& RowStore::Next(uint32_t slot) const { return chunks_[slot >> chunk_shi
 uint64_t RowStore::Hash(uint64_t id) { return MixId(~id); }
 uint64_t RowStore::Bucket(uint64_t id) const { return Hash(id) & (index_.size() - 1); }
 
+// The probe of Lookup on tags alone (no row is read): the first entry from id's home
+// bucket whose tag matches, which is id's own entry unless a 1-in-32 tag collision comes
+// first. Linear probing leaves many ids past their home bucket, so prefetching the home
+// bucket's row would fetch the wrong row for them.
 void RowStore::PrefetchRow(uint64_t id) const {
-  const uint32_t e = index_[Bucket(id)];
-  if (e == kEmptyEntry) return;
+  const uint64_t mask = index_.size() - 1, hash = Hash(id);
+  const uint32_t tag = static_cast<uint32_t>(hash >> (64 - kTagBits));
+  uint32_t e;
+  for (uint64_t b = hash & mask;; b = (b + 1) & mask) {
+    e = index_[b];
+    if (e == kEmptyEntry) return;
+    if ((e >> kSlotBits) == tag) break;
+  }
   const uint32_t slot = e & kSlotMask;
   const char* row = reinterpret_cast<const char*>(SlotBase(slot));
   const int64_t bytes = std::min<int64_t>(stride_ * static_cast<int64_t>(sizeof(float)), 1024);

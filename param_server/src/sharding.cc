@@ -18,13 +18,6 @@ std::vector<KeyRange> ShardDense(int64_t size, int servers) {
   return ranges;
 }
 
-uint64_t MixId(uint64_t id) {
-  uint64_t z = id + 0x9e3779b97f4a7c15ULL;  // SplitMix64's finaliser
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 int ServerOfId(uint64_t id, int servers) {
   GW_CHECK(servers >= 1, "ServerOfId", "needs at least one server, got ", servers);
   return static_cast<int>(MixId(id) % static_cast<uint64_t>(servers));
