@@ -81,11 +81,20 @@ class Inbox {
   size_t unflushed_at_close_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// "shm-cma" is shm with its arena turned off: large tensors by cross-memory attach.
+absl::StatusOr<std::unique_ptr<Transport>> MakeBackend(const std::string& name, TransportOptions options = {}) {
+  if (name == "shm-cma") {
+    options.shm_arena_bytes = 0;
+    return MakeTransport("shm", options);
+  }
+  return MakeTransport(name, options);
+}
+
 class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    server_ = *MakeTransport(GetParam());
-    client_ = *MakeTransport(GetParam());
+    server_ = *MakeBackend(GetParam());
+    client_ = *MakeBackend(GetParam());
     auto addr = server_->Listen("127.0.0.1", server_inbox_.Callbacks());
     ASSERT_TRUE(addr.ok()) << addr.status();
     address_ = *addr;
@@ -271,7 +280,7 @@ TEST_P(TransportTest, ConnectToNothingFailsByTheDeadline) {
 }
 
 TEST_P(TransportTest, TensorsModifiedAfterSendArriveWholeNeverTorn) {
-  // With shm the receiver copies large tensors out of the sender's memory after Send
+  // With shm-cma the receiver copies large tensors out of the sender's memory after Send
   // returned; a sender that overwrites the tensor meanwhile must not produce a mix.
   conn_ = Dial();
   absl::SleepFor(absl::Milliseconds(50));  // let the shm handshake finish
@@ -289,7 +298,88 @@ TEST_P(TransportTest, TensorsModifiedAfterSendArriveWholeNeverTorn) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::Values("tcp", "shm", "grpc"));
+INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::Values("tcp", "shm", "grpc", "shm-cma"));
+
+// shm: a receiver that keeps everything fills the sender's arena; later tensors take the
+// cross-memory-attach path, and every one arrives intact (the arena's blocks are never
+// reused under a tensor still held).
+TEST(ShmTransportTest, AFullArenaFallsBackToCrossMemoryAttachAndNothingIsOverwritten) {
+  TransportOptions small;
+  small.shm_arena_bytes = 8 << 20;
+  auto server = *MakeTransport("shm", small);
+  auto client = *MakeTransport("shm", small);
+  Inbox inbox, unused;
+  auto address = server->Listen("127.0.0.1", inbox.Callbacks());
+  ASSERT_TRUE(address.ok());
+  auto conn = client->Connect(*address, unused.Callbacks(), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(conn.ok());
+  absl::SleepFor(absl::Milliseconds(50));  // let the shm handshake finish
+  constexpr int kMessages = 12;  // 2 MiB each: three fit in the arena
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < kMessages; ++i) {
+      (*conn)->Send(Message{std::to_string(i), {Tensor::Full({1 << 19}, static_cast<double>(round * kMessages + i))}});
+    }
+    ASSERT_TRUE(inbox.WaitMessages(static_cast<size_t>((round + 1) * kMessages), absl::Seconds(60)));
+    const std::vector<Message> got = inbox.messages();
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(kernels::MaxAbsDiff(got[i].tensors[0], Tensor::Full({1 << 19}, static_cast<double>(i))), 0.0)
+          << "message " << i << " of round " << round;
+    }
+  }
+  (*conn)->Close(absl::CancelledError("done"));
+  client->Shutdown();
+  server->Shutdown();
+}
+
+// shm: a peer that sends arena descriptors without an arena the receiver mapped (here a
+// raw socket speaking the wrapper protocol) is cut off, as any malformed input.
+TEST(ShmTransportTest, ArenaDescriptorsFromAPeerWithoutAMappedArenaCloseTheConnection) {
+  auto server = *MakeTransport("shm");
+  Inbox inbox;
+  auto address = server->Listen("127.0.0.1", inbox.Callbacks());
+  ASSERT_TRUE(address.ok());
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(address->substr(address->rfind(':') + 1), &port));
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  auto put = [](std::string& out, auto v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  // Hello from "pid 1" on another host, claiming an arena it has no way to share.
+  std::string hello = "H";
+  put(hello, uint64_t{1});
+  put(hello, uint64_t{0});
+  put(hello, uint64_t{0});
+  put(hello, uint32_t{5});
+  hello += "other";
+  put(hello, int32_t{3});
+  put(hello, uint64_t{1} << 20);
+  put(hello, uint64_t{42});
+  // Data whose only tensor is "in the arena" at a plausible offset.
+  std::string data = "D";
+  put(data, uint64_t{0});      // token
+  put(data, uint32_t{1});      // one remote tensor
+  put(data, uint32_t{0});      // index
+  put(data, uint8_t{1});       // route: arena
+  put(data, uint8_t{0});       // float32
+  put(data, uint8_t{1});       // one dim
+  put(data, int64_t{1000});
+  put(data, uint64_t{4096 + 64});
+  data += "payload";
+  for (const std::string& header : {hello, data}) {
+    absl::StatusOr<EncodedFrame> frame = EncodeFrame(Message{header, {}});
+    ASSERT_TRUE(frame.ok());
+    ASSERT_EQ(::send(fd, frame->prefix.data(), frame->prefix.size(), 0), static_cast<ssize_t>(frame->prefix.size()));
+  }
+  absl::Status s = inbox.WaitClose();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("arena"), std::string::npos) << s;
+  EXPECT_TRUE(inbox.messages().empty());
+  ::close(fd);
+  server->Shutdown();
+}
 
 }  // namespace
 }  // namespace gw::rpc

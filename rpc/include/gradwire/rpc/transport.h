@@ -31,6 +31,7 @@
 #ifndef GRADWIRE_RPC_TRANSPORT_H_
 #define GRADWIRE_RPC_TRANSPORT_H_
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -72,6 +73,10 @@ class Connection {
 struct TransportOptions {
   FrameLimits limits;
   int io_threads = 1;
+  // shm: size of this process's shared-memory arena for outgoing large tensors (virtual;
+  // memory is used only as far as tensors in flight ever reached). 0 disables it (large
+  // tensors then go by cross-memory attach).
+  size_t shm_arena_bytes = size_t{1} << 30;
 };
 
 class Transport {

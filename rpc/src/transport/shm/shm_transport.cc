@@ -1,5 +1,7 @@
 #include "transport/shm/shm_transport.h"
 
+#include <poll.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -15,10 +17,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gradwire/tensor/kernels.h"
+#include "transport/shm/shm_arena.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace gw::rpc {
 namespace {
+
+using internal::PeerArena;
+using internal::ShmArena;
 
 constexpr uint8_t kMaxDims = 16;
 
@@ -74,12 +80,23 @@ class Reader {
   size_t pos_;
 };
 
+// How a large tensor travels ('D' descriptors).
+enum class Route : uint8_t {
+  kCma = 0,    // address in the sender's memory: the receiver copies, the sender confirms
+  kArena = 1,  // data offset in the sender's arena: the receiver wraps it, no copy
+};
+
 struct RemoteTensor {
   uint32_t index;
+  Route route;
   DType dtype;
   Shape sizes;
-  uint64_t address;
+  uint64_t address;  // kCma: address; kArena: offset
 };
+
+// 'K' flags: what the sender of the hello may do.
+constexpr uint8_t kCanRead = 1;    // we read your memory: send large tensors by address
+constexpr uint8_t kMappedArena = 2;  // we mapped your arena: put large tensors there
 
 // Copies `bytes` from `address` in process `pid` into dst (one copy, by the kernel).
 absl::Status CmaRead(pid_t pid, uint64_t address, void* dst, size_t bytes) {
@@ -193,40 +210,50 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
     bool confirmed = true;
   };
 
-  // The 'D' message carrying `message`: tensors of kCmaThreshold bytes or more (once the
-  // peer can read our memory) travel by address under a fresh *token, which then owns
-  // on_sent (moved out) until the peer's ack.
+  // The 'D' message carrying `message`. Tensors of kArenaThreshold bytes or more go into
+  // our arena once the peer mapped it (copied now, handed over with the message); if the
+  // arena is full or unmapped, those of kCmaThreshold bytes or more travel by address
+  // (once the peer can read our memory) under a fresh *token, which then owns on_sent
+  // (moved out) until the peer's ack. The rest go inline over TCP.
   Message Wrap(Message message, std::function<void(absl::Status)>& on_sent, uint64_t* token) {
-    std::vector<Tensor> remote, inline_tensors;
-    std::vector<uint32_t> remote_index;
-    const bool cma = peer_can_read_.load(std::memory_order_acquire);
+    std::vector<Tensor> cma_tensors, inline_tensors;
+    std::vector<RemoteTensor> remote;
+    const uint8_t can = peer_can_.load(std::memory_order_acquire);
+    ShmArena* arena = transport_arena();
     for (size_t i = 0; i < message.tensors.size(); ++i) {
       const Tensor& t = message.tensors[i];
-      if (cma && t.defined() && t.nbytes() >= kCmaThreshold && t.dim() <= kMaxDims) {
-        remote.push_back(kernels::Contiguous(t));
-        remote_index.push_back(static_cast<uint32_t>(i));
+      const size_t bytes = t.defined() ? t.nbytes() : 0;
+      if ((can & kMappedArena) && arena != nullptr && bytes >= kArenaThreshold && t.dim() <= kMaxDims) {
+        if (std::optional<uint64_t> offset = arena->Put(kernels::Contiguous(t), peer_key_)) {
+          remote.push_back({static_cast<uint32_t>(i), Route::kArena, t.dtype(), t.sizes(), *offset});
+          continue;
+        }
+      }
+      if ((can & kCanRead) && bytes >= kCmaThreshold && t.dim() <= kMaxDims) {
+        cma_tensors.push_back(kernels::Contiguous(t));
+        remote.push_back({static_cast<uint32_t>(i), Route::kCma, t.dtype(), t.sizes(),
+                          reinterpret_cast<uint64_t>(cma_tensors.back().raw_data())});
       } else {
         inline_tensors.push_back(t);
       }
     }
     Writer w('D');
     *token = 0;
-    if (!remote.empty()) {
+    if (!cma_tensors.empty()) {
       absl::MutexLock lock(&mu_);
       *token = next_token_++;
       Outgoing& out = outgoing_[*token];
-      out.tensors = remote;
-      for (const Tensor& t : remote) out.versions.push_back(t.storage()->version());
+      out.tensors = cma_tensors;
+      for (const Tensor& t : cma_tensors) out.versions.push_back(t.storage()->version());
       out.on_sent = std::move(on_sent);
       on_sent = nullptr;
     }
     w.Put<uint64_t>(*token).Put<uint32_t>(static_cast<uint32_t>(remote.size()));
-    for (size_t i = 0; i < remote.size(); ++i) {
-      const Tensor& t = remote[i];
-      w.Put<uint32_t>(remote_index[i]).Put<uint8_t>(static_cast<uint8_t>(t.dtype()));
-      w.Put<uint8_t>(static_cast<uint8_t>(t.dim()));
-      for (int64_t d : t.sizes()) w.Put<int64_t>(d);
-      w.Put<uint64_t>(reinterpret_cast<uint64_t>(t.raw_data()));
+    for (const RemoteTensor& rt : remote) {
+      w.Put<uint32_t>(rt.index).Put<uint8_t>(static_cast<uint8_t>(rt.route)).Put<uint8_t>(static_cast<uint8_t>(rt.dtype));
+      w.Put<uint8_t>(static_cast<uint8_t>(rt.sizes.size()));
+      for (int64_t d : rt.sizes) w.Put<int64_t>(d);
+      w.Put<uint64_t>(rt.address);
     }
     w.str() += message.header;
     return Message{w.Take(), std::move(inline_tensors)};
@@ -256,9 +283,14 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
   void OnConfirm(Reader& r, std::vector<Tensor> resent, bool resend);
   void DeliverReady();
 
+  ShmArena* transport_arena() const;
+
   ShmTransport* const transport_;
   const ConnectionCallbacks user_;
-  std::atomic<bool> peer_can_read_{false};
+  // What the peer's 'K' allowed (kCanRead | kMappedArena); set once, on the I/O strand,
+  // after peer_key_.
+  std::atomic<uint8_t> peer_can_{0};
+  pid_t peer_key_ = 0;  // the peer's pid, as our arena knows its receivers
 
   mutable absl::Mutex mu_;
   std::shared_ptr<Connection> inner_ ABSL_GUARDED_BY(mu_);
@@ -267,7 +299,8 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
 
   // I/O strand only.
   std::atomic<bool> hello_sent_{false};
-  pid_t peer_pid_ = 0;
+  pid_t peer_pid_ = 0;                     // set once we may read its memory (CMA)
+  std::shared_ptr<PeerArena> peer_arena_;  // the peer's arena, mapped here
   std::deque<Incoming> incoming_;
   bool delivered_ = false;  // on_message ran since the last on_flush
 };
@@ -278,6 +311,12 @@ class ShmTransport final : public Transport {
       : tcp_(MakeTcpTransport(options)), boot_id_(BootId()), pid_(::getpid()) {
     std::random_device rd;
     cookie_ = (static_cast<uint64_t>(rd()) << 32) | rd();
+    if (options.shm_arena_bytes > 0) {
+      // Without an arena (no memfd here) large tensors go by cross-memory attach.
+      if (absl::StatusOr<std::unique_ptr<ShmArena>> arena = ShmArena::Create(options.shm_arena_bytes); arena.ok()) {
+        arena_ = *std::move(arena);
+      }
+    }
   }
   ~ShmTransport() override { Shutdown(); }
 
@@ -329,6 +368,7 @@ class ShmTransport final : public Transport {
   const std::string& boot_id() const { return boot_id_; }
   pid_t pid() const { return pid_; }
   const uint64_t* cookie() const { return &cookie_; }
+  ShmArena* arena() const { return arena_.get(); }
 
  private:
   std::shared_ptr<ShmConnection> Wrapper(const std::shared_ptr<Connection>& inner, bool create) {
@@ -350,18 +390,25 @@ class ShmTransport final : public Transport {
   const std::string boot_id_;
   const pid_t pid_;
   uint64_t cookie_;
+  std::unique_ptr<ShmArena> arena_;  // outgoing large tensors; null if unavailable
   ConnectionCallbacks accept_callbacks_;
   absl::Mutex mu_;
   absl::flat_hash_map<Connection*, std::shared_ptr<ShmConnection>> wrappers_ ABSL_GUARDED_BY(mu_);
 };
 
+ShmArena* ShmConnection::transport_arena() const { return transport_->arena(); }
+
 void ShmConnection::SendHello() {
   hello_sent_ = true;
   Writer w('H');
+  ShmArena* arena = transport_->arena();
   w.Put<uint64_t>(static_cast<uint64_t>(transport_->pid()))
       .Put<uint64_t>(reinterpret_cast<uint64_t>(transport_->cookie()))
       .Put<uint64_t>(*transport_->cookie())
-      .Bytes(transport_->boot_id());
+      .Bytes(transport_->boot_id())
+      .Put<int32_t>(arena != nullptr ? arena->fd() : -1)
+      .Put<uint64_t>(arena != nullptr ? arena->capacity() : 0)
+      .Put<uint64_t>(arena != nullptr ? arena->cookie() : 0);
   Inner()->Send(Message{w.Take(), {}});
 }
 
@@ -371,7 +418,12 @@ void ShmConnection::OnMessage(Message m) {
   Reader r(m.header);
   switch (m.header[0]) {
     case 'H': return OnHello(r);
-    case 'K': peer_can_read_.store(true, std::memory_order_release); return;
+    case 'K': {
+      uint8_t can;
+      if (!r.Get(&can)) return Fail("malformed can-read message");
+      peer_can_.store(can & (kCanRead | kMappedArena), std::memory_order_release);
+      return;
+    }
     case 'D': return OnData(r, std::move(m.tensors));
     case 'A': return OnAck(r);
     case 'C': return OnConfirm(r, {}, false);
@@ -381,32 +433,52 @@ void ShmConnection::OnMessage(Message m) {
 }
 
 void ShmConnection::OnHello(Reader& r) {
-  uint64_t pid, cookie_address, cookie;
+  uint64_t pid, cookie_address, cookie, arena_bytes, arena_cookie;
+  int32_t arena_fd;
   std::string boot_id;
-  if (!r.Get(&pid) || !r.Get(&cookie_address) || !r.Get(&cookie) || !r.Bytes(&boot_id)) {
+  if (!r.Get(&pid) || !r.Get(&cookie_address) || !r.Get(&cookie) || !r.Bytes(&boot_id) || !r.Get(&arena_fd) ||
+      !r.Get(&arena_bytes) || !r.Get(&arena_cookie) || pid == 0 || pid > (uint64_t{1} << 31)) {
     return Fail("malformed hello");
   }
-  if (boot_id != transport_->boot_id()) return;  // another host (or container)
+  peer_key_ = static_cast<pid_t>(pid);
+  if (boot_id != transport_->boot_id()) return;  // another host (or container): TCP only
+  uint8_t can = 0;
   uint64_t seen = 0;
-  if (!CmaRead(static_cast<pid_t>(pid), cookie_address, &seen, sizeof(seen)).ok() || seen != cookie) {
-    return;  // not permitted (or not the same host): stay on TCP for large tensors
+  if (CmaRead(static_cast<pid_t>(pid), cookie_address, &seen, sizeof(seen)).ok() && seen == cookie) {
+    peer_pid_ = static_cast<pid_t>(pid);
+    can |= kCanRead;
   }
-  peer_pid_ = static_cast<pid_t>(pid);
-  Inner()->Send(Message{std::string(1, 'K'), {}});
+  if (arena_fd >= 0) {
+    // Not permitted, or not the peer's arena: large tensors come by address or inline.
+    absl::StatusOr<std::shared_ptr<PeerArena>> arena =
+        PeerArena::Open(static_cast<pid_t>(pid), arena_fd, arena_bytes, arena_cookie);
+    if (arena.ok()) {
+      peer_arena_ = *std::move(arena);
+      can |= kMappedArena;
+    }
+  }
+  if (can == 0) return;  // stay on TCP for large tensors
+  Writer k('K');
+  k.Put<uint8_t>(can);
+  Inner()->Send(Message{k.Take(), {}});
 }
 
 void ShmConnection::OnData(Reader& r, std::vector<Tensor> inline_tensors) {
   uint64_t token;
   uint32_t num_remote;
   if (!r.Get(&token) || !r.Get(&num_remote) || num_remote > 4096) return Fail("malformed data header");
-  if (num_remote > 0 && (peer_pid_ == 0 || token == 0)) return Fail("remote tensors without a verified peer");
   std::vector<RemoteTensor> remote(num_remote);
+  bool any_cma = false;
   for (RemoteTensor& rt : remote) {
-    uint8_t dtype, ndim;
-    if (!r.Get(&rt.index) || !r.Get(&dtype) || !r.Get(&ndim) || dtype > static_cast<uint8_t>(DType::kBool) ||
-        ndim > kMaxDims) {
+    uint8_t route, dtype, ndim;
+    if (!r.Get(&rt.index) || !r.Get(&route) || !r.Get(&dtype) || !r.Get(&ndim) ||
+        route > static_cast<uint8_t>(Route::kArena) || dtype > static_cast<uint8_t>(DType::kBool) || ndim > kMaxDims) {
       return Fail("malformed tensor descriptor");
     }
+    rt.route = static_cast<Route>(route);
+    if (rt.route == Route::kCma && (peer_pid_ == 0 || token == 0)) return Fail("remote tensors without a verified peer");
+    if (rt.route == Route::kArena && peer_arena_ == nullptr) return Fail("arena tensors from a peer whose arena is not mapped");
+    any_cma = any_cma || rt.route == Route::kCma;
     rt.dtype = static_cast<DType>(dtype);
     rt.sizes.resize(ndim);
     uint64_t bytes = ElementSize(rt.dtype);
@@ -426,6 +498,12 @@ void ShmConnection::OnData(Reader& r, std::vector<Tensor> inline_tensors) {
   for (const RemoteTensor& rt : remote) {
     if (rt.index >= total || taken[rt.index]) return Fail("bad tensor index");
     taken[rt.index] = true;
+    if (rt.route == Route::kArena) {
+      absl::StatusOr<Tensor> t = peer_arena_->Take(rt.address, rt.dtype, rt.sizes);
+      if (!t.ok()) return Fail(std::string(t.status().message()));
+      in.message.tensors[rt.index] = *std::move(t);
+      continue;
+    }
     Tensor t = Tensor::Empty(rt.sizes, rt.dtype);
     if (absl::Status s = CmaRead(peer_pid_, rt.address, t.raw_data(), t.nbytes()); !s.ok()) {
       Inner()->Close(s);
@@ -438,7 +516,7 @@ void ShmConnection::OnData(Reader& r, std::vector<Tensor> inline_tensors) {
   for (size_t i = 0; i < total; ++i) {
     if (!taken[i]) in.message.tensors[i] = std::move(inline_tensors[next++]);
   }
-  if (!remote.empty()) {
+  if (any_cma) {
     in.token = token;
     in.confirmed = false;
     Writer ack('A');

@@ -1,0 +1,126 @@
+// Shared-memory arenas for the shm transport (internal header).
+//
+// ShmArena is this process's outgoing segment: a memfd mapped here, which same-host
+// peers map too (PeerArena). Sending a large tensor copies it into a block of the arena
+// (Put, on the sending thread); the receiver wraps the block as the tensor's storage
+// without copying (PeerArena::Take), and the block returns to the sender when the last
+// reference to that tensor is gone: the receiver's deleter clears the block's in-use
+// word in shared memory, which the sender reads when it next allocates. No message is
+// needed to hand a tensor over or back, so a large tensor costs one memcpy and no round
+// trip (cross-memory attach needs the receiver to copy and the sender to confirm).
+//
+// Contract
+//   - Layout: the first 64 bytes of the segment hold a magic number and a random cookie
+//     (so a peer can check it mapped the right file); each block is a 64-byte header
+//     (magic, in-use word, capacity) followed by its data, 4096-byte aligned. Blocks are
+//     exclusive: one tensor of one receiver each.
+//   - ShmArena::Put returns the data offset of a block now holding the tensor's bytes,
+//     or nullopt when no free block fits (the caller sends the tensor another way).
+//     Blocks are reused by size; freed neighbours are merged when the arena runs out.
+//     The segment is sparse: only pages that blocks ever used take memory.
+//   - Receivers are identified by their pid. A receiver that dies keeps its blocks
+//     marked in use; when the arena runs out of room, Put frees the blocks of receivers
+//     that have exited (watched through pidfds, so a reused pid is never mistaken for
+//     the old process), never those of a live one: its tensors may still point into them.
+//     A live receiver that keeps received tensors keeps their blocks: the arena fills
+//     and the transport falls back to cross-memory attach.
+//   - PeerArena::Take checks the offset, size and block header against the mapping
+//     (a malformed or hostile descriptor is an error, never an out-of-range access). The
+//     tensor it returns keeps the mapping alive; writing to it is allowed (the block is
+//     this receiver's until it lets go of the tensor).
+//   - Trust: a peer that maps the arena can read and write every block, as it could with
+//     process_vm_readv/writev; the transport only maps peers that proved they run on this
+//     host with the permission to open this process's file descriptors.
+//   - Thread safety: ShmArena and PeerArena are thread-safe.
+#ifndef GRADWIRE_RPC_SRC_TRANSPORT_SHM_SHM_ARENA_H_
+#define GRADWIRE_RPC_SRC_TRANSPORT_SHM_SHM_ARENA_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "gradwire/tensor/tensor.h"
+
+namespace gw::rpc::internal {
+
+inline constexpr size_t kArenaHeaderBytes = 64;
+
+class ShmArena {
+ public:
+  // A segment of `capacity` bytes (virtual; memory is used as blocks are touched).
+  static absl::StatusOr<std::unique_ptr<ShmArena>> Create(size_t capacity);
+  ~ShmArena();
+  ShmArena(const ShmArena&) = delete;
+  ShmArena& operator=(const ShmArena&) = delete;
+
+  int fd() const { return fd_; }
+  size_t capacity() const { return capacity_; }
+  uint64_t cookie() const { return cookie_; }
+
+  // Copies the bytes of `t` (contiguous, CPU) into a free block held for process `peer`
+  // (the receiver's pid); its data offset, or nullopt if none fits.
+  std::optional<uint64_t> Put(const Tensor& t, pid_t peer);
+
+  struct Stats {
+    size_t blocks = 0;      // blocks carved so far
+    size_t in_use = 0;      // held by receivers now
+    size_t high_water = 0;  // bytes of the segment ever used
+  };
+  Stats stats();
+
+ private:
+  struct Block {
+    uint64_t offset;   // of the header
+    uint64_t bytes;    // header + data, a multiple of 4096
+    pid_t peer = 0;    // receiver, while in use
+    bool in_use = false;
+  };
+  ShmArena(int fd, char* base, size_t capacity, uint64_t cookie)
+      : fd_(fd), base_(base), capacity_(capacity), cookie_(cookie) {}
+  void Refresh() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // learns which blocks receivers released
+  std::optional<size_t> Find(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Merge() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Claim(Block& b, pid_t peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Watch(pid_t peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseExited() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // blocks of receivers that are gone
+
+  const int fd_;
+  char* const base_;
+  const size_t capacity_;
+  const uint64_t cookie_;
+  absl::Mutex mu_;
+  std::vector<Block> blocks_ ABSL_GUARDED_BY(mu_);  // by offset
+  uint64_t top_ ABSL_GUARDED_BY(mu_) = 4096;        // first byte never carved
+  absl::flat_hash_map<pid_t, int> pidfds_ ABSL_GUARDED_BY(mu_);  // receivers, watched for exit
+};
+
+// A peer's ShmArena, mapped here.
+class PeerArena : public std::enable_shared_from_this<PeerArena> {
+ public:
+  // Maps the arena that process `pid` holds as file descriptor `fd` (through
+  // /proc/<pid>/fd) and checks its cookie.
+  static absl::StatusOr<std::shared_ptr<PeerArena>> Open(pid_t pid, int fd, size_t capacity, uint64_t cookie);
+  ~PeerArena();
+  PeerArena(const PeerArena&) = delete;
+  PeerArena& operator=(const PeerArena&) = delete;
+
+  // The tensor in the block at data offset `offset`, without copying.
+  absl::StatusOr<Tensor> Take(uint64_t offset, DType dtype, const Shape& sizes);
+
+ private:
+  PeerArena(char* base, size_t capacity) : base_(base), capacity_(capacity) {}
+  char* const base_;
+  const size_t capacity_;
+};
+
+}  // namespace gw::rpc::internal
+
+#endif  // GRADWIRE_RPC_SRC_TRANSPORT_SHM_SHM_ARENA_H_

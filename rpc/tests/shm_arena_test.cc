@@ -1,0 +1,145 @@
+// The shm transport's shared-memory arena (rpc/src/transport/shm/shm_arena.h): blocks
+// handed to a receiver without copying, returned when it drops the tensor, reclaimed from
+// a receiver that exited, and descriptors checked against the mapping. The receiver side
+// maps this process's own arena through /proc/<pid>/fd, as a peer on this host does; the
+// exited receiver is a real child process.
+#include "transport/shm/shm_arena.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "gradwire/tensor/kernels.h"
+
+namespace gw::rpc::internal {
+namespace {
+
+Tensor Filled(int64_t n, float start) {
+  Tensor t = Tensor::Empty({n});
+  for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = start + static_cast<float>(i);
+  return t;
+}
+
+struct Pair {
+  std::unique_ptr<ShmArena> arena;
+  std::shared_ptr<PeerArena> peer;
+};
+
+Pair Open(size_t capacity) {
+  Pair p;
+  auto arena = ShmArena::Create(capacity);
+  EXPECT_TRUE(arena.ok()) << arena.status();
+  p.arena = *std::move(arena);
+  auto peer = PeerArena::Open(::getpid(), p.arena->fd(), p.arena->capacity(), p.arena->cookie());
+  EXPECT_TRUE(peer.ok()) << peer.status();
+  p.peer = *std::move(peer);
+  return p;
+}
+
+TEST(ShmArenaTest, ATensorArrivesWithoutACopyAndItsBlockReturnsWhenDropped) {
+  Pair p = Open(16 << 20);
+  const Tensor sent = Filled(100000, 1.0f);
+  std::optional<uint64_t> offset = p.arena->Put(sent, ::getpid());
+  ASSERT_TRUE(offset.has_value());
+  {
+    absl::StatusOr<Tensor> got = p.peer->Take(*offset, DType::kFloat32, {100000});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(kernels::AllClose(*got, sent));
+    EXPECT_NE(got->raw_data(), sent.raw_data());
+    EXPECT_EQ(p.arena->stats().in_use, 1u);
+    // While the receiver holds it, a second tensor gets another block.
+    std::optional<uint64_t> second = p.arena->Put(Filled(100000, 5.0f), ::getpid());
+    ASSERT_TRUE(second.has_value());
+    EXPECT_NE(*second, *offset);
+    absl::StatusOr<Tensor> other = p.peer->Take(*second, DType::kFloat32, {100000});
+    ASSERT_TRUE(other.ok());
+    EXPECT_FLOAT_EQ(other->data<float>()[0], 5.0f);
+    EXPECT_TRUE(kernels::AllClose(*got, sent));  // untouched by the second Put
+  }
+  EXPECT_EQ(p.arena->stats().in_use, 0u);
+  // Dropped: the same size reuses a block instead of carving more.
+  const size_t carved = p.arena->stats().blocks;
+  ASSERT_TRUE(p.arena->Put(Filled(100000, 9.0f), ::getpid()).has_value());
+  EXPECT_EQ(p.arena->stats().blocks, carved);
+}
+
+TEST(ShmArenaTest, AFullArenaSaysSoAndHasRoomAgainOnceTensorsAreDropped) {
+  Pair p = Open(4 << 20);  // one header page + under four 1 MiB blocks
+  std::vector<Tensor> held;
+  int put = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::optional<uint64_t> offset = p.arena->Put(Filled(256 << 10, static_cast<float>(i)), ::getpid());
+    if (!offset) break;
+    absl::StatusOr<Tensor> t = p.peer->Take(*offset, DType::kFloat32, {256 << 10});
+    ASSERT_TRUE(t.ok());
+    held.push_back(*t);
+    ++put;
+  }
+  EXPECT_EQ(put, 3);
+  EXPECT_FALSE(p.arena->Put(Filled(256 << 10, 0), ::getpid()).has_value());
+  for (int i = 0; i < put; ++i) EXPECT_FLOAT_EQ(held[static_cast<size_t>(i)].data<float>()[7], static_cast<float>(i) + 7);
+  held.clear();
+  // Freed neighbours merge: a tensor larger than any single block now fits.
+  std::optional<uint64_t> big = p.arena->Put(Filled(600 << 10, 3.0f), ::getpid());
+  ASSERT_TRUE(big.has_value());
+  absl::StatusOr<Tensor> t = p.peer->Take(*big, DType::kFloat32, {600 << 10});
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(kernels::AllClose(*t, Filled(600 << 10, 3.0f)));
+}
+
+TEST(ShmArenaTest, BlocksOfAReceiverThatExitedAreReclaimedThoseOfALiveOneAreNot) {
+  Pair p = Open(4 << 20);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The receiver: waits until its tensors were put, then exits holding them.
+    char c;
+    if (::read(ready[0], &c, 1) != 1) ::_exit(2);
+    ::_exit(0);
+  }
+  // Three blocks for the child (which never lets go), filling the arena.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(p.arena->Put(Filled(256 << 10, 0), child).has_value());
+  ASSERT_FALSE(p.arena->Put(Filled(256 << 10, 0), ::getpid()).has_value()) << "the child is alive";
+  ASSERT_EQ(::write(ready[1], "x", 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_TRUE(p.arena->Put(Filled(256 << 10, 0), ::getpid()).has_value()) << "the child's blocks were not reclaimed";
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+TEST(ShmArenaTest, DescriptorsOutsideTheArenaOrOfNoBlockAreRefused) {
+  Pair p = Open(4 << 20);
+  std::optional<uint64_t> offset = p.arena->Put(Filled(100000, 1.0f), ::getpid());
+  ASSERT_TRUE(offset.has_value());
+  EXPECT_FALSE(p.peer->Take(*offset, DType::kFloat32, {200000000}).ok());           // past the end
+  EXPECT_FALSE(p.peer->Take(*offset, DType::kFloat32, {int64_t{1} << 40, 1 << 20}).ok());  // overflows
+  EXPECT_FALSE(p.peer->Take(*offset, DType::kFloat32, {-1}).ok());
+  EXPECT_FALSE(p.peer->Take(*offset + 4, DType::kFloat32, {10}).ok());   // not a block's data
+  EXPECT_FALSE(p.peer->Take(64, DType::kFloat32, {10}).ok());            // the segment header
+  EXPECT_FALSE(p.peer->Take(uint64_t{1} << 62, DType::kFloat32, {10}).ok());
+  EXPECT_FALSE(p.peer->Take(*offset + (1 << 20), DType::kFloat32, {10}).ok());  // no block there
+  EXPECT_FALSE(p.peer->Take(*offset, DType::kFloat32, {200000}).ok());  // more than the block holds
+  // The real descriptor still works, once.
+  absl::StatusOr<Tensor> t = p.peer->Take(*offset, DType::kFloat32, {100000});
+  ASSERT_TRUE(t.ok());
+  EXPECT_FLOAT_EQ(t->data<float>()[99999], 100000.0f);
+}
+
+TEST(ShmArenaTest, OnlyTheRightSealedSegmentCanBeMapped) {
+  auto arena = ShmArena::Create(1 << 20);
+  ASSERT_TRUE(arena.ok());
+  EXPECT_FALSE(PeerArena::Open(::getpid(), (*arena)->fd(), (*arena)->capacity(), (*arena)->cookie() + 1).ok());
+  EXPECT_FALSE(PeerArena::Open(::getpid(), (*arena)->fd(), (*arena)->capacity() * 2, (*arena)->cookie()).ok());
+  EXPECT_FALSE(PeerArena::Open(::getpid(), 12345, (*arena)->capacity(), (*arena)->cookie()).ok());
+  EXPECT_FALSE(PeerArena::Open(::getpid(), STDIN_FILENO, 1 << 20, 0).ok());  // not a sealed memfd
+  EXPECT_TRUE(PeerArena::Open(::getpid(), (*arena)->fd(), (*arena)->capacity(), (*arena)->cookie()).ok());
+}
+
+}  // namespace
+}  // namespace gw::rpc::internal
