@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 #include <string_view>
 #include <utility>
 
@@ -204,58 +206,97 @@ void AdagradRaw(const Adagrad& c, int64_t n, T* p, const T* g, T* sum, int64_t s
       c.weight_decay != 0);
 }
 
-// ---- per-optimizer steps on contiguous `param` and `grad` ----
+// ---- per-optimizer steps on contiguous `param` ----
+// Prepare(config, param, state) creates the state buffers a step needs and advances the
+// step count, then returns run(begin, n, g): the update of param[begin, begin + n) with
+// gradient values g[0, n). Update calls it once over the whole tensor; UpdateWithAverage
+// block by block, with the average of its gradients formed per block.
 
-void Step(const Sgd& c, const Tensor& param, const Tensor& grad, ParamState& state) {
+template <typename T>
+using RangeStep = std::function<void(int64_t, int64_t, const T*)>;
+
+template <typename T>
+RangeStep<T> Prepare(const Sgd& c, const Tensor& param, ParamState& state) {
   const bool use_momentum = c.momentum != 0;
-  Tensor buf;
+  T* buf = nullptr;
   bool first = false;
   if (use_momentum) {
     auto it = state.buffers.find(std::string(kMomentumBuffer));
     first = it == state.buffers.end();
     if (first) {
       // Written by the loop (buf = gradient) before it is read.
-      buf = Tensor::Empty(param.sizes(), param.dtype());
-      state.buffers.emplace(std::string(kMomentumBuffer), buf);
-    } else {
-      buf = it->second;
+      it = state.buffers.emplace(std::string(kMomentumBuffer), Tensor::Empty(param.sizes(), param.dtype())).first;
     }
+    buf = it->second.data<T>();
   }
   ++state.step;
-  WithFloatType("SGD", param.dtype(), [&]<typename T>() {
-    SgdRaw<T>(c, param.numel(), param.data<T>(), grad.data<T>(), use_momentum ? buf.data<T>() : nullptr, first);
-  });
+  T* p = param.data<T>();
+  return [c, p, buf, first](int64_t begin, int64_t n, const T* g) {
+    SgdRaw<T>(c, n, p + begin, g, buf != nullptr ? buf + begin : nullptr, first);
+  };
 }
 
 // Shared by Adam (decoupled = false) and AdamW (decoupled = true).
-template <typename Config>
-void AdamStep(std::string_view op, const Config& c, bool decoupled, const Tensor& param,
-              const Tensor& grad, ParamState& state) {
-  Tensor exp_avg = Buffer(state, kExpAvg, param, 0);
-  Tensor exp_avg_sq = Buffer(state, kExpAvgSq, param, 0);
-  Tensor max_exp_avg_sq;
-  if (c.amsgrad) max_exp_avg_sq = Buffer(state, kMaxExpAvgSq, param, 0);
+template <typename T, typename Config>
+RangeStep<T> PrepareAdam(const Config& c, bool decoupled, const Tensor& param, ParamState& state) {
+  T* m = Buffer(state, kExpAvg, param, 0).template data<T>();
+  T* v = Buffer(state, kExpAvgSq, param, 0).template data<T>();
+  T* v_max = c.amsgrad ? Buffer(state, kMaxExpAvgSq, param, 0).template data<T>() : nullptr;
   const int64_t step = ++state.step;
-  WithFloatType(op, param.dtype(), [&]<typename T>() {
-    AdamRaw<T>(c, decoupled, param.numel(), param.data<T>(), grad.data<T>(), exp_avg.data<T>(),
-               exp_avg_sq.data<T>(), c.amsgrad ? max_exp_avg_sq.data<T>() : nullptr, step);
-  });
+  T* p = param.data<T>();
+  return [c, decoupled, p, m, v, v_max, step](int64_t begin, int64_t n, const T* g) {
+    AdamRaw<T>(c, decoupled, n, p + begin, g, m + begin, v + begin, v_max != nullptr ? v_max + begin : nullptr, step);
+  };
 }
 
-void Step(const Adam& c, const Tensor& param, const Tensor& grad, ParamState& state) {
-  AdamStep("Adam", c, /*decoupled=*/false, param, grad, state);
+template <typename T>
+RangeStep<T> Prepare(const Adam& c, const Tensor& param, ParamState& state) {
+  return PrepareAdam<T>(c, /*decoupled=*/false, param, state);
 }
 
-void Step(const AdamW& c, const Tensor& param, const Tensor& grad, ParamState& state) {
-  AdamStep("AdamW", c, /*decoupled=*/true, param, grad, state);
+template <typename T>
+RangeStep<T> Prepare(const AdamW& c, const Tensor& param, ParamState& state) {
+  return PrepareAdam<T>(c, /*decoupled=*/true, param, state);
 }
 
-void Step(const Adagrad& c, const Tensor& param, const Tensor& grad, ParamState& state) {
-  Tensor sum = Buffer(state, kSum, param, c.initial_accumulator_value);
+template <typename T>
+RangeStep<T> Prepare(const Adagrad& c, const Tensor& param, ParamState& state) {
+  T* sum = Buffer(state, kSum, param, c.initial_accumulator_value).template data<T>();
   const int64_t step = ++state.step;
-  WithFloatType("Adagrad", param.dtype(), [&]<typename T>() {
-    AdagradRaw<T>(c, param.numel(), param.data<T>(), grad.data<T>(), sum.data<T>(), step);
-  });
+  T* p = param.data<T>();
+  return [c, p, sum, step](int64_t begin, int64_t n, const T* g) { AdagradRaw<T>(c, n, p + begin, g, sum + begin, step); };
+}
+
+// One step of `config` on contiguous `param` with the gradient
+// (grads[0] + ... + grads[k-1]) * (1 / count), or grads[0] itself when k = count = 1.
+// REQUIRES: contiguous grads of param's shape and dtype, none sharing storage with param
+// or a state buffer.
+template <typename T>
+void Apply(const OptimizerConfig& config, const Tensor& param, const std::vector<Tensor>& grads, int64_t count,
+           ParamState& state) {
+  const RangeStep<T> run = std::visit([&](const auto& c) { return Prepare<T>(c, param, state); }, config);
+  const int64_t n = param.numel();
+  if (grads.size() == 1 && count == 1) {
+    run(0, n, grads[0].data<T>());
+    return;
+  }
+  // The average stays in this block (L1) between being formed and being used: every
+  // operand is read once, and nothing of the size of the parameter is written but it.
+  constexpr int64_t kBlock = 2048;
+  T average[kBlock];
+  const T scale = static_cast<T>(1) / static_cast<T>(count);
+  std::vector<const T*> in;
+  for (const Tensor& g : grads) in.push_back(g.data<T>());
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t m = std::min(kBlock, n - begin);
+    std::copy(in[0] + begin, in[0] + begin + m, average);
+    for (size_t k = 1; k < in.size(); ++k) {
+      const T* x = in[k] + begin;
+      for (int64_t i = 0; i < m; ++i) average[i] += x[i];
+    }
+    for (int64_t i = 0; i < m; ++i) average[i] *= scale;
+    run(begin, m, average);
+  }
 }
 
 bool SharesStorage(const Tensor& a, const Tensor& b) { return a.storage() == b.storage(); }
@@ -319,42 +360,64 @@ void Validate(const OptimizerConfig& config) {
              config);
 }
 
-void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& grad,
-            ParamState& state) {
+namespace {
+
+// Update and UpdateWithAverage: the checks, contiguous and unaliased operands, the
+// version bumps around the write.
+void UpdateWith(const OptimizerConfig& config, const Tensor& param, const std::vector<Tensor>& grads, int64_t count,
+                ParamState& state) {
   Validate(config);
   const std::string op = Name(config);
   GW_CHECK(param.defined(), op, "param is undefined");
-  GW_CHECK(grad.defined(), op, "grad is undefined for param ", DTypeName(param.dtype()), " ",
-           ShapeToString(param.sizes()));
-  GW_CHECK(param.device().type == DeviceType::kCPU && grad.device().type == DeviceType::kCPU, op,
-           "param on ", param.device().ToString(), " and grad on ", grad.device().ToString(),
-           " but functional optimizers run on the CPU");
-  GW_CHECK(IsFloating(param.dtype()), op, "param must be float32 or float64, got ",
-           DTypeName(param.dtype()), " ", ShapeToString(param.sizes()));
-  GW_CHECK(grad.sizes() == param.sizes(), op, "grad shape ", ShapeToString(grad.sizes()),
-           " does not match param shape ", ShapeToString(param.sizes()));
-  GW_CHECK(grad.dtype() == param.dtype(), op, "grad dtype ", DTypeName(grad.dtype()), " ",
-           ShapeToString(grad.sizes()), " does not match param dtype ", DTypeName(param.dtype()),
-           " ", ShapeToString(param.sizes()));
+  GW_CHECK(!grads.empty() && count >= 1, op, "needs at least one gradient and a count >= 1, got ", grads.size(),
+           " and ", count);
+  for (const Tensor& grad : grads) {
+    GW_CHECK(grad.defined(), op, "grad is undefined for param ", DTypeName(param.dtype()), " ",
+             ShapeToString(param.sizes()));
+    GW_CHECK(param.device().type == DeviceType::kCPU && grad.device().type == DeviceType::kCPU, op,
+             "param on ", param.device().ToString(), " and grad on ", grad.device().ToString(),
+             " but functional optimizers run on the CPU");
+    GW_CHECK(IsFloating(param.dtype()), op, "param must be float32 or float64, got ",
+             DTypeName(param.dtype()), " ", ShapeToString(param.sizes()));
+    GW_CHECK(grad.sizes() == param.sizes(), op, "grad shape ", ShapeToString(grad.sizes()),
+             " does not match param shape ", ShapeToString(param.sizes()));
+    GW_CHECK(grad.dtype() == param.dtype(), op, "grad dtype ", DTypeName(grad.dtype()), " ",
+             ShapeToString(grad.sizes()), " does not match param dtype ", DTypeName(param.dtype()),
+             " ", ShapeToString(param.sizes()));
+  }
   CheckBuffers(op, param, state);
 
   autograd::NoGradGuard no_grad;
   // The loops need contiguous operands that do not overlap each other.
   const bool in_place = param.is_contiguous();
   const Tensor work = in_place ? param : kernels::Clone(param);
-  Tensor g = kernels::Contiguous(grad);
-  bool aliased = SharesStorage(g, work);
-  for (const auto& [name, buffer] : state.buffers) aliased = aliased || SharesStorage(g, buffer);
-  if (aliased) g = kernels::Clone(g);
+  std::vector<Tensor> g;
+  for (const Tensor& grad : grads) {
+    Tensor c = kernels::Contiguous(grad);
+    bool aliased = SharesStorage(c, work);
+    for (const auto& [name, buffer] : state.buffers) aliased = aliased || SharesStorage(c, buffer);
+    g.push_back(aliased ? kernels::Clone(c) : c);
+  }
 
   if (in_place) param.storage()->BumpVersion();  // a write starts (see storage.h)
-  std::visit([&](const auto& c) { Step(c, work, g, state); }, config);
+  WithFloatType(op, param.dtype(), [&]<typename T>() { Apply<T>(config, work, g, count, state); });
 
   if (in_place) {
     param.storage()->BumpVersion();
   } else {
     kernels::CopyInPlace(param, work);  // bumps the version
   }
+}
+
+}  // namespace
+
+void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& grad, ParamState& state) {
+  UpdateWith(config, param, {grad}, 1, state);
+}
+
+void UpdateWithAverage(const OptimizerConfig& config, const Tensor& param, const std::vector<Tensor>& grads,
+                       int64_t count, ParamState& state) {
+  UpdateWith(config, param, grads, count, state);
 }
 
 int RowStateSize(const OptimizerConfig& config) {

@@ -215,6 +215,61 @@ TEST(FunctionalTest, UpdateRowEqualsUpdateOnTheRow) {
   }
 }
 
+// The average formed block by block (UpdateWithAverage) must give exactly what forming it
+// as a tensor and calling Update gives, for every optimizer, both dtypes, sizes that are
+// not a multiple of the block, and a count other than the number of gradients (a server
+// whose earlier pushes were summed into one).
+TEST(FunctionalTest, UpdateWithAverageEqualsUpdateOnTheAverage) {
+  const std::vector<OptimizerConfig> configs = {
+      Sgd{.lr = 0.1},
+      Sgd{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01},
+      Adam{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true},
+      AdamW{.lr = 0.01},
+      Adagrad{.lr = 0.1, .lr_decay = 0.01, .initial_accumulator_value = 0.5},
+  };
+  struct Case {
+    int grads;
+    int64_t count;
+  };
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (const OptimizerConfig& config : configs) {
+      for (Case c : {Case{1, 1}, Case{2, 2}, Case{3, 3}, Case{1, 3}, Case{2, 5}}) {
+        Generator gen(11);
+        Tensor blocked = Tensor::Randn({5000}, gen, dtype);
+        Tensor reference = kernels::Clone(blocked);
+        ParamState blocked_state, reference_state;
+        for (int step = 0; step < 3; ++step) {
+          std::vector<Tensor> grads;
+          for (int k = 0; k < c.grads; ++k) grads.push_back(Tensor::Randn({5000}, gen, dtype));
+          // The average as a tensor: summed in order, times the reciprocal of the count in
+          // the element type.
+          Tensor average = kernels::Clone(grads[0]);
+          for (int k = 1; k < c.grads; ++k) average = kernels::Add(average, grads[static_cast<size_t>(k)]);
+          if (dtype == DType::kFloat32) {
+            average = kernels::MulScalar(average, static_cast<double>(1.0f / static_cast<float>(c.count)));
+          } else {
+            average = kernels::MulScalar(average, 1.0 / static_cast<double>(c.count));
+          }
+          UpdateWithAverage(config, blocked, grads, c.count, blocked_state);
+          Update(config, reference, average, reference_state);
+          ASSERT_EQ(kernels::MaxAbsDiff(blocked, reference), 0.0)
+              << Name(config) << " " << DTypeName(dtype) << " grads " << c.grads << " count " << c.count << " step "
+              << step;
+        }
+        EXPECT_EQ(blocked_state.step, reference_state.step);
+        for (const auto& [name, buffer] : reference_state.buffers) {
+          EXPECT_EQ(kernels::MaxAbsDiff(blocked_state.buffers.at(name), buffer), 0.0) << Name(config) << " " << name;
+        }
+      }
+    }
+  }
+  Tensor p = Tensor::Zeros({4});
+  ParamState state;
+  EXPECT_THROW(UpdateWithAverage(Sgd{}, p, {}, 1, state), Error);
+  EXPECT_THROW(UpdateWithAverage(Sgd{}, p, {Tensor::Zeros({4})}, 0, state), Error);
+  EXPECT_THROW(UpdateWithAverage(Sgd{}, p, {Tensor::Zeros({4}), Tensor::Zeros({5})}, 2, state), Error);
+}
+
 TEST(FunctionalTest, ReferenceFileCoversEveryVariant) {
   const Reference& ref = GetReference();
   ASSERT_GE(ref.param.size(), 5u);

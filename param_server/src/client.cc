@@ -131,6 +131,14 @@ absl::StatusOr<Client::Table> Client::Find(const std::string& name) const {
 namespace {
 
 // A dense table from its shards in server order (empty shards skipped; one shard: no copy).
+// true once every push was acknowledged, else the first error (no thread hop).
+Future<bool> AllAcknowledged(rpc::Executor& executor, std::vector<Future<Value>> pushes) {
+  return Map<bool>(WhenAll(executor, std::move(pushes)), [](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
+    if (!r.ok()) return r.status();
+    return true;
+  });
+}
+
 Tensor JoinShards(const std::vector<Tensor>& shards, const Shape& shape) {
   std::vector<Tensor> nonempty;
   for (const Tensor& p : shards) {
@@ -153,11 +161,12 @@ absl::StatusOr<Client::Table> Client::FindForGradient(const std::string& name, c
 
 Future<Tensor> Client::Assemble(const Table& table, std::vector<Future<Tensor>> shards) const {
   const Shape shape = table.shape;
-  return WhenAll(agent_.executor(), std::move(shards))
-      .Then([shape](const absl::StatusOr<std::vector<Tensor>>& parts) -> absl::StatusOr<Tensor> {
-        if (!parts.ok()) return parts.status();
-        return JoinShards(*parts, shape);
-      });
+  // Joined on the thread that completes the last shard: no hop on the way to the caller.
+  return Map<Tensor>(WhenAll(agent_.executor(), std::move(shards)),
+                     [shape](const absl::StatusOr<std::vector<Tensor>>& parts) -> absl::StatusOr<Tensor> {
+                       if (!parts.ok()) return parts.status();
+                       return JoinShards(*parts, shape);
+                     });
 }
 
 Future<Tensor> Client::Pull(const std::string& name, int64_t clock) {
@@ -186,10 +195,7 @@ Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& 
       return agent->Async<Value>(server, kPushFn, name, clock, trainer, shard);
     })));
   }
-  return WhenAll(agent_.executor(), std::move(pushed)).Then([](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
-    if (!r.ok()) return r.status();
-    return true;
-  });
+  return AllAcknowledged(agent_.executor(), std::move(pushed));
 }
 
 Future<Tensor> Client::PushPull(const std::string& name, int64_t clock, const Tensor& grad) {
@@ -244,8 +250,9 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
                                                rpc::CallOptions{timeout});
     }));
   }
-  return WhenAll(agent_.executor(), std::move(per_server))
-      .Then([tables](const absl::StatusOr<std::vector<std::vector<Tensor>>>& r) -> absl::StatusOr<std::vector<Tensor>> {
+  return Map<std::vector<Tensor>>(
+      WhenAll(agent_.executor(), std::move(per_server)),
+      [tables](const absl::StatusOr<std::vector<std::vector<Tensor>>>& r) -> absl::StatusOr<std::vector<Tensor>> {
         if (!r.ok()) return r.status();
         std::vector<Tensor> out;
         for (size_t t = 0; t < tables.size(); ++t) {
@@ -342,8 +349,9 @@ Future<Tensor> Client::PullRows(const std::string& name, int64_t clock, const Te
     })));
   }
   const int64_t n = ids.numel(), dim = table->dim;
-  return WhenAll(agent_.executor(), std::move(parts))
-      .Then([split, asked, n, dim](const absl::StatusOr<std::vector<Tensor>>& r) -> absl::StatusOr<Tensor> {
+  return Map<Tensor>(
+      WhenAll(agent_.executor(), std::move(parts)),
+      [split, asked, n, dim](const absl::StatusOr<std::vector<Tensor>>& r) -> absl::StatusOr<Tensor> {
         if (!r.ok()) return r.status();
         if (asked.size() == 1 && (*r)[0].numel() == n * dim && split->positions.size() == 1) return (*r)[0];
         Tensor out = Tensor::Empty({n, dim});
@@ -396,11 +404,7 @@ Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tens
       return agent->Async<Value>(server, kPushRowsFn, name, clock, trainer, part, rows);
     })));
   }
-  return WhenAll(agent_.executor(), std::move(pushed))
-      .Then([](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
-        if (!r.ok()) return r.status();
-        return true;
-      });
+  return AllAcknowledged(agent_.executor(), std::move(pushed));
 }
 
 Future<std::vector<std::string>> Client::Checkpoint() {

@@ -21,6 +21,8 @@ namespace gw::param_server {
 namespace {
 
 using internal::Shard;
+
+constexpr size_t kLargeAnswerBytes = 256 << 10;  // see Admit
 using internal::Waiter;
 using rpc::Value;
 
@@ -49,13 +51,11 @@ void ApplyRows(Shard& s, internal::RowSum& sum, float scale) {
   sum.Clear();
 }
 
-// (g_0 + g_1 + ...) / n in one pass over contiguous float32 tensors of one shape (n = 1:
-// their sum).
-Tensor MeanOf(const std::vector<Tensor>& grads, int n) {
+// g_0 + g_1 + ... in one pass over contiguous float32 tensors of one shape.
+Tensor SumOf(const std::vector<Tensor>& grads) {
   Tensor out = Tensor::Empty(grads[0].sizes());
   float* o = out.data<float>();
   const int64_t size = out.numel();
-  const float scale = 1.0f / static_cast<float>(n);
   std::vector<const float*> in;
   for (const Tensor& g : grads) in.push_back(g.data<float>());
   constexpr int64_t kBlock = 4096;  // stays in L1 across the inputs
@@ -66,7 +66,6 @@ Tensor MeanOf(const std::vector<Tensor>& grads, int n) {
       const float* x = in[k];
       for (int64_t i = b; i < e; ++i) o[i] += x[i];
     }
-    for (int64_t i = b; i < e; ++i) o[i] *= scale;
   }
   return out;
 }
@@ -516,7 +515,15 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       }
       ready = Released(s);
     }
-    for (auto& [p, v] : ready) p.Set(std::move(v));
+    // Large answers go out from the worker pool: sending one copies the values into the
+    // transport, and this thread has its own caller to answer, so a step's answers to its
+    // trainers are copied in parallel. Small ones are answered here (no hop).
+    for (auto& [p, v] : ready) {
+      const bool large = v.is<Tensor>() && v.get<Tensor>().nbytes() >= kLargeAnswerBytes;
+      if (!large || !agent_.executor().Post([p = p, v = std::move(v)]() mutable { p.Set(std::move(v)); })) {
+        p.Set(std::move(v));
+      }
+    }
     return status;
   }
 
@@ -567,11 +574,12 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     ops.accumulate = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       s.pending.push_back(kernels::Contiguous(grad));
       if (s.pending.size() == 2 && static_cast<int>(s.pushed.size()) + 1 < s.trainers) {
-        s.pending = {MeanOf(s.pending, 1)};
+        s.pending = {SumOf(s.pending)};
       }
     };
     ops.apply_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      optim::Update(s.optimizer, s.values, MeanOf(s.pending, s.trainers), s.state);
+      // The average of the pushes is formed block by block inside the update (one pass).
+      optim::UpdateWithAverage(s.optimizer, s.values, s.pending, s.trainers, s.state);
       s.pending.clear();
     };
     ops.drop_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { s.pending.clear(); };

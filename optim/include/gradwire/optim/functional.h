@@ -34,6 +34,7 @@
 #include <map>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "gradwire/tensor/tensor.h"
 
@@ -112,6 +113,14 @@ struct ParamState {
 // and both shapes); see the Contract above for the rest.
 void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& grad,
             ParamState& state);
+
+// Update with the average of several gradients, (grads[0] + ... + grads[k-1]) * (1 / count)
+// in param's dtype: bit-identical to forming that average as a tensor and calling Update,
+// but in one pass (the average is formed block by block and used while it is in L1; no
+// parameter-sized temporary). For a parameter server averaging its trainers' gradients.
+// REQUIRES: k >= 1, count >= 1, every grad of param's shape and dtype (checked, gw::Error).
+void UpdateWithAverage(const OptimizerConfig& config, const Tensor& param, const std::vector<Tensor>& grads,
+                       int64_t count, ParamState& state);
 
 // ---- row-wise (sparse) updates ----
 // A sparse table (an embedding held by a parameter server) updates only the rows a
