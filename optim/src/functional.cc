@@ -273,7 +273,7 @@ RangeStep<T> Prepare(const Adagrad& c, const Tensor& param, ParamState& state) {
 // or a state buffer.
 template <typename T>
 void Apply(const OptimizerConfig& config, const Tensor& param, const std::vector<Tensor>& grads, int64_t count,
-           ParamState& state) {
+           ParamState& state, const ParallelFor& parallel) {
   const RangeStep<T> run = std::visit([&](const auto& c) { return Prepare<T>(c, param, state); }, config);
   const int64_t n = param.numel();
   if (grads.size() == 1 && count == 1) {
@@ -283,20 +283,28 @@ void Apply(const OptimizerConfig& config, const Tensor& param, const std::vector
   // The average stays in this block (L1) between being formed and being used: every
   // operand is read once, and nothing of the size of the parameter is written but it.
   constexpr int64_t kBlock = 2048;
-  T average[kBlock];
   const T scale = static_cast<T>(1) / static_cast<T>(count);
   std::vector<const T*> in;
   for (const Tensor& g : grads) in.push_back(g.data<T>());
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    const int64_t m = std::min(kBlock, n - begin);
-    std::copy(in[0] + begin, in[0] + begin + m, average);
-    for (size_t k = 1; k < in.size(); ++k) {
-      const T* x = in[k] + begin;
-      for (int64_t i = 0; i < m; ++i) average[i] += x[i];
+  auto range = [&](int64_t first, int64_t last) {
+    T average[kBlock];
+    for (int64_t begin = first; begin < last; begin += kBlock) {
+      const int64_t m = std::min(kBlock, last - begin);
+      std::copy(in[0] + begin, in[0] + begin + m, average);
+      for (size_t k = 1; k < in.size(); ++k) {
+        const T* x = in[k] + begin;
+        for (int64_t i = 0; i < m; ++i) average[i] += x[i];
+      }
+      for (int64_t i = 0; i < m; ++i) average[i] *= scale;
+      run(begin, m, average);
     }
-    for (int64_t i = 0; i < m; ++i) average[i] *= scale;
-    run(begin, m, average);
-  }
+  };
+  // Ranges of at least 32 blocks (256 KiB of float32), at most 8 of them.
+  constexpr int64_t kMinRange = 32 * kBlock, kMaxRanges = 8;
+  const int64_t ranges = parallel ? std::min(kMaxRanges, n / kMinRange) : 1;
+  if (ranges < 2) return range(0, n);
+  const int64_t per = (n + ranges - 1) / ranges / kBlock * kBlock + kBlock;
+  parallel(ranges, [&](int64_t r) { range(std::min(n, r * per), std::min(n, (r + 1) * per)); });
 }
 
 bool SharesStorage(const Tensor& a, const Tensor& b) { return a.storage() == b.storage(); }
@@ -365,7 +373,7 @@ namespace {
 // Update and UpdateWithAverage: the checks, contiguous and unaliased operands, the
 // version bumps around the write.
 void UpdateWith(const OptimizerConfig& config, const Tensor& param, const std::vector<Tensor>& grads, int64_t count,
-                ParamState& state) {
+                ParamState& state, const ParallelFor& parallel) {
   Validate(config);
   const std::string op = Name(config);
   GW_CHECK(param.defined(), op, "param is undefined");
@@ -400,7 +408,7 @@ void UpdateWith(const OptimizerConfig& config, const Tensor& param, const std::v
   }
 
   if (in_place) param.storage()->BumpVersion();  // a write starts (see storage.h)
-  WithFloatType(op, param.dtype(), [&]<typename T>() { Apply<T>(config, work, g, count, state); });
+  WithFloatType(op, param.dtype(), [&]<typename T>() { Apply<T>(config, work, g, count, state, parallel); });
 
   if (in_place) {
     param.storage()->BumpVersion();
@@ -412,12 +420,12 @@ void UpdateWith(const OptimizerConfig& config, const Tensor& param, const std::v
 }  // namespace
 
 void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& grad, ParamState& state) {
-  UpdateWith(config, param, {grad}, 1, state);
+  UpdateWith(config, param, {grad}, 1, state, nullptr);
 }
 
 void UpdateWithAverage(const OptimizerConfig& config, const Tensor& param, const std::vector<Tensor>& grads,
-                       int64_t count, ParamState& state) {
-  UpdateWith(config, param, grads, count, state);
+                       int64_t count, ParamState& state, const ParallelFor& parallel) {
+  UpdateWith(config, param, grads, count, state, parallel);
 }
 
 int RowStateSize(const OptimizerConfig& config) {

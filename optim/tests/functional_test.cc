@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -261,6 +262,25 @@ TEST(FunctionalTest, UpdateWithAverageEqualsUpdateOnTheAverage) {
           EXPECT_EQ(kernels::MaxAbsDiff(blocked_state.buffers.at(name), buffer), 0.0) << Name(config) << " " << name;
         }
       }
+    }
+  }
+  // Through a ParallelFor (tasks on threads, in reverse order), a parameter large enough
+  // to be split gives the same bits.
+  const ParallelFor on_threads = [](int64_t n, const std::function<void(int64_t)>& task) {
+    std::vector<std::thread> threads;
+    for (int64_t i = n - 1; i >= 0; --i) threads.emplace_back([&task, i] { task(i); });
+    for (std::thread& t : threads) t.join();
+  };
+  for (const OptimizerConfig& config : configs) {
+    Generator gen(12);
+    Tensor parallel = Tensor::Randn({300001}, gen);
+    Tensor serial = kernels::Clone(parallel);
+    ParamState parallel_state, serial_state;
+    for (int step = 0; step < 2; ++step) {
+      const std::vector<Tensor> grads = {Tensor::Randn({300001}, gen), Tensor::Randn({300001}, gen)};
+      UpdateWithAverage(config, parallel, grads, 2, parallel_state, on_threads);
+      UpdateWithAverage(config, serial, grads, 2, serial_state);
+      ASSERT_EQ(kernels::MaxAbsDiff(parallel, serial), 0.0) << Name(config) << " step " << step;
     }
   }
   Tensor p = Tensor::Zeros({4});

@@ -579,7 +579,11 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     };
     ops.apply_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       // The average of the pushes is formed block by block inside the update (one pass).
-      optim::UpdateWithAverage(s.optimizer, s.values, s.pending, s.trainers, s.state);
+      // Large shards are updated in ranges on the worker pool too (the trainers wait).
+      optim::UpdateWithAverage(s.optimizer, s.values, s.pending, s.trainers, s.state,
+                               [this](int64_t n, const std::function<void(int64_t)>& task) {
+                                 rpc::ParallelFor(agent_.executor(), n, task);
+                               });
       s.pending.clear();
     };
     ops.drop_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { s.pending.clear(); };

@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
 
 namespace gw {
 namespace {
@@ -74,6 +77,30 @@ TEST(ThreadPoolTest, RunsEverythingQueuedBeforeShutdown) {
     EXPECT_FALSE(pool.Post([&] { n.fetch_add(1000); }));
   }
   EXPECT_EQ(n.load(), 1000);
+}
+
+TEST(ParallelForTest, EveryTaskRunsOnceAlsoFromAFullPoolAndAfterShutdown) {
+  ThreadPool pool(2, "test");
+  std::vector<std::atomic<int>> runs(100);
+  rpc::ParallelFor(pool, 100, [&](int64_t i) { runs[static_cast<size_t>(i)].fetch_add(1); });
+  for (const auto& r : runs) EXPECT_EQ(r.load(), 1);
+  // Called from both pool threads at once, each waiting for its own tasks: the callers
+  // take the tasks no helper gets to, so nothing waits on a pool that is all busy.
+  std::atomic<int64_t> sum{0};
+  absl::Notification both_done;
+  std::atomic<int> done{0};
+  for (int caller = 0; caller < 2; ++caller) {
+    pool.Post([&] {
+      rpc::ParallelFor(pool, 50, [&](int64_t i) { sum.fetch_add(i + 1); });
+      if (done.fetch_add(1) == 1) both_done.Notify();
+    });
+  }
+  ASSERT_TRUE(both_done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(sum.load(), 2 * 50 * 51 / 2);
+  pool.Shutdown();
+  int after = 0;
+  rpc::ParallelFor(pool, 7, [&](int64_t) { ++after; });  // no helpers: all on this thread
+  EXPECT_EQ(after, 7);
 }
 
 }  // namespace

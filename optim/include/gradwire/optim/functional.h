@@ -31,6 +31,7 @@
 #define GRADWIRE_OPTIM_FUNCTIONAL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <variant>
@@ -114,13 +115,19 @@ struct ParamState {
 void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& grad,
             ParamState& state);
 
+// Runs task(0) ... task(n - 1), possibly concurrently, and returns when all are done
+// (e.g. rpc::ParallelFor on a worker pool). Empty: run them one after the other.
+using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t)>& task)>;
+
 // Update with the average of several gradients, (grads[0] + ... + grads[k-1]) * (1 / count)
 // in param's dtype: bit-identical to forming that average as a tensor and calling Update,
 // but in one pass (the average is formed block by block and used while it is in L1; no
 // parameter-sized temporary). For a parameter server averaging its trainers' gradients.
+// With `parallel`, a large parameter is updated in disjoint ranges through it (the
+// elements are independent, so the result is the same bit for bit).
 // REQUIRES: k >= 1, count >= 1, every grad of param's shape and dtype (checked, gw::Error).
 void UpdateWithAverage(const OptimizerConfig& config, const Tensor& param, const std::vector<Tensor>& grads,
-                       int64_t count, ParamState& state);
+                       int64_t count, ParamState& state, const ParallelFor& parallel = nullptr);
 
 // ---- row-wise (sparse) updates ----
 // A sparse table (an embedding held by a parameter server) updates only the rows a

@@ -8,11 +8,17 @@
 //     REQUIRES: Shutdown and the destructor are not called from one of the pool's threads.
 //   - An exception escaping a posted function terminates the process (a bug in the
 //     caller); gradwire's own tasks never throw.
+//   - ParallelFor(executor, n, fn) runs fn(0) ... fn(n - 1), each once, on the calling
+//     thread and on helpers posted to the executor, and returns when all are done. The
+//     caller takes tasks too, so it finishes even when no helper ever runs (a busy or
+//     shut-down pool): it may be called from one of the executor's own threads. fn must
+//     not throw.
 //   - Thread-safe.
 #ifndef GRADWIRE_RPC_EXECUTOR_H_
 #define GRADWIRE_RPC_EXECUTOR_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <string>
@@ -51,6 +57,8 @@ class ThreadPool final : public Executor {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
+
+void ParallelFor(Executor& executor, int64_t n, const std::function<void(int64_t)>& fn);
 
 }  // namespace gw::rpc
 
