@@ -8,7 +8,9 @@
 // all exchanged in one message per step); each step a trainer computes gradients on a
 // batch of 64 and pushes them, and the server applies SGD (lr 0.01) once per step with
 // both trainers' gradients (synchronous) and answers the pull of the next step with the
-// new parameters.
+// new parameters. As in the PyTorch script, the gradients are taken with respect to the
+// received parameter tensors themselves (autograd::Grad through gw::Linear), without
+// copying them into a module.
 // sparse (W7): the server holds a sparse table of 1,000,000 ids x 64 float32 (rows
 // created on first touch, N(0, 1) from seed 0; trainer 0 touches every row before the
 // timed steps, so the table exists as PyTorch's does), sparse SGD lr 0.01, asynchronous. Each
@@ -109,6 +111,19 @@ std::pair<double, double> TrainSparse(gw::rpc::Agent& agent, int trainer, int wa
   return {start, absl::ToUnixMicros(absl::Now()) / 1e6};
 }
 
+// Gradients of the cross-entropy loss of the MLP with parameters `params` (w1, b1, w2, b2,
+// w3, b3) on the batch (x, y), taken with respect to those tensors as received.
+std::vector<gw::Tensor> Gradients(const std::vector<gw::Tensor>& params, const gw::Tensor& x, const gw::Tensor& y) {
+  std::vector<gw::Tensor> leaves;
+  for (const gw::Tensor& p : params) leaves.push_back(p.detach().set_requires_grad(true));
+  gw::Tensor h = x;
+  for (size_t i = 0; i < leaves.size(); i += 2) {
+    h = gw::Linear(h, leaves[i], leaves[i + 1]);
+    if (i + 2 < leaves.size()) h = gw::Relu(h);
+  }
+  return gw::autograd::Grad({gw::nn::CrossEntropyLoss(h, y)}, leaves);
+}
+
 // Runs warm-up + timed steps as trainer `trainer`; returns the timed steps' wall seconds
 // and the parameter bytes of the model.
 std::pair<double, int64_t> Train(int port, int trainer, int warmup, int steps) {
@@ -148,14 +163,10 @@ std::pair<double, int64_t> Train(int port, int trainer, int warmup, int steps) {
   for (int step = 0; step < warmup + steps; ++step) {
     if (step == warmup) t0 = gw::bench::NowSeconds();
     const double c0 = gw::bench::NowSeconds();
-    for (size_t i = 0; i < params.size(); ++i) gw::kernels::CopyInPlace(params[i].second, values[i]);
-    model->ZeroGrad();
-    gw::autograd::Backward({gw::nn::CrossEntropyLoss(model->Forward(x), y)});
+    const std::vector<gw::Tensor> grads = Gradients(values, x, y);
     if (step >= warmup) compute_s += gw::bench::NowSeconds() - c0;
     // This step's gradients out, the parameters the server computed from both trainers'
     // gradients back: one message each way.
-    std::vector<gw::Tensor> grads;
-    for (const auto& [name, p] : params) grads.push_back(p.grad());
     absl::StatusOr<std::vector<gw::Tensor>> next = client.PushPullMany(names, step, grads).Get();
     if (!next.ok()) Fail("push/pull", next.status());
     values = *std::move(next);

@@ -5,6 +5,7 @@
 // exited receiver is a real child process.
 #include "transport/shm/shm_arena.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -111,6 +112,36 @@ TEST(ShmArenaTest, BlocksOfAReceiverThatExitedAreReclaimedThoseOfALiveOneAreNot)
   EXPECT_TRUE(p.arena->Put(Filled(256 << 10, 0), ::getpid()).has_value()) << "the child's blocks were not reclaimed";
   ::close(ready[0]);
   ::close(ready[1]);
+}
+
+int OpenFds() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+TEST(ShmArenaTest, ManyShortLivedReceiversDoNotPileUpFileDescriptors) {
+  Pair p = Open(64 << 20);
+  const int before = OpenFds();
+  for (int i = 0; i < 100; ++i) {
+    int go[2];
+    ASSERT_EQ(::pipe(go), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      char c;
+      ::_exit(::read(go[0], &c, 1) == 1 ? 0 : 2);
+    }
+    ASSERT_TRUE(p.arena->Put(Filled(20000, 0), child).has_value());  // watches the child
+    ASSERT_EQ(::write(go[1], "x", 1), 1);
+    ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+    ::close(go[0]);
+    ::close(go[1]);
+  }
+  EXPECT_LT(OpenFds() - before, 70) << "pidfds of exited receivers are kept";
 }
 
 TEST(ShmArenaTest, DescriptorsOutsideTheArenaOrOfNoBlockAreRefused) {

@@ -5,8 +5,9 @@
 //     rpc/src/transport/<name>/ and passes the conformance suite in
 //     rpc/tests/transport_test.cc:
 //       tcp   Boost.Asio sockets, scatter-gather writes, payloads read into tensors;
-//       shm   tcp plus cross-memory attach for large tensors between processes on one
-//             host (one copy instead of two), falling back to tcp when not permitted;
+//       shm   tcp plus, between processes on one host, a shared-memory arena for large
+//             tensors (one copy by the sender, none by the receiver, no round trip) and
+//             cross-memory attach when the arena is full; tcp when neither is permitted;
 //       grpc  the same frames over a gRPC bidirectional stream (HTTP/2 networks, TLS).
 //   - Connection::Send queues a message and writes it in order with the connection's
 //     other messages; the tensors' bytes are written from their own storage

@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -22,6 +23,7 @@ constexpr uint64_t kBlockMagic = 0x4b434f4c42575347;    // "GSWBLOCK"
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kFirstBlock = kPage;  // the segment header has the first page
 constexpr uint64_t kSplitAtLeast = 16 * kPage;
+constexpr size_t kFirstSweep = 32;  // receivers watched before exited ones are looked for
 
 struct SegmentHeader {
   uint64_t magic;
@@ -80,6 +82,11 @@ ShmArena::~ShmArena() {
 
 void ShmArena::Watch(pid_t peer) {
   if (pidfds_.contains(peer)) return;
+  // A server that outlives many short-lived receivers must not collect their pidfds.
+  if (pidfds_.size() >= sweep_at_) {
+    ReleaseExited();
+    sweep_at_ = std::max<size_t>(kFirstSweep, 2 * pidfds_.size());
+  }
   // Without pidfds (kernels before 5.3) blocks of exited receivers are not reclaimed.
   const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer, 0));
   if (pidfd >= 0) pidfds_[peer] = pidfd;

@@ -22,6 +22,7 @@
 //     marked in use; when the arena runs out of room, Put frees the blocks of receivers
 //     that have exited (watched through pidfds, so a reused pid is never mistaken for
 //     the old process), never those of a live one: its tensors may still point into them.
+//     Exited receivers are also dropped as new ones arrive, so their pidfds do not pile up.
 //     A live receiver that keeps received tensors keeps their blocks: the arena fills
 //     and the transport falls back to cross-memory attach.
 //   - PeerArena::Take checks the offset, size and block header against the mapping
@@ -100,6 +101,7 @@ class ShmArena {
   std::vector<Block> blocks_ ABSL_GUARDED_BY(mu_);  // by offset
   uint64_t top_ ABSL_GUARDED_BY(mu_) = 4096;        // first byte never carved
   absl::flat_hash_map<pid_t, int> pidfds_ ABSL_GUARDED_BY(mu_);  // receivers, watched for exit
+  size_t sweep_at_ ABSL_GUARDED_BY(mu_) = 32;  // pidfds_ size at which exited receivers are dropped
 };
 
 // A peer's ShmArena, mapped here.
