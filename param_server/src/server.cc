@@ -520,9 +520,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     // trainers are copied in parallel. Small ones are answered here (no hop).
     for (auto& [p, v] : ready) {
       const bool large = v.is<Tensor>() && v.get<Tensor>().nbytes() >= kLargeAnswerBytes;
-      if (!large || !agent_.executor().Post([p = p, v = std::move(v)]() mutable { p.Set(std::move(v)); })) {
-        p.Set(std::move(v));
-      }
+      // Copied into the task (a handle), so that a refused Post still has it to answer.
+      if (!large || !agent_.executor().Post([p = p, v = v]() mutable { p.Set(std::move(v)); })) p.Set(std::move(v));
     }
     return status;
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -77,6 +78,20 @@ TEST(ThreadPoolTest, RunsEverythingQueuedBeforeShutdown) {
     EXPECT_FALSE(pool.Post([&] { n.fetch_add(1000); }));
   }
   EXPECT_EQ(n.load(), 1000);
+}
+
+TEST(FutureTest, MapRunsOnTheCompletingThreadAndTurnsAThrowIntoAnError) {
+  ThreadPool pool(1, "test");
+  Promise<int> p(pool);
+  Future<int> doubled = Map<int>(p.future(), [](const absl::StatusOr<int>& v) -> absl::StatusOr<int> { return *v * 2; });
+  Future<int> thrown = Map<int>(p.future(), [](const absl::StatusOr<int>&) -> absl::StatusOr<int> {
+    throw std::runtime_error("bad shard");
+  });
+  p.Set(21);
+  // Completed by Set itself, on this thread.
+  EXPECT_EQ(*doubled.Get(absl::ZeroDuration()), 42);
+  EXPECT_EQ(thrown.Get(absl::ZeroDuration()).status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(thrown.Get(absl::ZeroDuration()).status().message().find("bad shard"), std::string::npos);
 }
 
 TEST(ParallelForTest, EveryTaskRunsOnceAlsoFromAFullPoolAndAfterShutdown) {

@@ -10,8 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 
+#include "absl/time/clock.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::rpc::internal {
@@ -42,7 +45,7 @@ Pair Open(size_t capacity) {
 TEST(ShmArenaTest, ATensorArrivesWithoutACopyAndItsBlockReturnsWhenDropped) {
   Pair p = Open(16 << 20);
   const Tensor sent = Filled(100000, 1.0f);
-  std::optional<uint64_t> offset = p.arena->Put(sent, ::getpid());
+  std::optional<uint64_t> offset = p.arena->Put(sent, ::getpid(), 1);
   ASSERT_TRUE(offset.has_value());
   {
     absl::StatusOr<Tensor> got = p.peer->Take(*offset, DType::kFloat32, {100000});
@@ -51,7 +54,7 @@ TEST(ShmArenaTest, ATensorArrivesWithoutACopyAndItsBlockReturnsWhenDropped) {
     EXPECT_NE(got->raw_data(), sent.raw_data());
     EXPECT_EQ(p.arena->stats().in_use, 1u);
     // While the receiver holds it, a second tensor gets another block.
-    std::optional<uint64_t> second = p.arena->Put(Filled(100000, 5.0f), ::getpid());
+    std::optional<uint64_t> second = p.arena->Put(Filled(100000, 5.0f), ::getpid(), 1);
     ASSERT_TRUE(second.has_value());
     EXPECT_NE(*second, *offset);
     absl::StatusOr<Tensor> other = p.peer->Take(*second, DType::kFloat32, {100000});
@@ -62,7 +65,7 @@ TEST(ShmArenaTest, ATensorArrivesWithoutACopyAndItsBlockReturnsWhenDropped) {
   EXPECT_EQ(p.arena->stats().in_use, 0u);
   // Dropped: the same size reuses a block instead of carving more.
   const size_t carved = p.arena->stats().blocks;
-  ASSERT_TRUE(p.arena->Put(Filled(100000, 9.0f), ::getpid()).has_value());
+  ASSERT_TRUE(p.arena->Put(Filled(100000, 9.0f), ::getpid(), 1).has_value());
   EXPECT_EQ(p.arena->stats().blocks, carved);
 }
 
@@ -71,7 +74,7 @@ TEST(ShmArenaTest, AFullArenaSaysSoAndHasRoomAgainOnceTensorsAreDropped) {
   std::vector<Tensor> held;
   int put = 0;
   for (int i = 0; i < 8; ++i) {
-    std::optional<uint64_t> offset = p.arena->Put(Filled(256 << 10, static_cast<float>(i)), ::getpid());
+    std::optional<uint64_t> offset = p.arena->Put(Filled(256 << 10, static_cast<float>(i)), ::getpid(), 1);
     if (!offset) break;
     absl::StatusOr<Tensor> t = p.peer->Take(*offset, DType::kFloat32, {256 << 10});
     ASSERT_TRUE(t.ok());
@@ -79,11 +82,11 @@ TEST(ShmArenaTest, AFullArenaSaysSoAndHasRoomAgainOnceTensorsAreDropped) {
     ++put;
   }
   EXPECT_EQ(put, 3);
-  EXPECT_FALSE(p.arena->Put(Filled(256 << 10, 0), ::getpid()).has_value());
+  EXPECT_FALSE(p.arena->Put(Filled(256 << 10, 0), ::getpid(), 1).has_value());
   for (int i = 0; i < put; ++i) EXPECT_FLOAT_EQ(held[static_cast<size_t>(i)].data<float>()[7], static_cast<float>(i) + 7);
   held.clear();
   // Freed neighbours merge: a tensor larger than any single block now fits.
-  std::optional<uint64_t> big = p.arena->Put(Filled(600 << 10, 3.0f), ::getpid());
+  std::optional<uint64_t> big = p.arena->Put(Filled(600 << 10, 3.0f), ::getpid(), 1);
   ASSERT_TRUE(big.has_value());
   absl::StatusOr<Tensor> t = p.peer->Take(*big, DType::kFloat32, {600 << 10});
   ASSERT_TRUE(t.ok());
@@ -103,13 +106,13 @@ TEST(ShmArenaTest, BlocksOfAReceiverThatExitedAreReclaimedThoseOfALiveOneAreNot)
     ::_exit(0);
   }
   // Three blocks for the child (which never lets go), filling the arena.
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(p.arena->Put(Filled(256 << 10, 0), child).has_value());
-  ASSERT_FALSE(p.arena->Put(Filled(256 << 10, 0), ::getpid()).has_value()) << "the child is alive";
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(p.arena->Put(Filled(256 << 10, 0), child, 1).has_value());
+  ASSERT_FALSE(p.arena->Put(Filled(256 << 10, 0), ::getpid(), 1).has_value()) << "the child is alive";
   ASSERT_EQ(::write(ready[1], "x", 1), 1);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  EXPECT_TRUE(p.arena->Put(Filled(256 << 10, 0), ::getpid()).has_value()) << "the child's blocks were not reclaimed";
+  EXPECT_TRUE(p.arena->Put(Filled(256 << 10, 0), ::getpid(), 1).has_value()) << "the child's blocks were not reclaimed";
   ::close(ready[0]);
   ::close(ready[1]);
 }
@@ -135,7 +138,7 @@ TEST(ShmArenaTest, ManyShortLivedReceiversDoNotPileUpFileDescriptors) {
       char c;
       ::_exit(::read(go[0], &c, 1) == 1 ? 0 : 2);
     }
-    ASSERT_TRUE(p.arena->Put(Filled(20000, 0), child).has_value());  // watches the child
+    ASSERT_TRUE(p.arena->Put(Filled(20000, 0), child, 1).has_value());  // watches the child
     ASSERT_EQ(::write(go[1], "x", 1), 1);
     ASSERT_EQ(::waitpid(child, nullptr, 0), child);
     ::close(go[0]);
@@ -146,7 +149,7 @@ TEST(ShmArenaTest, ManyShortLivedReceiversDoNotPileUpFileDescriptors) {
 
 TEST(ShmArenaTest, DescriptorsOutsideTheArenaOrOfNoBlockAreRefused) {
   Pair p = Open(4 << 20);
-  std::optional<uint64_t> offset = p.arena->Put(Filled(100000, 1.0f), ::getpid());
+  std::optional<uint64_t> offset = p.arena->Put(Filled(100000, 1.0f), ::getpid(), 1);
   ASSERT_TRUE(offset.has_value());
   EXPECT_FALSE(p.peer->Take(*offset, DType::kFloat32, {200000000}).ok());           // past the end
   EXPECT_FALSE(p.peer->Take(*offset, DType::kFloat32, {int64_t{1} << 40, 1 << 20}).ok());  // overflows
@@ -156,10 +159,98 @@ TEST(ShmArenaTest, DescriptorsOutsideTheArenaOrOfNoBlockAreRefused) {
   EXPECT_FALSE(p.peer->Take(uint64_t{1} << 62, DType::kFloat32, {10}).ok());
   EXPECT_FALSE(p.peer->Take(*offset + (1 << 20), DType::kFloat32, {10}).ok());  // no block there
   EXPECT_FALSE(p.peer->Take(*offset, DType::kFloat32, {200000}).ok());  // more than the block holds
-  // The real descriptor still works, once.
+  // The real descriptor still works, once: a repeated descriptor would put two tensors
+  // on one block.
   absl::StatusOr<Tensor> t = p.peer->Take(*offset, DType::kFloat32, {100000});
   ASSERT_TRUE(t.ok());
   EXPECT_FLOAT_EQ(t->data<float>()[99999], 100000.0f);
+  EXPECT_FALSE(p.peer->Take(*offset, DType::kFloat32, {100000}).ok());
+}
+
+TEST(ShmArenaTest, AClosedConnectionsUntakenBlocksComeBackTakenOnesDoNot) {
+  Pair p = Open(16 << 20);
+  std::optional<uint64_t> taken = p.arena->Put(Filled(100000, 1.0f), ::getpid(), 7);
+  std::optional<uint64_t> untaken = p.arena->Put(Filled(100000, 2.0f), ::getpid(), 7);
+  std::optional<uint64_t> other = p.arena->Put(Filled(100000, 3.0f), ::getpid(), 8);
+  ASSERT_TRUE(taken && untaken && other);
+  absl::StatusOr<Tensor> held = p.peer->Take(*taken, DType::kFloat32, {100000});
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(p.arena->stats().in_use, 3u);
+  p.arena->ReleaseUntaken(7);
+  EXPECT_EQ(p.arena->stats().in_use, 2u);  // the taken one and connection 8's
+  EXPECT_FALSE(p.peer->Take(*untaken, DType::kFloat32, {100000}).ok()) << "came back: not takeable";
+  EXPECT_FALSE(p.arena->Put(Filled(100000, 4.0f), ::getpid(), 7).has_value()) << "closed";
+  EXPECT_FLOAT_EQ(held->data<float>()[0], 1.0f);
+  absl::StatusOr<Tensor> late = p.peer->Take(*other, DType::kFloat32, {100000});
+  ASSERT_TRUE(late.ok());
+  EXPECT_FLOAT_EQ(late->data<float>()[0], 3.0f);
+}
+
+TEST(ShmArenaTest, ATensorBeingWrittenIsNotCopiedTorn) {
+  Pair p = Open(16 << 20);
+  Tensor t = Filled(100000, 1.0f);
+  t.storage()->BumpVersion();  // a write in progress (odd version) for as long as Put tries
+  EXPECT_FALSE(p.arena->Put(t, ::getpid(), 1).has_value());
+  EXPECT_EQ(p.arena->stats().in_use, 0u);
+  t.storage()->BumpVersion();  // the write is done
+  EXPECT_TRUE(p.arena->Put(t, ::getpid(), 1).has_value());
+}
+
+// A pid seen again after its process exited is another process: the old one's blocks
+// are freed at once, and the new one's are not confused with them.
+TEST(ShmArenaTest, APidSeenAgainAfterItsProcessExitedStartsAfresh) {
+  Pair p = Open(16 << 20);
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c;
+    ::_exit(::read(go[0], &c, 1) == 1 ? 0 : 2);
+  }
+  ASSERT_TRUE(p.arena->Put(Filled(100000, 0), child, 1).has_value());
+  EXPECT_EQ(p.arena->stats().in_use, 1u);
+  ASSERT_EQ(::write(go[1], "x", 1), 1);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  ::close(go[0]);
+  ::close(go[1]);
+  // The same pid number again (as if reused): the exited process's block is freed.
+  ASSERT_TRUE(p.arena->Put(Filled(100000, 0), child, 2).has_value());
+  EXPECT_EQ(p.arena->stats().in_use, 1u);
+}
+
+// Puts for a receiver that has exited (its blocks reclaimed while others are filled)
+// concurrent with Puts and Takes for a live one: every taken tensor keeps the bytes that
+// were put. A stress test of the locking around blocks being filled, not a deterministic
+// reproduction of any one interleaving.
+TEST(ShmArenaTest, ConcurrentPutsForAnExitedAndALiveReceiverKeepEveryTakenTensorIntact) {
+  Pair p = Open(8 << 20);
+  const pid_t dead = ::fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) ::_exit(0);
+  siginfo_t info{};  // exited, not reaped: its pid stays its own until the end
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(dead), &info, WEXITED | WNOWAIT), 0);
+  std::atomic<bool> stop{false};
+  std::thread for_the_dead([&] {
+    const Tensor junk = Tensor::Full({750000}, -1.0);  // long copies: a wide window
+    while (!stop.load()) (void)p.arena->Put(junk, dead, 1);
+  });
+  int checked = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const Tensor sent = Tensor::Full({100000}, static_cast<double>(i));
+    std::optional<uint64_t> offset = p.arena->Put(sent, ::getpid(), 2);
+    if (!offset) continue;
+    absl::StatusOr<Tensor> got = p.peer->Take(*offset, DType::kFloat32, {100000});
+    ASSERT_TRUE(got.ok()) << got.status();
+    absl::SleepFor(absl::Microseconds(50));  // let a copy that overlaps this block land
+    // Still the bytes that were put (the other thread's copies never land here).
+    ASSERT_EQ(kernels::MaxAbsDiff(*got, sent), 0.0) << "put " << i;
+    ++checked;
+  }
+  stop = true;
+  for_the_dead.join();
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  EXPECT_GT(checked, 100);
 }
 
 TEST(ShmArenaTest, OnlyTheRightSealedSegmentCanBeMapped) {

@@ -15,7 +15,8 @@
 //     along without a thread hop. fn must be quick and must not block or throw.
 //   - Map<U>(future, fn) is Then for plumbing: fn(const absl::StatusOr<T>&) ->
 //     absl::StatusOr<U> runs where a subscriber would (the completing thread), so a
-//     conversion of a result costs no thread hop. Same rules as Subscribe.
+//     conversion of a result costs no thread hop; fn must be quick and not block. If fn
+//     throws, the returned future fails with INTERNAL, as with Then.
 //   - WhenAll(futures) completes with every result, in order, once all have completed, or
 //     with the first error (in completion order).
 //   - Futures are cheap shared handles; all methods are thread-safe.
@@ -26,6 +27,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -230,7 +232,13 @@ Future<T> MakeReadyFuture(rpc::Executor& executor, absl::StatusOr<T> result) {
 template <typename U, typename T, typename F>
 Future<U> Map(const Future<T>& future, F fn) {
   Promise<U> out(*future.executor());
-  future.Subscribe([out, fn = std::move(fn)](const absl::StatusOr<T>& r) { out.Set(fn(r)); });
+  future.Subscribe([out, fn = std::move(fn)](const absl::StatusOr<T>& r) {
+    try {
+      out.Set(fn(r));
+    } catch (const std::exception& e) {
+      out.Set(absl::InternalError(std::string("callback threw: ") + e.what()));
+    }
+  });
   return out.future();
 }
 

@@ -15,6 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 
+#if defined(__SANITIZE_THREAD__)
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+#endif
+
 namespace gw::rpc::internal {
 namespace {
 
@@ -24,22 +29,26 @@ constexpr uint64_t kPage = 4096;
 constexpr uint64_t kFirstBlock = kPage;  // the segment header has the first page
 constexpr uint64_t kSplitAtLeast = 16 * kPage;
 constexpr size_t kFirstSweep = 32;  // receivers watched before exited ones are looked for
+constexpr int kCopyAttempts = 3;    // copies of a tensor that keeps changing before giving up
+
+// Block states (the contract in shm_arena.h).
+constexpr uint32_t kFree = 0, kSent = 1, kTaken = 2;
 
 struct SegmentHeader {
   uint64_t magic;
   uint64_t cookie;
 };
 
-// At the start of every block, in shared memory; both sides touch only `in_use` after
-// the sender wrote the header.
+// At the start of every block, in shared memory; after the sender wrote the header, both
+// sides touch only `state`.
 struct BlockHeader {
   uint64_t magic;
-  std::atomic<uint32_t> in_use;  // 1 from Put until the receiver lets go of the tensor
+  std::atomic<uint32_t> state;
   uint32_t reserved;
   uint64_t capacity;  // data bytes after the header
 };
 static_assert(sizeof(BlockHeader) <= kArenaHeaderBytes);
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "the in-use word is shared between processes");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "the state word is shared between processes");
 
 uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
@@ -47,7 +56,22 @@ BlockHeader* HeaderAt(char* base, uint64_t offset) { return reinterpret_cast<Blo
 
 std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
+bool Exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
+
 }  // namespace
+
+void SeqlockCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__SANITIZE_THREAD__)
+  AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+#endif
+  std::memcpy(dst, src, bytes);
+#if defined(__SANITIZE_THREAD__)
+  AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+#endif
+}
 
 absl::StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(size_t capacity) {
   capacity = RoundUp(std::max<size_t>(capacity, 2 * kPage), kPage);
@@ -80,31 +104,40 @@ ShmArena::~ShmArena() {
   ::close(fd_);
 }
 
+void ShmArena::ReleaseHeldBy(pid_t peer) {
+  for (Block& b : blocks_) {
+    if (b.in_use && !b.filling && b.peer == peer) {
+      HeaderAt(base_, b.offset)->state.store(kFree, std::memory_order_release);
+      b.in_use = false;
+    }
+  }
+}
+
 void ShmArena::Watch(pid_t peer) {
-  if (pidfds_.contains(peer)) return;
+  auto it = pidfds_.find(peer);
+  if (it != pidfds_.end()) {
+    if (!Exited(it->second)) return;
+    // The pid was reused: its blocks belong to the process that exited.
+    ReleaseHeldBy(peer);
+    ::close(it->second);
+    pidfds_.erase(it);
+  }
   // A server that outlives many short-lived receivers must not collect their pidfds.
   if (pidfds_.size() >= sweep_at_) {
     ReleaseExited();
     sweep_at_ = std::max<size_t>(kFirstSweep, 2 * pidfds_.size());
   }
-  // Without pidfds (kernels before 5.3) blocks of exited receivers are not reclaimed.
   const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer, 0));
   if (pidfd >= 0) pidfds_[peer] = pidfd;
 }
 
 void ShmArena::ReleaseExited() {
   for (auto it = pidfds_.begin(); it != pidfds_.end();) {
-    pollfd p{it->second, POLLIN, 0};
-    if (::poll(&p, 1, 0) != 1) {  // still running
+    if (!Exited(it->second)) {
       ++it;
       continue;
     }
-    for (Block& b : blocks_) {
-      if (b.in_use && b.peer == it->first) {
-        HeaderAt(base_, b.offset)->in_use.store(0, std::memory_order_release);
-        b.in_use = false;
-      }
-    }
+    ReleaseHeldBy(it->first);
     ::close(it->second);
     pidfds_.erase(it++);
   }
@@ -112,8 +145,16 @@ void ShmArena::ReleaseExited() {
 
 void ShmArena::Refresh() {
   for (Block& b : blocks_) {
-    if (b.in_use && HeaderAt(base_, b.offset)->in_use.load(std::memory_order_acquire) == 0) b.in_use = false;
+    if (b.in_use && !b.filling && HeaderAt(base_, b.offset)->state.load(std::memory_order_acquire) == kFree) {
+      b.in_use = false;
+    }
   }
+}
+
+ShmArena::Block* ShmArena::BlockAt(uint64_t offset) {
+  auto it = std::lower_bound(blocks_.begin(), blocks_.end(), offset,
+                             [](const Block& b, uint64_t o) { return b.offset < o; });
+  return it != blocks_.end() && it->offset == offset ? &*it : nullptr;
 }
 
 // The smallest free block of at least `bytes` that wastes at most as much as it uses.
@@ -124,6 +165,13 @@ std::optional<size_t> ShmArena::Find(uint64_t bytes) {
     if (!b.in_use && b.bytes >= bytes && b.bytes <= 2 * bytes && (!best || b.bytes < blocks_[*best].bytes)) best = i;
   }
   return best;
+}
+
+std::optional<size_t> ShmArena::Carve(uint64_t bytes) {
+  if (bytes > capacity_ - top_) return std::nullopt;
+  blocks_.push_back(Block{top_, bytes});
+  top_ += bytes;
+  return blocks_.size() - 1;
 }
 
 // Joins runs of free neighbours; a free run at the top goes back to the uncarved space.
@@ -143,37 +191,32 @@ void ShmArena::Merge() {
   blocks_ = std::move(merged);
 }
 
-void ShmArena::Claim(Block& b, pid_t peer) {
-  Watch(peer);
+void ShmArena::Claim(Block& b, pid_t peer, uint64_t connection) {
   b.in_use = true;
+  b.filling = true;
   b.peer = peer;
+  b.connection = connection;
   BlockHeader* h = HeaderAt(base_, b.offset);
   h->magic = kBlockMagic;
   h->capacity = b.bytes - kArenaHeaderBytes;
-  h->in_use.store(1, std::memory_order_relaxed);
+  h->state.store(kSent, std::memory_order_relaxed);
 }
 
-std::optional<uint64_t> ShmArena::Put(const Tensor& t, pid_t peer) {
+std::optional<uint64_t> ShmArena::Put(const Tensor& t, pid_t peer, uint64_t connection) {
   const uint64_t n = static_cast<uint64_t>(t.nbytes());
   const uint64_t need = RoundUp(kArenaHeaderBytes + n, kPage);
-  uint64_t offset = 0;
+  uint64_t block = 0;
   {
     absl::MutexLock lock(&mu_);
+    if (closed_.contains(connection)) return std::nullopt;  // its messages go nowhere
+    Watch(peer);  // first: a reused pid frees the old process's blocks
     Refresh();
     std::optional<size_t> i = Find(need);
-    if (!i && need <= capacity_ - top_) {
-      blocks_.push_back(Block{top_, need});
-      top_ += need;
-      i = blocks_.size() - 1;
-    }
+    if (!i) i = Carve(need);
     if (!i) {
       ReleaseExited();
       Merge();
-      if (need <= capacity_ - top_) {
-        blocks_.push_back(Block{top_, need});
-        top_ += need;
-        i = blocks_.size() - 1;
-      }
+      i = Carve(need);
       for (size_t k = 0; !i && k < blocks_.size(); ++k) {
         if (!blocks_[k].in_use && blocks_[k].bytes >= need) i = k;
       }
@@ -184,13 +227,40 @@ std::optional<uint64_t> ShmArena::Put(const Tensor& t, pid_t peer) {
         blocks_.insert(blocks_.begin() + static_cast<std::ptrdiff_t>(*i) + 1, rest);
       }
     }
-    Claim(blocks_[*i], peer);
-    offset = blocks_[*i].offset + kArenaHeaderBytes;
+    Claim(blocks_[*i], peer, connection);
+    block = blocks_[*i].offset;
   }
-  // Outside the lock: the block is ours until the receiver has it.
-  std::memcpy(base_ + offset, t.raw_data(), n);
+  // Outside the lock (the block is ours while it is filling): a copy during which the
+  // tensor's storage version stayed even and unchanged (storage.h), so never torn.
+  const Storage& storage = *t.storage();
+  bool whole = false;
+  for (int attempt = 0; attempt < kCopyAttempts && !whole; ++attempt) {
+    const uint64_t before = storage.version();
+    std::atomic_thread_fence(std::memory_order_acquire);
+    SeqlockCopy(base_ + block + kArenaHeaderBytes, t.raw_data(), n);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    whole = before % 2 == 0 && storage.version() == before;
+  }
   std::atomic_thread_fence(std::memory_order_release);
-  return offset;
+  absl::MutexLock lock(&mu_);
+  Block* b = BlockAt(block);  // in use, so neither merged nor moved by a split
+  b->filling = false;
+  if (!whole || closed_.contains(connection)) {  // torn, or closed while filling
+    HeaderAt(base_, block)->state.store(kFree, std::memory_order_release);
+    b->in_use = false;
+    return std::nullopt;
+  }
+  return block + kArenaHeaderBytes;
+}
+
+void ShmArena::ReleaseUntaken(uint64_t connection) {
+  absl::MutexLock lock(&mu_);
+  closed_.insert(connection);  // a block filling for it now is freed when Put is done
+  for (Block& b : blocks_) {
+    if (!b.in_use || b.filling || b.connection != connection) continue;
+    uint32_t sent = kSent;
+    if (HeaderAt(base_, b.offset)->state.compare_exchange_strong(sent, kFree, std::memory_order_acq_rel)) b.in_use = false;
+  }
 }
 
 ShmArena::Stats ShmArena::stats() {
@@ -245,11 +315,13 @@ absl::StatusOr<Tensor> PeerArena::Take(uint64_t offset, DType dtype, const Shape
                                                    " bytes are outside the peer's arena"));
   }
   BlockHeader* h = HeaderAt(base_, offset - kArenaHeaderBytes);
-  if (h->magic != kBlockMagic || h->capacity < bytes || h->in_use.load(std::memory_order_acquire) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("arena tensor: no block in use at offset ", offset));
+  uint32_t sent = kSent;
+  if (h->magic != kBlockMagic || h->capacity < bytes ||
+      !h->state.compare_exchange_strong(sent, kTaken, std::memory_order_acq_rel)) {
+    return absl::InvalidArgumentError(absl::StrCat("arena tensor: no block was sent at offset ", offset));
   }
   auto storage = Storage::Wrap(base_ + offset, bytes, kCPU, [self = shared_from_this(), h](void*) {
-    h->in_use.store(0, std::memory_order_release);  // back to the sender
+    h->state.store(kFree, std::memory_order_release);  // back to the sender
   });
   return Tensor::FromStorage(std::move(storage), dtype, sizes, ContiguousStrides(sizes));
 }

@@ -117,28 +117,18 @@ absl::Status CmaRead(pid_t pid, uint64_t address, void* dst, size_t bytes) {
 
 class ShmTransport;
 
-#if defined(__SANITIZE_THREAD__)
-extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
-extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
-#endif
-
-// The optimistic read of a seqlock: a copy of t that may race with a writer and is kept
-// only if t's storage version shows no write began or ended meanwhile. ThreadSanitizer
-// is told to ignore these reads (the version check makes the race harmless).
+// The optimistic read of a seqlock: a copy of t (contiguous) that may race with a
+// writer and is kept only if t's storage version shows no write began or ended meanwhile.
 Tensor SeqlockRead(const Tensor& t) {
-#if defined(__SANITIZE_THREAD__)
-  AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
-#endif
-  Tensor copy = kernels::Clone(t);
-#if defined(__SANITIZE_THREAD__)
-  AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
-#endif
+  Tensor copy = Tensor::Empty(t.sizes(), t.dtype());
+  internal::SeqlockCopy(copy.raw_data(), t.raw_data(), t.nbytes());
   return copy;
 }
 
 class ShmConnection final : public Connection, public std::enable_shared_from_this<ShmConnection> {
  public:
-  ShmConnection(ShmTransport* transport, ConnectionCallbacks user) : transport_(transport), user_(std::move(user)) {}
+  ShmConnection(ShmTransport* transport, ConnectionCallbacks user, uint64_t id)
+      : transport_(transport), user_(std::move(user)), id_(id) {}
 
   void Attach(std::shared_ptr<Connection> inner) {
     absl::MutexLock lock(&mu_);
@@ -224,7 +214,7 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
       const Tensor& t = message.tensors[i];
       const size_t bytes = t.defined() ? t.nbytes() : 0;
       if ((can & kMappedArena) && arena != nullptr && bytes >= kArenaThreshold && t.dim() <= kMaxDims) {
-        if (std::optional<uint64_t> offset = arena->Put(kernels::Contiguous(t), peer_key_)) {
+        if (std::optional<uint64_t> offset = arena->Put(kernels::Contiguous(t), peer_key_, id_)) {
           remote.push_back({static_cast<uint32_t>(i), Route::kArena, t.dtype(), t.sizes(), *offset});
           continue;
         }
@@ -287,6 +277,7 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
 
   ShmTransport* const transport_;
   const ConnectionCallbacks user_;
+  const uint64_t id_;  // this connection, as our arena knows where its blocks went
   // What the peer's 'K' allowed (kCanRead | kMappedArena); set once, on the I/O strand,
   // after peer_key_.
   std::atomic<uint8_t> peer_can_{0};
@@ -339,7 +330,7 @@ class ShmTransport final : public Transport {
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address, ConnectionCallbacks callbacks,
                                                       absl::Time deadline) override {
-    auto wrapper = std::make_shared<ShmConnection>(this, std::move(callbacks));
+    auto wrapper = std::make_shared<ShmConnection>(this, std::move(callbacks), next_connection_.fetch_add(1));
     std::weak_ptr<ShmConnection> weak = wrapper;
     auto inner = tcp_->Connect(address,
                                {[weak](const std::shared_ptr<Connection>&, Message m) {
@@ -376,7 +367,7 @@ class ShmTransport final : public Transport {
     auto it = wrappers_.find(inner.get());
     if (it != wrappers_.end()) return it->second;
     if (!create) return nullptr;
-    auto w = std::make_shared<ShmConnection>(this, accept_callbacks_);
+    auto w = std::make_shared<ShmConnection>(this, accept_callbacks_, next_connection_.fetch_add(1));
     w->Attach(inner);
     wrappers_[inner.get()] = w;
     return w;
@@ -391,6 +382,7 @@ class ShmTransport final : public Transport {
   const pid_t pid_;
   uint64_t cookie_;
   std::unique_ptr<ShmArena> arena_;  // outgoing large tensors; null if unavailable
+  std::atomic<uint64_t> next_connection_{1};
   ConnectionCallbacks accept_callbacks_;
   absl::Mutex mu_;
   absl::flat_hash_map<Connection*, std::shared_ptr<ShmConnection>> wrappers_ ABSL_GUARDED_BY(mu_);
@@ -419,8 +411,8 @@ void ShmConnection::OnMessage(Message m) {
   switch (m.header[0]) {
     case 'H': return OnHello(r);
     case 'K': {
-      uint8_t can;
-      if (!r.Get(&can)) return Fail("malformed can-read message");
+      uint8_t can = kCanRead;  // a peer without flags (an older build) could only read
+      (void)r.Get(&can);
       peer_can_.store(can & (kCanRead | kMappedArena), std::memory_order_release);
       return;
     }
@@ -433,13 +425,15 @@ void ShmConnection::OnMessage(Message m) {
 }
 
 void ShmConnection::OnHello(Reader& r) {
-  uint64_t pid, cookie_address, cookie, arena_bytes, arena_cookie;
-  int32_t arena_fd;
+  uint64_t pid, cookie_address, cookie, arena_bytes = 0, arena_cookie = 0;
+  int32_t arena_fd = -1;
   std::string boot_id;
-  if (!r.Get(&pid) || !r.Get(&cookie_address) || !r.Get(&cookie) || !r.Bytes(&boot_id) || !r.Get(&arena_fd) ||
-      !r.Get(&arena_bytes) || !r.Get(&arena_cookie) || pid == 0 || pid > (uint64_t{1} << 31)) {
+  if (!r.Get(&pid) || !r.Get(&cookie_address) || !r.Get(&cookie) || !r.Bytes(&boot_id) || pid == 0 ||
+      pid > (uint64_t{1} << 31)) {
     return Fail("malformed hello");
   }
+  // The arena fields are optional: a peer without them (an older build) has no arena.
+  if (r.Get(&arena_fd) && !(r.Get(&arena_bytes) && r.Get(&arena_cookie))) return Fail("malformed hello");
   peer_key_ = static_cast<pid_t>(pid);
   if (boot_id != transport_->boot_id()) return;  // another host (or container): TCP only
   uint8_t can = 0;
@@ -599,6 +593,10 @@ void ShmConnection::DeliverReady() {
 }
 
 void ShmConnection::OnClose(const absl::Status& reason) {
+  // Arena blocks of messages the peer will never read come back; so do those of
+  // messages it received but that wait here behind an unconfirmed one.
+  if (ShmArena* arena = transport_->arena()) arena->ReleaseUntaken(id_);
+  incoming_.clear();
   std::map<uint64_t, Outgoing> failed;
   {
     absl::MutexLock lock(&mu_);
