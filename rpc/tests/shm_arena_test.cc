@@ -26,6 +26,38 @@ Tensor Filled(int64_t n, float start) {
   return t;
 }
 
+// A real receiver process for the arena to watch: it waits until told to exit.
+class ChildProcess {
+ public:
+  ChildProcess() {
+    EXPECT_EQ(::pipe(go_), 0);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      char c;
+      ::_exit(::read(go_[0], &c, 1) == 1 ? 0 : 2);
+    }
+    EXPECT_GT(pid_, 0);
+  }
+  ~ChildProcess() {
+    if (pid_ > 0 && !exited_) (void)Exit();
+    ::close(go_[0]);
+    ::close(go_[1]);
+  }
+  pid_t pid() const { return pid_; }
+  // Tells it to exit and reaps it; true if it exited cleanly.
+  bool Exit() {
+    exited_ = true;
+    int status = 0;
+    return ::write(go_[1], "x", 1) == 1 && ::waitpid(pid_, &status, 0) == pid_ && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+  }
+
+ private:
+  int go_[2] = {-1, -1};
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
 struct Pair {
   std::unique_ptr<ShmArena> arena;
   std::shared_ptr<PeerArena> peer;
@@ -95,26 +127,12 @@ TEST(ShmArenaTest, AFullArenaSaysSoAndHasRoomAgainOnceTensorsAreDropped) {
 
 TEST(ShmArenaTest, BlocksOfAReceiverThatExitedAreReclaimedThoseOfALiveOneAreNot) {
   Pair p = Open(4 << 20);
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    // The receiver: waits until its tensors were put, then exits holding them.
-    char c;
-    if (::read(ready[0], &c, 1) != 1) ::_exit(2);
-    ::_exit(0);
-  }
+  ChildProcess child;  // the receiver: exits holding its blocks
   // Three blocks for the child (which never lets go), filling the arena.
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(p.arena->Put(Filled(256 << 10, 0), child, 1).has_value());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(p.arena->Put(Filled(256 << 10, 0), child.pid(), 1).has_value());
   ASSERT_FALSE(p.arena->Put(Filled(256 << 10, 0), ::getpid(), 1).has_value()) << "the child is alive";
-  ASSERT_EQ(::write(ready[1], "x", 1), 1);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_TRUE(child.Exit());
   EXPECT_TRUE(p.arena->Put(Filled(256 << 10, 0), ::getpid(), 1).has_value()) << "the child's blocks were not reclaimed";
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 int OpenFds() {
@@ -130,19 +148,9 @@ TEST(ShmArenaTest, ManyShortLivedReceiversDoNotPileUpFileDescriptors) {
   Pair p = Open(64 << 20);
   const int before = OpenFds();
   for (int i = 0; i < 100; ++i) {
-    int go[2];
-    ASSERT_EQ(::pipe(go), 0);
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      char c;
-      ::_exit(::read(go[0], &c, 1) == 1 ? 0 : 2);
-    }
-    ASSERT_TRUE(p.arena->Put(Filled(20000, 0), child, 1).has_value());  // watches the child
-    ASSERT_EQ(::write(go[1], "x", 1), 1);
-    ASSERT_EQ(::waitpid(child, nullptr, 0), child);
-    ::close(go[0]);
-    ::close(go[1]);
+    ChildProcess child;
+    ASSERT_TRUE(p.arena->Put(Filled(20000, 0), child.pid(), 1).has_value());  // watches the child
+    ASSERT_TRUE(child.Exit());
   }
   EXPECT_LT(OpenFds() - before, 70) << "pidfds of exited receivers are kept";
 }
@@ -200,22 +208,13 @@ TEST(ShmArenaTest, ATensorBeingWrittenIsNotCopiedTorn) {
 // are freed at once, and the new one's are not confused with them.
 TEST(ShmArenaTest, APidSeenAgainAfterItsProcessExitedStartsAfresh) {
   Pair p = Open(16 << 20);
-  int go[2];
-  ASSERT_EQ(::pipe(go), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    char c;
-    ::_exit(::read(go[0], &c, 1) == 1 ? 0 : 2);
-  }
-  ASSERT_TRUE(p.arena->Put(Filled(100000, 0), child, 1).has_value());
+  ChildProcess child;
+  const pid_t pid = child.pid();
+  ASSERT_TRUE(p.arena->Put(Filled(100000, 0), pid, 1).has_value());
   EXPECT_EQ(p.arena->stats().in_use, 1u);
-  ASSERT_EQ(::write(go[1], "x", 1), 1);
-  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
-  ::close(go[0]);
-  ::close(go[1]);
+  ASSERT_TRUE(child.Exit());
   // The same pid number again (as if reused): the exited process's block is freed.
-  ASSERT_TRUE(p.arena->Put(Filled(100000, 0), child, 2).has_value());
+  ASSERT_TRUE(p.arena->Put(Filled(100000, 0), pid, 2).has_value());
   EXPECT_EQ(p.arena->stats().in_use, 1u);
 }
 
