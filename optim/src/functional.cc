@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <vector>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/tensor/kernels.h"

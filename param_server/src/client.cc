@@ -130,7 +130,6 @@ absl::StatusOr<Client::Table> Client::Find(const std::string& name) const {
 
 namespace {
 
-// A dense table from its shards in server order (empty shards skipped; one shard: no copy).
 // true once every push was acknowledged, else the first error (no thread hop).
 Future<bool> AllAcknowledged(rpc::Executor& executor, std::vector<Future<Value>> pushes) {
   return Map<bool>(WhenAll(executor, std::move(pushes)), [](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
@@ -139,6 +138,7 @@ Future<bool> AllAcknowledged(rpc::Executor& executor, std::vector<Future<Value>>
   });
 }
 
+// A dense table from its shards in server order (empty shards skipped; one shard: no copy).
 Tensor JoinShards(const std::vector<Tensor>& shards, const Shape& shape) {
   std::vector<Tensor> nonempty;
   for (const Tensor& p : shards) {

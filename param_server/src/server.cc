@@ -21,10 +21,10 @@ namespace gw::param_server {
 namespace {
 
 using internal::Shard;
-
-constexpr size_t kLargeAnswerBytes = 256 << 10;  // see Admit
 using internal::Waiter;
 using rpc::Value;
+
+constexpr size_t kLargeAnswerBytes = 256 << 10;  // see Admit
 
 // Rows `ids` of a sparse shard as one [n, dim] tensor, created on first touch.
 // Takes the stripe locks itself (under s.mu or not: asynchronous tables don't hold it).
@@ -49,25 +49,6 @@ void ApplyRows(Shard& s, internal::RowSum& sum, float scale) {
     optim::UpdateRow(s.optimizer, s.dim, row.values, g, row.state, *row.step);
   });
   sum.Clear();
-}
-
-// g_0 + g_1 + ... in one pass over contiguous float32 tensors of one shape.
-Tensor SumOf(const std::vector<Tensor>& grads) {
-  Tensor out = Tensor::Empty(grads[0].sizes());
-  float* o = out.data<float>();
-  const int64_t size = out.numel();
-  std::vector<const float*> in;
-  for (const Tensor& g : grads) in.push_back(g.data<float>());
-  constexpr int64_t kBlock = 4096;  // stays in L1 across the inputs
-  for (int64_t b = 0; b < size; b += kBlock) {
-    const int64_t e = std::min(size, b + kBlock);
-    std::copy(in[0] + b, in[0] + e, o + b);
-    for (size_t k = 1; k < in.size(); ++k) {
-      const float* x = in[k];
-      for (int64_t i = b; i < e; ++i) o[i] += x[i];
-    }
-  }
-  return out;
 }
 
 // Applies one push: rows of duplicate ids are summed first (a few per push of random
@@ -573,7 +554,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     ops.accumulate = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       s.pending.push_back(kernels::Contiguous(grad));
       if (s.pending.size() == 2 && static_cast<int>(s.pushed.size()) + 1 < s.trainers) {
-        s.pending = {SumOf(s.pending)};
+        s.pending = {kernels::Add(s.pending[0], s.pending[1])};
       }
     };
     ops.apply_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {

@@ -80,6 +80,27 @@ TEST(ParameterServerTest, SynchronousStepsAverageBothTrainersAndPullsWaitForThem
   EXPECT_TRUE(d.group->ShutdownAll().ok());
 }
 
+// Three trainers: the first two pushes of a step are summed as they arrive, the third
+// completes the average (one server, trainers on ranks 1-3).
+TEST(ParameterServerTest, ThreeSynchronousTrainersAverageAllThreePushes) {
+  std::shared_ptr<ParameterServer> server;
+  auto group = rpc::testing::AgentGroup::Start(4, [&](rpc::Agent& a) {
+    if (a.self().rank == 0) server = *ParameterServer::Install(a);
+  });
+  ASSERT_NE(group, nullptr);
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int t = 0; t < 3; ++t) clients.push_back(std::make_unique<Client>((*group)[1 + t], std::vector<std::string>{"worker0"}, t, 3));
+  for (auto& c : clients) ASSERT_TRUE(c->CreateDense("w", Tensor::Zeros({5}), optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
+  std::vector<Future<Tensor>> next;
+  for (int t = 0; t < 3; ++t) next.push_back(clients[static_cast<size_t>(t)]->PushPull("w", 0, Tensor::Full({5}, 1.0 + t)));
+  for (Future<Tensor>& f : next) {
+    absl::StatusOr<Tensor> v = f.Get(absl::Seconds(20));
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->ToVector<float>(), std::vector<float>(5, -2.0f));  // 0 - 1.0 * mean(1, 2, 3)
+  }
+  EXPECT_TRUE(group->ShutdownAll().ok());
+}
+
 TEST(ParameterServerTest, PushPullManyExchangesSeveralTablesInOneMessagePerServer) {
   Deployment d;
   ASSERT_NE(d.group, nullptr);

@@ -1,7 +1,5 @@
 #include "transport/shm/shm_transport.h"
 
-#include <poll.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
