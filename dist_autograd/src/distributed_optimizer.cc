@@ -86,7 +86,7 @@ class OptimizerHost {
     hosted->config = *c;
     for (rpc::RRef<Tensor>& p : params) {
       if (!p.IsOwner()) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter RRef #", p.id(), " is owned by ", p.Owner(),
+        return absl::InvalidArgumentError(absl::StrCat("parameter RRef #", p.id().ToString(), " is owned by ", p.Owner(),
                                                        ", not by this worker"));
       }
       Hosted::Param param;

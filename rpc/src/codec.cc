@@ -4,6 +4,8 @@
 #include "gradwire/proto/rpc.pb.h"
 #include "gradwire/rpc/rref.h"
 
+#include <optional>
+
 namespace gw::rpc::internal {
 namespace {
 
@@ -40,11 +42,11 @@ absl::Status ToProto(const Value& v, std::vector<Tensor>* tensors, pb::Value* ou
       }
       const RRefDescriptor& d = r->descriptor();
       pb::RRef* out_ref = out->mutable_rref();
-      out_ref->set_rref_id(d.rref_id);
-      out_ref->set_fork_id(d.fork_id);
+      out_ref->set_rref_id(d.rref_id.bits());
+      out_ref->set_fork_id(d.fork_id.bits());
       out_ref->set_owner(d.owner);
       out_ref->set_parent(d.parent);
-      out_ref->set_parent_fork(d.parent_fork);
+      out_ref->set_parent_fork(d.parent_fork.bits());
       out_ref->set_type(d.type);
       return absl::OkStatus();
     }
@@ -93,12 +95,19 @@ absl::StatusOr<Value> FromProto(const pb::Value& v, const std::vector<Tensor>& t
     }
     case pb::Value::kRref: {
       const pb::RRef& r = v.rref();
-      if (r.rref_id() == 0 || r.owner() < 0 || r.parent() < 0) {
-        return absl::InvalidArgumentError("malformed RRef (zero id or negative rank)");
+      // Ids are checked here; whether they fit together is AdoptIncoming's business.
+      auto id = [](uint64_t bits, bool may_be_null) -> std::optional<GlobalId> {
+        if (bits == 0) return may_be_null ? std::optional<GlobalId>(GlobalId()) : std::nullopt;
+        return GlobalId::FromBits(bits);
+      };
+      std::optional<GlobalId> rref = id(r.rref_id(), false), fork = id(r.fork_id(), true),
+                              parent_fork = id(r.parent_fork(), true);
+      if (!rref || !fork || !parent_fork || r.owner() < 0 || r.parent() < 0) {
+        return absl::InvalidArgumentError("malformed RRef (bad id or negative rank)");
       }
       *has_rrefs = true;
       return Value(std::make_shared<RRefState>(
-          RRefDescriptor{r.rref_id(), r.fork_id(), r.owner(), r.parent(), r.parent_fork(), r.type()}));
+          RRefDescriptor{*rref, *fork, r.owner(), r.parent(), *parent_fork, r.type()}));
     }
     case pb::Value::kMap: {
       ValueMap out;

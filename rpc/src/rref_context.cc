@@ -5,41 +5,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gradwire/rpc/errors.h"
+#include "gradwire/rpc/retry.h"
 
 namespace gw::rpc::internal {
 namespace {
 
-constexpr char kRemoteFn[] = "__rref.remote";
-constexpr char kFetchFn[] = "__rref.fetch";
-constexpr char kCallFn[] = "__rref.call";
-constexpr char kForkFn[] = "__rref.fork";
-constexpr char kAcceptFn[] = "__rref.accept";
-constexpr char kDeleteFn[] = "__rref.delete";
-constexpr int kControlAttempts = 3;
-
-int64_t I(uint64_t x) { return static_cast<int64_t>(x); }
-uint64_t U(const Value& v) { return static_cast<uint64_t>(v.get<int64_t>()); }
-
-// The first `ints` arguments must be integers, then `strings` strings.
-absl::Status CheckArgs(const ValueList& a, size_t n, size_t ints, const char* what) {
-  if (a.size() != n) return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", n, " arguments"));
-  for (size_t i = 0; i < ints; ++i) {
-    if (!a[i].is<int64_t>()) return absl::InvalidArgumentError(absl::StrCat(what, ": argument ", i + 1, " is not an id"));
-  }
-  return absl::OkStatus();
-}
-
-// Errors after which retrying a control message cannot help.
-bool Permanent(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kInternal:
-    case absl::StatusCode::kResourceExhausted:
-    case absl::StatusCode::kUnavailable:  // a dropped connection to a live peer redials
-      return false;
-    default:
-      return true;
-  }
+// Control messages (RRefFork, RRefAccept, RRefDelete) while their peer is UNAVAILABLE.
+RetryPolicy ControlRetry(absl::Duration deadline) {
+  RetryPolicy p;
+  p.initial_backoff = absl::Milliseconds(50);
+  p.max_backoff = absl::Seconds(1);
+  p.max_attempts = 6;
+  p.deadline = deadline;
+  return p;
 }
 
 // fn(result of f) as a future, run on the thread that completes f (or at once): results
@@ -81,8 +60,8 @@ Future<Value> RRefState::Fetch(CallOptions options) const { return ctx_->Fetch(d
 
 absl::StatusOr<Value> RRefState::LocalValue() const {
   if (!is_owner_) {
-    return absl::FailedPreconditionError(absl::StrCat("LocalValue of RRef #", d_.rref_id, ": this worker is not its owner (",
-                                                      owner_name(), " is); use ToHere"));
+    return absl::FailedPreconditionError(absl::StrCat("LocalValue of RRef #", d_.rref_id.ToString(),
+                                                      ": this worker is not its owner (", owner_name(), " is); use ToHere"));
   }
   return ctx_->LocalValue(d_);
 }
@@ -98,44 +77,26 @@ std::shared_ptr<RRefState> RRefState::Remote(const std::string& method, ValueLis
 
 // ------------------------------------------------------------------ RRefContext
 
-RRefContext::RRefContext(Hooks hooks) : hooks_(std::move(hooks)) {}
+RRefContext::RRefContext(Hooks hooks) : hooks_(std::move(hooks)), ids_(hooks_.self_rank) {}
 
 absl::Status RRefContext::RegisterFunctions() {
   // All quick and non-blocking: they run on the I/O thread that received them.
   const RegisterOptions inline_mode{HandlerMode::kInline};
   auto self = this;  // the agent owns this context and outlives its handlers
-  auto status_handler = [self](absl::Status (RRefContext::*fn)(ValueList)) -> RawHandler {
-    return [self, fn](const CallInfo&, ValueList args) {
-      absl::Status s = (self->*fn)(std::move(args));
-      return MakeReadyFuture<Value>(self->Exec(), s.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(s));
-    };
-  };
   Agent& agent = *hooks_.agent;
   for (absl::Status s : {
-           agent.RegisterRaw(kRemoteFn, [self](const CallInfo& i, ValueList a) { return self->OnRemote(i, std::move(a)); },
-                             inline_mode),
-           agent.RegisterRaw(kFetchFn, [self](const CallInfo&, ValueList a) { return self->OnFetch(std::move(a)); },
-                             inline_mode),
-           agent.RegisterRaw(kCallFn, [self](const CallInfo& i, ValueList a) { return self->OnCall(i, std::move(a)); },
-                             inline_mode),
-           agent.RegisterRaw(kForkFn,
-                             [self](const CallInfo& i, ValueList a) {
-                               absl::Status s = self->OnFork(i, std::move(a));
-                               return MakeReadyFuture<Value>(
-                                   self->Exec(), s.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(s));
-                             },
-                             inline_mode),
-           agent.RegisterRaw(kAcceptFn, status_handler(&RRefContext::OnAccept), inline_mode),
-           agent.RegisterRaw(kDeleteFn, status_handler(&RRefContext::OnDelete), inline_mode),
+           agent.Handle<RRefRemote>([self](const CallInfo& i, RRefRemote m) { return self->OnRemote(i, std::move(m)); },
+                                    inline_mode),
+           agent.Handle<RRefFetch>([self](const CallInfo&, const RRefFetch& m) { return self->OnFetch(m); }, inline_mode),
+           agent.Handle<RRefCall>([self](const CallInfo& i, RRefCall m) { return self->OnCall(i, std::move(m)); },
+                                  inline_mode),
+           agent.Handle<RRefFork>([self](const CallInfo& i, const RRefFork& m) { return self->OnFork(i, m); }, inline_mode),
+           agent.Handle<RRefAccept>([self](const CallInfo&, const RRefAccept& m) { return self->OnAccept(m); }, inline_mode),
+           agent.Handle<RRefDelete>([self](const CallInfo&, const RRefDelete& m) { return self->OnDelete(m); }, inline_mode),
        }) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
-}
-
-uint64_t RRefContext::NewId() {
-  // The rank (+1, so that no id is 0) in the top 16 bits, a counter below.
-  return (static_cast<uint64_t>(hooks_.self_rank + 1) << 48) | next_id_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void RRefContext::SetWorkerNames(std::vector<std::string> names) {
@@ -158,7 +119,7 @@ Executor& RRefContext::Exec() {
   return hooks_.agent->executor();
 }
 
-RRefContext::Owned& RRefContext::OwnedEntry(uint64_t rref_id, const std::string& type) {
+RRefContext::Owned& RRefContext::OwnedEntry(GlobalId rref_id, const std::string& type) {
   auto it = owned_.find(rref_id);
   if (it == owned_.end()) it = owned_.emplace(rref_id, Owned(Exec())).first;
   if (it->second.type.empty()) it->second.type = type;
@@ -200,9 +161,9 @@ void RRefContext::StartCreation(Promise<Value> promise, const std::string& calle
 }
 
 RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList args, CallOptions options,
-                            std::string type, uint64_t self_rref) {
+                            std::string type, GlobalId self_rref) {
   const int self = hooks_.self_rank;
-  const uint64_t id = NewId();
+  const GlobalId id = ids_.Next();
   if (owner == self) {
     std::optional<Promise<Value>> promise;
     std::optional<Future<Value>> self_value;
@@ -213,8 +174,8 @@ RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList ar
       e.local = 1;
       promise = e.promise;
       if (closed_) {
-        e.promise.Set(absl::FailedPreconditionError("the agent has shut down"));
-      } else if (self_rref != 0) {
+        e.promise.Set(ShutDown());
+      } else if (self_rref.valid()) {
         auto it = owned_.find(self_rref);
         if (it != owned_.end()) self_value = it->second.value;
       }
@@ -224,9 +185,9 @@ RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList ar
     } else if (!closed()) {
       StartCreation(*promise, WorkerName(self), function, std::move(args), std::move(self_value));
     }
-    return std::make_shared<RRefState>(shared_from_this(), RRefDescriptor{id, 0, self, self, 0, type}, true);
+    return std::make_shared<RRefState>(shared_from_this(), RRefDescriptor{id, {}, self, self, {}, type}, true);
   }
-  const uint64_t fork = NewId();
+  const GlobalId fork = ids_.Next();
   bool send = false;
   {
     absl::MutexLock lock(&mu_);
@@ -235,7 +196,7 @@ RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList ar
     u.owner = owner;
     if (closed_) {
       u.state = ForkState::kFailed;
-      u.error = absl::FailedPreconditionError("the agent has shut down");
+      u.error = ShutDown();
     } else if (owner < 0 || owner >= hooks_.world_size) {
       u.state = ForkState::kFailed;
       u.error = absl::NotFoundError(absl::StrCat("Remote: no worker of rank ", owner));
@@ -244,19 +205,17 @@ RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList ar
       send = true;
     }
   }
-  auto state = std::make_shared<RRefState>(shared_from_this(), RRefDescriptor{id, fork, owner, self, 0, type}, false);
+  auto state = std::make_shared<RRefState>(shared_from_this(), RRefDescriptor{id, fork, owner, self, {}, type}, false);
   if (send) {
-    ValueList message{Value(I(id)),       Value(I(fork)),      Value(int64_t{self}), Value(function),
-                      Value(std::move(args)), Value(I(self_rref)), Value(type)};
     auto ctx = shared_from_this();
-    hooks_.agent->CallRaw(WorkerName(owner), kRemoteFn, std::move(message), options,
-                          [ctx, fork](absl::StatusOr<Value> r) { ctx->Confirm(fork, r.status(), true); });
+    hooks_.agent->Send(WorkerName(owner), RRefRemote{id, fork, function, std::move(args), self_rref, type}, options,
+                       [ctx, fork](const absl::StatusOr<Ack>& r) { ctx->Confirm(fork, r.status(), true); });
   }
   return state;
 }
 
 RRefPtr RRefContext::Own(Value value, std::string type) {
-  const uint64_t id = NewId();
+  const GlobalId id = ids_.Next();
   {
     absl::MutexLock lock(&mu_);
     Owned& e = OwnedEntry(id, type);
@@ -264,36 +223,36 @@ RRefPtr RRefContext::Own(Value value, std::string type) {
     e.local = 1;
     e.promise.Set(std::move(value));
   }
-  return std::make_shared<RRefState>(shared_from_this(),
-                                     RRefDescriptor{id, 0, hooks_.self_rank, hooks_.self_rank, 0, type}, true);
+  return std::make_shared<RRefState>(shared_from_this(), RRefDescriptor{id, {}, hooks_.self_rank, hooks_.self_rank, {}, type},
+                                     true);
 }
 
-Future<Value> RRefContext::OnRemote(const CallInfo& info, ValueList a) {
-  if (absl::Status s = CheckArgs(a, 7, 3, kRemoteFn); !s.ok()) return Failed(s);
-  if (!a[3].is<std::string>() || !a[4].is<ValueList>() || !a[5].is<int64_t>() || !a[6].is<std::string>()) {
-    return Failed(absl::InvalidArgumentError("__rref.remote: malformed request"));
-  }
-  const uint64_t id = U(a[0]), fork = U(a[1]), self_rref = U(a[5]);
+absl::Status RRefContext::ShutDown() const {
+  return ShuttingDownError(WorkerName(hooks_.self_rank), "its RRefs are no longer usable");
+}
+
+absl::Status RRefContext::OnRemote(const CallInfo& info, RRefRemote m) {
   const int from = info.caller_rank;  // the connection's, not what the message claims
-  const std::string& function = a[3].get<std::string>();
-  if (from < 0 || id == 0 || fork == 0) return Failed(absl::InvalidArgumentError("__rref.remote: malformed request"));
-  if (!hooks_.has_function(function)) {
-    absl::Status s = absl::NotFoundError(absl::StrCat(WorkerName(hooks_.self_rank), " has no function '", function,
+  if (from < 0 || !m.rref.valid() || !m.fork.valid()) {
+    return absl::InvalidArgumentError("RRefRemote: malformed request (null id or unidentified caller)");
+  }
+  if (!hooks_.has_function(m.function)) {
+    absl::Status s = absl::NotFoundError(absl::StrCat(WorkerName(hooks_.self_rank), " has no function '", m.function,
                                                       "' (Remote)"));
-    FailUnfilled(id, s);  // forks of it that arrived first must not wait for it
-    return Failed(s);
+    FailUnfilled(m.rref, s);  // forks of it that arrived first must not wait for it
+    return s;
   }
   std::optional<Promise<Value>> promise;
   std::optional<Future<Value>> self_value;
   {
     absl::MutexLock lock(&mu_);
-    if (closed_) return MakeReadyFuture<Value>(closed_executor_, absl::FailedPreconditionError("shutting down"));
-    if (self_rref != 0) {
-      auto it = owned_.find(self_rref);
+    if (closed_) return ShutDown();
+    if (m.self_rref.valid()) {
+      auto it = owned_.find(m.self_rref);
       if (it == owned_.end()) {
-        absl::Status s = absl::NotFoundError(absl::StrCat("RRef #", self_rref, " is not owned by ",
+        absl::Status s = absl::NotFoundError(absl::StrCat("RRef #", m.self_rref.ToString(), " is not owned by ",
                                                           WorkerName(hooks_.self_rank), " (freed?)"));
-        auto e = owned_.find(id);
+        auto e = owned_.find(m.rref);
         if (e != owned_.end() && !e->second.created) {
           e->second.created = true;
           promise = e->second.promise;
@@ -301,25 +260,22 @@ Future<Value> RRefContext::OnRemote(const CallInfo& info, ValueList a) {
         mu_.Unlock();
         if (promise) promise->Set(s);
         mu_.Lock();
-        return MakeReadyFuture<Value>(Exec(), s);
+        return s;
       }
       self_value = it->second.value;
     }
-    Owned& e = OwnedEntry(id, a[6].get<std::string>());
-    e.forks[fork] = from;
+    Owned& e = OwnedEntry(m.rref, m.type);
+    e.forks[m.fork] = from;
     if (!e.created) {  // else: a retried request
       e.created = true;
       promise = e.promise;
     }
   }
-  if (promise) {
-    StartCreation(*promise, info.caller, function, std::move(std::get<ValueList>(a[4].storage())),
-                  std::move(self_value));
-  }
-  return MakeReadyFuture<Value>(Exec(), Value());  // the acknowledgement
+  if (promise) StartCreation(*promise, info.caller, m.function, std::move(m.args), std::move(self_value));
+  return absl::OkStatus();  // the acknowledgement
 }
 
-void RRefContext::FailUnfilled(uint64_t rref_id, const absl::Status& s) {
+void RRefContext::FailUnfilled(GlobalId rref_id, const absl::Status& s) {
   constexpr size_t kRemembered = 10000;
   std::optional<Promise<Value>> promise;
   {
@@ -339,9 +295,9 @@ void RRefContext::FailUnfilled(uint64_t rref_id, const absl::Status& s) {
   promise->Set(s);
 }
 
-bool RRefContext::KnownOrForeign(uint64_t rref_id) const {
+bool RRefContext::KnownOrForeign(GlobalId rref_id) const {
   // Ids carry their creator's rank: one of ours that is not in the table was freed.
-  return owned_.contains(rref_id) || (rref_id >> 48) != static_cast<uint64_t>(hooks_.self_rank + 1);
+  return owned_.contains(rref_id) || rref_id.rank() != hooks_.self_rank;
 }
 
 // ------------------------------------------------------------------ forks
@@ -386,16 +342,20 @@ absl::Status RRefContext::PrepareOutgoing(Value* payload, int dest) {
     status = Walk(payload, [&](RRefPtr& r) ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
       if (!r->attached()) return absl::InternalError("an RRef in transit was sent on without being adopted");
       const RRefDescriptor& d = r->descriptor();
-      RRefDescriptor child{d.rref_id, NewId(), d.owner, self, 0, d.type};
+      RRefDescriptor child{d.rref_id, ids_.Next(), d.owner, self, {}, d.type};
       if (r->is_owner()) {
         auto it = owned_.find(d.rref_id);
-        if (it == owned_.end()) return absl::FailedPreconditionError(absl::StrCat("RRef #", d.rref_id, " was freed"));
+        if (it == owned_.end()) {
+          return absl::FailedPreconditionError(absl::StrCat("RRef #", d.rref_id.ToString(), " was freed"));
+        }
         it->second.forks[child.fork_id] = dest;
       } else {
         auto it = users_.find(d.fork_id);
-        if (it == users_.end()) return absl::FailedPreconditionError(absl::StrCat("RRef #", d.rref_id, " was released"));
+        if (it == users_.end()) {
+          return absl::FailedPreconditionError(absl::StrCat("RRef #", d.rref_id.ToString(), " was released"));
+        }
         if (it->second.state == ForkState::kFailed) {
-          return absl::FailedPreconditionError(absl::StrCat("cannot send RRef #", d.rref_id,
+          return absl::FailedPreconditionError(absl::StrCat("cannot send RRef #", d.rref_id.ToString(),
                                                             ": it is not valid: ", it->second.error.message()));
         }
         it->second.children[child.fork_id] = dest;
@@ -415,7 +375,7 @@ absl::Status RRefContext::PrepareOutgoing(Value* payload, int dest) {
 }
 
 void RRefContext::Unfork(const RRefDescriptor& child, Outbox& out) {
-  if (child.parent_fork == 0) {
+  if (!child.parent_fork.valid()) {
     auto it = owned_.find(child.rref_id);
     if (it == owned_.end()) return;
     it->second.forks.erase(child.fork_id);
@@ -448,18 +408,19 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
-    if (closed_) return absl::FailedPreconditionError("the agent has shut down");
+    if (closed_) return ShutDown();
     status = Walk(payload, [&](RRefPtr& r) ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
       if (r->attached()) return absl::OkStatus();  // sent to ourselves through a local path
       const RRefDescriptor d = r->descriptor();
-      if (d.owner >= world || d.parent >= world || d.parent != from || d.fork_id == 0 ||
-          (d.parent_fork == 0) != (d.parent == d.owner)) {
-        return absl::InvalidArgumentError(absl::StrCat("malformed RRef #", d.rref_id, " from rank ", from));
+      if (d.owner >= world || d.parent >= world || d.parent != from || !d.fork_id.valid() ||
+          d.parent_fork.valid() == (d.parent == d.owner)) {
+        return absl::InvalidArgumentError(absl::StrCat("malformed RRef #", d.rref_id.ToString(), " from rank ", from));
       }
       auto ctx = shared_from_this();
       if (d.owner == self) {
         if (!KnownOrForeign(d.rref_id)) {
-          return absl::NotFoundError(absl::StrCat("RRef #", d.rref_id, " sent by rank ", from, " was already freed"));
+          return absl::NotFoundError(
+              absl::StrCat("RRef #", d.rref_id.ToString(), " sent by rank ", from, " was already freed"));
         }
         if (auto f = failed_creations_.find(d.rref_id); f != failed_creations_.end() && !owned_.contains(d.rref_id)) {
           return f->second;
@@ -469,22 +430,15 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
         if (d.parent == self) {
           e.forks.erase(d.fork_id);
         } else {
-          const uint64_t parent_fork = d.parent_fork, fork = d.fork_id;
-          const int parent = d.parent;
-          ++in_flight_;
-          out.actions.push_back([ctx, parent, parent_fork, fork] {
-            ctx->SendControl(parent, kAcceptFn, {Value(I(parent_fork)), Value(I(fork))}, [ctx](absl::Status) {
-              absl::MutexLock lock(&ctx->mu_);
-              --ctx->in_flight_;
-            });
-          });
+          QueueAccept(d.parent, d.parent_fork, d.fork_id, out);
         }
         replaced.push_back(std::move(r));
-        r = std::make_shared<RRefState>(ctx, RRefDescriptor{d.rref_id, 0, self, self, 0, d.type}, true);
+        r = std::make_shared<RRefState>(ctx, RRefDescriptor{d.rref_id, {}, self, self, {}, d.type}, true);
         return absl::OkStatus();
       }
       if (users_.contains(d.fork_id)) {
-        return absl::InvalidArgumentError(absl::StrCat("RRef fork #", d.fork_id, " from rank ", from, " arrived twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("RRef fork #", d.fork_id.ToString(), " from rank ", from, " arrived twice"));
       }
       UserFork& u = users_[d.fork_id];
       u.rref_id = d.rref_id;
@@ -496,11 +450,10 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
         u.accept_to = d.parent;
         u.accept_parent_fork = d.parent_fork;
         ++in_flight_;
-        const uint64_t rref_id = d.rref_id, fork = d.fork_id;
+        const GlobalId rref_id = d.rref_id, fork = d.fork_id;
         const int owner = d.owner;
-        out.actions.push_back([ctx, owner, rref_id, fork, self] {
-          ctx->SendControl(owner, kForkFn, {Value(I(rref_id)), Value(I(fork)), Value(int64_t{self})},
-                           [ctx, fork](absl::Status s) { ctx->Confirm(fork, s, true); });
+        out.actions.push_back([ctx, owner, rref_id, fork] {
+          ctx->SendControl(owner, RRefFork{rref_id, fork}, [ctx, fork](absl::Status s) { ctx->Confirm(fork, s, true); });
         });
       }
       replaced.push_back(std::move(r));
@@ -512,7 +465,7 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
   return status;
 }
 
-void RRefContext::Confirm(uint64_t fork, absl::Status status, bool in_flight) {
+void RRefContext::Confirm(GlobalId fork, absl::Status status, bool in_flight) {
   Outbox out;
   {
     absl::MutexLock lock(&mu_);
@@ -524,32 +477,34 @@ void RRefContext::Confirm(uint64_t fork, absl::Status status, bool in_flight) {
       u.state = ForkState::kConfirmed;
     } else {
       u.state = ForkState::kFailed;
-      u.error = absl::Status(status.code(), absl::StrCat("RRef #", u.rref_id, " owned by ", WorkerName(u.owner),
-                                                         ": ", status.message()));
+      u.error = absl::Status(status.code(), absl::StrCat("RRef #", u.rref_id.ToString(), " owned by ",
+                                                         WorkerName(u.owner), ": ", status.message()));
       // A timed-out request may still have registered the fork: it is deleted like a
       // confirmed one once its children are settled (DELETE is idempotent).
       u.maybe_registered = status.code() == absl::StatusCode::kDeadlineExceeded;
     }
     // Confirmed or failed, the parent may now let go of its own fork.
     if (u.accept_to >= 0) {
-      auto ctx = shared_from_this();
-      const int parent = u.accept_to;
-      const uint64_t parent_fork = u.accept_parent_fork;
+      QueueAccept(u.accept_to, u.accept_parent_fork, fork, out);
       u.accept_to = -1;
-      ++in_flight_;
-      out.actions.push_back([ctx, parent, parent_fork, fork] {
-        ctx->SendControl(parent, kAcceptFn, {Value(I(parent_fork)), Value(I(fork))}, [ctx](absl::Status) {
-          absl::MutexLock lock(&ctx->mu_);
-          --ctx->in_flight_;
-        });
-      });
     }
     MaybeDelete(fork, out);
   }
   Run(out);
 }
 
-void RRefContext::MaybeDelete(uint64_t fork, Outbox& out) {
+void RRefContext::QueueAccept(int parent, GlobalId parent_fork, GlobalId fork, Outbox& out) {
+  auto ctx = shared_from_this();
+  ++in_flight_;
+  out.actions.push_back([ctx, parent, parent_fork, fork] {
+    ctx->SendControl(parent, RRefAccept{parent_fork, fork}, [ctx](absl::Status) {
+      absl::MutexLock lock(&ctx->mu_);
+      --ctx->in_flight_;
+    });
+  });
+}
+
+void RRefContext::MaybeDelete(GlobalId fork, Outbox& out) {
   auto it = users_.find(fork);
   if (it == users_.end()) return;
   UserFork& u = it->second;
@@ -558,16 +513,16 @@ void RRefContext::MaybeDelete(uint64_t fork, Outbox& out) {
   users_.erase(it);
 }
 
-void RRefContext::MaybeFree(uint64_t rref_id, Outbox& out) {
+void RRefContext::MaybeFree(GlobalId rref_id, Outbox& out) {
   auto it = owned_.find(rref_id);
   if (it == owned_.end() || !it->second.forks.empty() || it->second.local > 0) return;
   out.garbage.push_back(std::move(it->second));
   owned_.erase(it);
 }
 
-void RRefContext::QueueDelete(int owner, uint64_t rref_id, uint64_t fork, Outbox& out) {
+void RRefContext::QueueDelete(int owner, GlobalId rref_id, GlobalId fork, Outbox& out) {
   DeleteQueue& q = deletes_[owner];
-  q.queued.emplace_back(rref_id, fork);
+  q.queued.push_back(ForkOf{rref_id, fork});
   if (q.in_flight) return;  // goes with the next batch
   q.in_flight = true;
   auto ctx = shared_from_this();
@@ -576,7 +531,7 @@ void RRefContext::QueueDelete(int owner, uint64_t rref_id, uint64_t fork, Outbox
 
 // One DELETE message at a time per owner; deletes queued meanwhile travel together.
 void RRefContext::SendDeletes(int owner) {
-  ValueList batch;
+  RRefDelete batch;
   {
     absl::MutexLock lock(&mu_);
     DeleteQueue& q = deletes_[owner];
@@ -584,15 +539,11 @@ void RRefContext::SendDeletes(int owner) {
       q.in_flight = false;
       return;
     }
-    for (const auto& [rref_id, fork] : q.queued) {
-      batch.push_back(Value(I(rref_id)));
-      batch.push_back(Value(I(fork)));
-    }
-    q.queued.clear();
+    batch.forks.swap(q.queued);
     ++in_flight_;
   }
   auto ctx = shared_from_this();
-  SendControl(owner, kDeleteFn, {Value(std::move(batch))}, [ctx, owner](absl::Status) {
+  SendControl(owner, std::move(batch), [ctx, owner](absl::Status) {
     {
       absl::MutexLock lock(&ctx->mu_);
       --ctx->in_flight_;
@@ -601,75 +552,71 @@ void RRefContext::SendDeletes(int owner) {
   });
 }
 
-void RRefContext::SendControl(int to, const std::string& function, ValueList args,
-                              std::function<void(absl::Status)> done, int attempt, bool on_pool) {
-  auto ctx = shared_from_this();
+template <typename M>
+void RRefContext::SendControl(int to, M message, std::function<void(absl::Status)> done) {
   if (closed()) {
-    done(absl::FailedPreconditionError("the agent has shut down"));
+    done(ShutDown());
     return;
   }
-  if (attempt == 0 && !on_pool) {
-    // Sends may block on a full socket: never on a transport I/O thread.
-    hooks_.defer([ctx, to, function, args = std::move(args), done = std::move(done)]() mutable {
-      ctx->SendControl(to, function, std::move(args), std::move(done), 0, /*on_pool=*/true);
-    });
-    return;
-  }
-  hooks_.agent->CallRaw(WorkerName(to), function, args, {},
-                        [ctx, to, function, args, done, attempt](absl::StatusOr<Value> r) {
-                          if (r.ok() || Permanent(r.status()) || attempt + 1 >= kControlAttempts) {
-                            done(r.status());
-                          } else {
-                            ctx->SendControl(to, function, args, done, attempt + 1, true);
-                          }
-                        });
+  // Sends may block on a full socket or a dial: never on a transport I/O thread.
+  auto ctx = shared_from_this();
+  hooks_.defer([ctx, to, message = std::move(message), done = std::move(done)]() mutable {
+    if (ctx->closed()) {
+      done(ctx->ShutDown());
+      return;
+    }
+    RetryPolicy policy = ControlRetry(ctx->hooks_.default_timeout);
+    policy.retryable = [ctx, to](const absl::Status& s) {
+      if (!IsRetryable(s) || ctx->closed()) return false;
+      absl::MutexLock lock(&ctx->mu_);
+      return !ctx->gone_.contains(to);
+    };
+    Agent& agent = *ctx->hooks_.agent;
+    const std::string peer = ctx->WorkerName(to);
+    Retry<Ack>(agent.executor(), agent.timers(), std::move(policy),
+               [&agent, peer, message = std::move(message)](int) { return agent.Send(peer, message); })
+        .Subscribe([done = std::move(done)](const absl::StatusOr<Ack>& r) { done(r.status()); });
+  });
 }
 
-absl::Status RRefContext::OnFork(const CallInfo& info, ValueList a) {
-  if (absl::Status s = CheckArgs(a, 3, 3, kForkFn); !s.ok()) return s;
-  if (info.caller_rank < 0 || U(a[0]) == 0 || U(a[1]) == 0) return absl::InvalidArgumentError("__rref.fork: malformed");
+absl::Status RRefContext::OnFork(const CallInfo& info, const RRefFork& m) {
+  if (info.caller_rank < 0 || !m.rref.valid() || !m.fork.valid()) {
+    return absl::InvalidArgumentError("RRefFork: malformed request (null id or unidentified caller)");
+  }
   absl::MutexLock lock(&mu_);
-  if (closed_) return absl::FailedPreconditionError("shutting down");
-  if (!KnownOrForeign(U(a[0]))) return absl::NotFoundError(absl::StrCat("RRef #", U(a[0]), " was already freed"));
-  if (auto f = failed_creations_.find(U(a[0])); f != failed_creations_.end() && !owned_.contains(U(a[0]))) {
+  if (closed_) return ShutDown();
+  if (!KnownOrForeign(m.rref)) return absl::NotFoundError(absl::StrCat("RRef #", m.rref.ToString(), " was already freed"));
+  if (auto f = failed_creations_.find(m.rref); f != failed_creations_.end() && !owned_.contains(m.rref)) {
     return f->second;
   }
-  // May come before the REMOTE that creates the value (another worker sent it).
-  OwnedEntry(U(a[0]), "").forks[U(a[1])] = info.caller_rank;
+  // May come before the RRefRemote that creates the value (another worker sent it).
+  OwnedEntry(m.rref, "").forks[m.fork] = info.caller_rank;
   return absl::OkStatus();
 }
 
-absl::Status RRefContext::OnAccept(ValueList a) {
-  if (absl::Status s = CheckArgs(a, 2, 2, kAcceptFn); !s.ok()) return s;
+absl::Status RRefContext::OnAccept(const RRefAccept& m) {
   Outbox out;
   {
     absl::MutexLock lock(&mu_);
-    auto it = users_.find(U(a[0]));
+    auto it = users_.find(m.parent_fork);
     if (it != users_.end()) {
-      it->second.children.erase(U(a[1]));
-      MaybeDelete(U(a[0]), out);
+      it->second.children.erase(m.fork);
+      MaybeDelete(m.parent_fork, out);
     }
   }
   Run(out);
   return absl::OkStatus();
 }
 
-absl::Status RRefContext::OnDelete(ValueList a) {
-  if (a.size() != 1 || !a[0].is<ValueList>() || a[0].get<ValueList>().size() % 2 != 0) {
-    return absl::InvalidArgumentError("__rref.delete: malformed request");
-  }
-  const ValueList& pairs = a[0].get<ValueList>();
-  for (const Value& v : pairs) {
-    if (!v.is<int64_t>()) return absl::InvalidArgumentError("__rref.delete: malformed request");
-  }
+absl::Status RRefContext::OnDelete(const RRefDelete& m) {
   Outbox out;
   {
     absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < pairs.size(); i += 2) {
-      auto it = owned_.find(U(pairs[i]));
+    for (const ForkOf& f : m.forks) {
+      auto it = owned_.find(f.rref);
       if (it == owned_.end()) continue;  // a repeated delete
-      it->second.forks.erase(U(pairs[i + 1]));
-      MaybeFree(U(pairs[i]), out);
+      it->second.forks.erase(f.fork);
+      MaybeFree(f.rref, out);
     }
   }
   Run(out);
@@ -678,7 +625,7 @@ absl::Status RRefContext::OnDelete(ValueList a) {
 
 // ------------------------------------------------------------------ values
 
-Future<Value> RRefContext::ValueOf(uint64_t rref_id) {
+Future<Value> RRefContext::ValueOf(GlobalId rref_id) {
   absl::Status failed;
   {
     absl::MutexLock lock(&mu_);
@@ -687,57 +634,53 @@ Future<Value> RRefContext::ValueOf(uint64_t rref_id) {
     if (auto f = failed_creations_.find(rref_id); f != failed_creations_.end()) failed = f->second;
   }
   if (!failed.ok()) return Failed(failed);
-  return Failed(absl::NotFoundError(absl::StrCat("RRef #", rref_id, " is not owned by ",
+  return Failed(absl::NotFoundError(absl::StrCat("RRef #", rref_id.ToString(), " is not owned by ",
                                                  WorkerName(hooks_.self_rank), " (already freed?)")));
 }
 
-Future<Value> RRefContext::OnFetch(ValueList a) {
-  if (absl::Status s = CheckArgs(a, 1, 1, kFetchFn); !s.ok()) return Failed(s);
-  const uint64_t id = U(a[0]);
+Future<Value> RRefContext::OnFetch(const RRefFetch& m) {
+  const GlobalId id = m.rref;
   return Chain(ValueOf(id), Exec(), [id](const absl::StatusOr<Value>& v) -> absl::StatusOr<Value> {
     if (v.ok() && v->is<Object>()) {
-      return absl::FailedPreconditionError(absl::StrCat("RRef #", id, " holds an object of type ", v->get<Object>().type,
+      return absl::FailedPreconditionError(absl::StrCat("RRef #", id.ToString(), " holds an object of type ",
+                                                        v->get<Object>().type,
                                                         ", which stays on its owner: call its methods instead of ToHere"));
     }
     return v;
   });
 }
 
-Future<Value> RRefContext::OnCall(const CallInfo& info, ValueList a) {
-  if (a.size() != 3 || !a[0].is<int64_t>() || !a[1].is<std::string>() || !a[2].is<ValueList>()) {
-    return Failed(absl::InvalidArgumentError("__rref.call: malformed request"));
-  }
+Future<Value> RRefContext::OnCall(const CallInfo& info, RRefCall m) {
   auto ctx = shared_from_this();
-  return Chain(ValueOf(U(a[0])), Exec(),
-                 [ctx, caller = info.caller, method = a[1].get<std::string>(),
-                  args = std::move(std::get<ValueList>(a[2].storage()))](
-                     const absl::StatusOr<Value>& v) mutable -> Future<Value> {
-    if (!v.ok()) return ctx->Failed(v.status());
-    args.insert(args.begin(), *v);
-    return ctx->hooks_.invoke(caller, method, std::move(args));
-  });
+  return Chain(ValueOf(m.rref), Exec(),
+               [ctx, caller = info.caller, method = std::move(m.method), args = std::move(m.args)](
+                   const absl::StatusOr<Value>& v) mutable -> Future<Value> {
+                 if (!v.ok()) return ctx->Failed(v.status());
+                 args.insert(args.begin(), *v);
+                 return ctx->hooks_.invoke(caller, method, std::move(args));
+               });
 }
 
 Future<Value> RRefContext::Fetch(const RRefDescriptor& d, bool is_owner, CallOptions options) {
-  if (closed()) return Failed(absl::FailedPreconditionError("the agent has shut down"));
+  if (closed()) return Failed(ShutDown());
   if (is_owner) return ValueOf(d.rref_id);
   if (absl::Status s = UsableFork(d); !s.ok()) return Failed(s);
   Promise<Value> promise(Exec());
-  hooks_.agent->CallRaw(WorkerName(d.owner), kFetchFn, {Value(I(d.rref_id))}, options, Completion(d, promise));
+  hooks_.agent->Send(WorkerName(d.owner), RRefFetch{d.rref_id}, options, Completion(d, promise));
   return promise.future();
 }
 
 Future<Value> RRefContext::Call(const RRefDescriptor& d, bool is_owner, const std::string& method, ValueList args,
                                 CallOptions options) {
-  if (closed()) return Failed(absl::FailedPreconditionError("the agent has shut down"));
+  if (closed()) return Failed(ShutDown());
   if (is_owner) {
-    ValueList a{Value(I(d.rref_id)), Value(method), Value(std::move(args))};
-    return OnCall(CallInfo{WorkerName(hooks_.self_rank), method, hooks_.self_rank}, std::move(a));
+    return OnCall(CallInfo{WorkerName(hooks_.self_rank), method, hooks_.self_rank},
+                  RRefCall{d.rref_id, method, std::move(args)});
   }
   if (absl::Status s = UsableFork(d); !s.ok()) return Failed(s);
   Promise<Value> promise(Exec());
-  hooks_.agent->CallRaw(WorkerName(d.owner), kCallFn, {Value(I(d.rref_id)), Value(method), Value(std::move(args))},
-                        options, Completion(d, promise));
+  hooks_.agent->Send(WorkerName(d.owner), RRefCall{d.rref_id, method, std::move(args)}, options,
+                     Completion(d, promise));
   return promise.future();
 }
 
@@ -756,14 +699,14 @@ std::function<void(absl::StatusOr<Value>)> RRefContext::Completion(const RRefDes
 
 absl::Status RRefContext::UsableFork(const RRefDescriptor& d) {
   absl::MutexLock lock(&mu_);
-  if (closed_) return absl::FailedPreconditionError("the agent has shut down");
+  if (closed_) return ShutDown();
   auto it = users_.find(d.fork_id);
   if (it != users_.end() && it->second.state == ForkState::kFailed) return it->second.error;
   return absl::OkStatus();
 }
 
 absl::StatusOr<Value> RRefContext::LocalValue(const RRefDescriptor& d) {
-  if (closed()) return absl::FailedPreconditionError("the agent has shut down");
+  if (closed()) return ShutDown();
   return ValueOf(d.rref_id).Get(hooks_.default_timeout);
 }
 
@@ -803,11 +746,12 @@ void RRefContext::OnPeerGone(int rank) {
   {
     absl::MutexLock lock(&mu_);
     if (closed_ || rank == hooks_.self_rank) return;
-    std::vector<uint64_t> owned_ids, user_ids;
+    gone_.insert(rank);
+    std::vector<GlobalId> owned_ids, user_ids;
     for (auto& [id, e] : owned_) {
       absl::erase_if(e.forks, [rank](const auto& f) { return f.second == rank; });
       owned_ids.push_back(id);
-      if (!e.created && (id >> 48) == static_cast<uint64_t>(rank + 1)) {
+      if (!e.created && id.rank() == rank) {
         // Its creator died before its REMOTE arrived: it never will.
         e.created = true;
         Promise<Value> p = e.promise;
@@ -820,22 +764,32 @@ void RRefContext::OnPeerGone(int rank) {
       absl::erase_if(u.children, [rank](const auto& c) { return c.second == rank; });
       if (u.owner == rank && u.state != ForkState::kFailed) {
         u.state = ForkState::kFailed;
-        u.error = absl::UnavailableError(absl::StrCat("RRef #", u.rref_id, ": its owner ", WorkerName(rank),
-                                                      " is gone"));
+        u.error = UnavailableError(absl::StrCat("RRef #", u.rref_id.ToString(), "'s owner ", WorkerName(rank)),
+                                   "it is gone");
         u.children.clear();
       }
       if (u.accept_to == rank) u.accept_to = -1;
       user_ids.push_back(fork);
     }
     deletes_[rank].queued.clear();
-    for (uint64_t id : owned_ids) MaybeFree(id, out);
-    for (uint64_t fork : user_ids) MaybeDelete(fork, out);
+    for (GlobalId id : owned_ids) MaybeFree(id, out);
+    for (GlobalId fork : user_ids) MaybeDelete(fork, out);
   }
   Run(out);
 }
 
 bool RRefContext::Idle() const {
   absl::MutexLock lock(&mu_);
+  return IdleLocked();
+}
+
+bool RRefContext::AwaitIdle(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return IdleLocked(); };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+bool RRefContext::IdleLocked() const {
   if (in_flight_ > 0) return false;
   for (const auto& [_, q] : deletes_) {
     if (q.in_flight || !q.queued.empty()) return false;
@@ -854,7 +808,7 @@ std::vector<std::string> RRefContext::Leaks() const {
     for (const auto& [_, rank] : e.forks) holders.push_back(WorkerName(rank));
     std::sort(holders.begin(), holders.end());
     holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
-    out.push_back(absl::StrCat("RRef #", id, " (", e.type.empty() ? "unknown type" : e.type, ") owned by ",
+    out.push_back(absl::StrCat("RRef #", id.ToString(), " (", e.type.empty() ? "unknown type" : e.type, ") owned by ",
                                WorkerName(hooks_.self_rank), " is still referenced by ", e.forks.size(),
                                " fork(s) on ", absl::StrJoin(holders, ", ")));
   }
@@ -863,8 +817,12 @@ std::vector<std::string> RRefContext::Leaks() const {
 }
 
 RRefStats RRefContext::Stats() const {
-  RRefStats s;
   absl::MutexLock lock(&mu_);
+  return StatsLocked();
+}
+
+RRefStats RRefContext::StatsLocked() const {
+  RRefStats s;
   s.owned = static_cast<int64_t>(owned_.size());
   for (const auto& [_, e] : owned_) {
     s.owner_forks += static_cast<int64_t>(e.forks.size());
@@ -873,6 +831,12 @@ RRefStats RRefContext::Stats() const {
   s.users = static_cast<int64_t>(users_.size());
   s.pending_control = in_flight_;
   return s;
+}
+
+bool RRefContext::AwaitStats(const std::function<bool(const RRefStats&)>& until, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto holds = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return until(StatsLocked()); };
+  return mu_.AwaitWithDeadline(absl::Condition(&holds), deadline);
 }
 
 void RRefContext::Close() {

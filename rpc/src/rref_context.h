@@ -19,9 +19,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/global_id.h"
 #include "gradwire/rpc/rref.h"
+#include "rref_messages.h"
 
 namespace gw::rpc::internal {
 
@@ -47,11 +50,11 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   explicit RRefContext(Hooks hooks);
   // Worker names by rank, once the group is known (until then names read "rank N").
   void SetWorkerNames(std::vector<std::string> names);
-  // Registers the protocol's functions (__rref.*) on the agent.
+  // Serves the protocol's messages (rref_messages.h) on the agent.
   absl::Status RegisterFunctions();
 
   RRefPtr Remote(int owner, const std::string& function, ValueList args, CallOptions options,
-                 std::string type, uint64_t self_rref = 0);
+                 std::string type, GlobalId self_rref = {});
   RRefPtr Own(Value value, std::string type);
 
   // Outgoing payloads: every attached RRef becomes a new child fork for `dest`. On
@@ -66,9 +69,12 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // True when no control message (nor a REMOTE awaiting its acknowledgement) is in
   // flight or queued.
   bool Idle() const;
+  bool AwaitIdle(absl::Time deadline) const;
   // Owned values still referenced by other workers, one line each.
   std::vector<std::string> Leaks() const;
   RRefStats Stats() const;
+  // Waits until until(Stats()) holds, re-checked whenever the tables change.
+  bool AwaitStats(const std::function<bool(const RRefStats&)>& until, absl::Time deadline) const;
   // The agent is closing: fail everything, break reference cycles.
   void Close();
 
@@ -89,25 +95,25 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     explicit Owned(Executor& ex) : promise(ex), value(promise.future()) {}
     Promise<Value> promise;  // completed when the creating function finishes
     Future<Value> value;
-    absl::flat_hash_map<uint64_t, int> forks;  // fork id -> rank holding it
+    absl::flat_hash_map<GlobalId, int> forks;  // fork id -> rank holding it
     int64_t local = 0;                         // this worker's handles
     bool created = false;                      // REMOTE (or Own) arrived
     std::string type;
   };
   enum class ForkState { kPending, kConfirmed, kFailed };
   struct UserFork {
-    uint64_t rref_id = 0;
+    GlobalId rref_id;
     int owner = -1;
     ForkState state = ForkState::kPending;
     absl::Status error;
     bool released = false;
-    absl::flat_hash_map<uint64_t, int> children;  // unconfirmed child forks -> rank sent to
+    absl::flat_hash_map<GlobalId, int> children;  // unconfirmed child forks -> rank sent to
     int accept_to = -1;                           // parent to tell once settled
-    uint64_t accept_parent_fork = 0;
+    GlobalId accept_parent_fork;
     bool maybe_registered = false;                // failed by a timeout: the owner may know it
   };
   struct DeleteQueue {
-    std::vector<std::pair<uint64_t, uint64_t>> queued;  // (rref, fork)
+    std::vector<ForkOf> queued;
     bool in_flight = false;
   };
   // Work found under mu_ and done after it is released.
@@ -116,40 +122,45 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     std::vector<Owned> garbage;  // freed values: destroying them may release RRefs
   };
 
-  uint64_t NewId();
   bool closed() const;
+  RRefStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool ContainsRRef(const Value& v);
   void StartCreation(Promise<Value> promise, const std::string& caller, const std::string& function, ValueList args,
                      std::optional<Future<Value>> self_value);
   void Unfork(const RRefDescriptor& child, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UsableFork(const RRefDescriptor& d);
   std::function<void(absl::StatusOr<Value>)> Completion(const RRefDescriptor& d, Promise<Value> promise);
-  Owned& OwnedEntry(uint64_t rref_id, const std::string& type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeFree(uint64_t rref_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeDelete(uint64_t fork_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Owned& OwnedEntry(GlobalId rref_id, const std::string& type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFree(GlobalId rref_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeDelete(GlobalId fork_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Settles a PENDING fork; `in_flight` is the control message that carried it.
-  void Confirm(uint64_t fork_id, absl::Status status, bool in_flight);
+  void Confirm(GlobalId fork_id, absl::Status status, bool in_flight);
   Executor& Exec();  // the agent's pool, or closed_executor_ once closed
-  void QueueDelete(int owner, uint64_t rref_id, uint64_t fork_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueDelete(int owner, GlobalId rref_id, GlobalId fork_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendDeletes(int owner);
-  // A control message, retried on errors other than a dead peer or a closed agent.
-  void SendControl(int to, const std::string& function, ValueList args, std::function<void(absl::Status)> done,
-                   int attempt = 0, bool on_pool = false);
+  // Sends control message M (RRefFork, RRefAccept, RRefDelete) from the pool, retried by
+  // the agent's retry policy while the peer is UNAVAILABLE and not known to be gone.
+  template <typename M>
+  void SendControl(int to, M message, std::function<void(absl::Status)> done);
+  // Queues an RRefAccept to `parent` (counted in flight until it is answered).
+  void QueueAccept(int parent, GlobalId parent_fork, GlobalId fork, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a failed creation and fails an entry that forks created first.
-  void FailUnfilled(uint64_t rref_id, const absl::Status& s);
-  bool KnownOrForeign(uint64_t rref_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailUnfilled(GlobalId rref_id, const absl::Status& s);
+  bool KnownOrForeign(GlobalId rref_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(Outbox& out);
   Future<Value> Failed(absl::Status s);
-  Future<Value> ValueOf(uint64_t rref_id);
+  absl::Status ShutDown() const;
+  Future<Value> ValueOf(GlobalId rref_id);
   absl::Status Walk(Value* v, const std::function<absl::Status(RRefPtr&)>& fn);
 
   // Handlers of the protocol's messages.
-  Future<Value> OnRemote(const CallInfo& info, ValueList args);
-  Future<Value> OnFetch(ValueList args);
-  Future<Value> OnCall(const CallInfo& info, ValueList args);
-  absl::Status OnFork(const CallInfo& info, ValueList args);
-  absl::Status OnAccept(ValueList args);
-  absl::Status OnDelete(ValueList args);
+  absl::Status OnRemote(const CallInfo& info, RRefRemote m);
+  Future<Value> OnFetch(const RRefFetch& m);
+  Future<Value> OnCall(const CallInfo& info, RRefCall m);
+  absl::Status OnFork(const CallInfo& info, const RRefFork& m);
+  absl::Status OnAccept(const RRefAccept& m);
+  absl::Status OnDelete(const RRefDelete& m);
 
   const Hooks hooks_;
   // Completes futures after the agent closed (callbacks then run inline).
@@ -161,15 +172,17 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   mutable absl::Mutex mu_;
   std::atomic<bool> closed_{false};
   std::shared_ptr<const std::vector<std::string>> names_;  // atomic access
-  std::atomic<uint64_t> next_id_{1};
-  absl::flat_hash_map<uint64_t, Owned> owned_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, UserFork> users_ ABSL_GUARDED_BY(mu_);  // by fork id
+  GlobalIdGenerator ids_;
+  absl::flat_hash_map<GlobalId, Owned> owned_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<GlobalId, UserFork> users_ ABSL_GUARDED_BY(mu_);  // by fork id
   absl::flat_hash_map<int, DeleteQueue> deletes_ ABSL_GUARDED_BY(mu_);   // by owner rank
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // REMOTEs that failed here (bounded, oldest dropped): a fork of one that arrives later
   // gets the creation's error instead of waiting for a value that never comes.
-  absl::flat_hash_map<uint64_t, absl::Status> failed_creations_ ABSL_GUARDED_BY(mu_);
-  std::deque<uint64_t> failed_order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<GlobalId, absl::Status> failed_creations_ ABSL_GUARDED_BY(mu_);
+  std::deque<GlobalId> failed_order_ ABSL_GUARDED_BY(mu_);
+  // Workers declared dead (OnPeerGone): control messages to them are not retried.
+  absl::flat_hash_set<int> gone_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gw::rpc::internal

@@ -34,7 +34,7 @@ std::string Value::DebugString() const {
     std::string operator()(const RRefPtr& r) const {
       if (!r) return "rref(null)";
       const internal::RRefDescriptor& d = r->descriptor();
-      return absl::StrCat("rref(", d.type, " #", d.rref_id, " owned by rank ", d.owner, ")");
+      return absl::StrCat("rref(", d.type, " #", d.rref_id.ToString(), " owned by rank ", d.owner, ")");
     }
     std::string operator()(const Object& o) const { return absl::StrCat("object(", o.type, ")"); }
     std::string operator()(const ValueMap& m) const {

@@ -252,8 +252,8 @@ TEST(RRefTest, GracefulShutdownReportsValuesStillReferencedByUsers) {
   absl::Status s = g->ShutdownAll();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("still referenced by 1 fork(s) on worker1"), std::string::npos) << s;
-  // After shutdown the handle fails cleanly.
-  EXPECT_EQ(kept.ToHere().status().code(), absl::StatusCode::kFailedPrecondition);
+  // After shutdown the handle fails cleanly, with the failure model's code.
+  EXPECT_EQ(kept.ToHere().status().code(), absl::StatusCode::kCancelled);
 }
 
 // Regressions found by review: each once hung, leaked or read freed memory.
@@ -281,10 +281,10 @@ TEST(RRefTest, RRefsOutlivingTheirAgentFailCleanly) {
   }  // agents destroyed (not shut down gracefully)
   EXPECT_EQ(mine.Owner(), "worker0");
   EXPECT_EQ(theirs.Owner(), "worker1");
-  EXPECT_EQ(mine.ToHere().status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(theirs.ToHere().status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(mine.LocalValue().status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(theirs.Sync<Tensor>("scale", 2.0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(mine.ToHere().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(theirs.ToHere().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(mine.LocalValue().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(theirs.Sync<Tensor>("scale", 2.0).status().code(), absl::StatusCode::kCancelled);
 }
 
 TEST(RRefTest, AFailedCreationForwardedBeforeItsErrorReturnsFailsEverywhere) {

@@ -9,15 +9,36 @@
 //     before any peer can call; registering later is allowed, and a peer that calls too
 //     early gets NOT_FOUND); its parameter and return types must have
 //     ValueTraits (value.h). fn may return T, absl::Status, absl::StatusOr<T> or
-//     Future<T> (to answer later). Handlers run on the agent's worker pool.
+//     Future<T> (to answer later). Handlers run on the agent's worker pool. Names that
+//     start with "__" are reserved for gradwire's own protocols (message.h): Register
+//     refuses them with INVALID_ARGUMENT.
 //   - Async/Sync call a function on a worker by name. Every call has a deadline
-//     (CallOptions::timeout, else AgentOptions::default_timeout). Errors are distinct:
-//       NOT_FOUND         the callee has no such function (names it and the worker)
-//       INVALID_ARGUMENT  an argument or the result has the wrong type or count
-//       UNAVAILABLE       the callee is dead or unreachable (names the worker)
-//       DEADLINE_EXCEEDED the call did not finish in time
-//       other codes       the handler's own error, prefixed "<worker>.<function>: "
-//     A failing call never affects other calls; the agent keeps serving.
+//     (CallOptions::timeout, else AgentOptions::default_timeout).
+//   - Handle<M>/Send<M> serve and send the typed messages of gradwire's layers (message.h).
+//   - Every connection opens with a hello carrying the protocol version: a peer built
+//     with an incompatible version is refused at connect time, and calls to it fail with
+//     FAILED_PRECONDITION naming both versions.
+//
+// The failure model (every layer above follows it; errors.h words it):
+//     CANCELLED          this agent is shutting down or has shut down: calls made then
+//                        (but those its handlers and the RRef protocol still make while a
+//                        graceful shutdown runs), calls pending when it closes, RRef
+//                        operations and backward passes cut short by it. "<self> is
+//                        shutting down: ...".
+//     UNAVAILABLE        the peer is dead, unreachable, or shutting down; always names it
+//                        ("<peer> is unavailable: ..." or "call to <peer>.<function>
+//                        failed: ..."). The only error a retry can fix (IsRetryable).
+//     DEADLINE_EXCEEDED  the call (or operation) did not finish in time; names the peer.
+//     NOT_FOUND          no such worker, or the callee has no such function (names both).
+//     INVALID_ARGUMENT   an argument or the result has the wrong type or count, or the
+//                        handler's tensor math refused its inputs (a gw::Error thrown).
+//     FAILED_PRECONDITION the peer speaks an incompatible protocol version.
+//     other codes        the handler's own error, prefixed "<worker>.<function>: "; a
+//                        handler that throws something else is INTERNAL.
+//   Exceptions become a Status at one boundary (the dispatcher, errors.h). A failing call
+//   never affects other calls; the agent keeps serving. Retries go through one policy
+//   (retry.h) on the agent's TimerQueue, and only of UNAVAILABLE.
+//
 //   - Shutdown(graceful=true): stops new calls, waits for this worker's pending calls,
 //     then waits (bounded by shutdown_timeout) until every worker reached shutdown while
 //     still serving their calls, then closes. Shutdown(false) closes at once and fails
@@ -26,7 +47,8 @@
 //     its new address in the store; calls to it fail with UNAVAILABLE while it is down
 //     and reach the new process once it has joined (the agent re-reads the address when
 //     dialling fails). workers() keeps the addresses seen at Start.
-//   - Remote/Own create remote references (rref.h); rref_stats() counts them.
+//   - Remote/Own create remote references (rref.h); rref_stats() counts them and
+//     AwaitRRefs waits (on events, not by polling) until they satisfy a condition.
 //   - Thread-safe: Register, calls and Shutdown may be used from any thread.
 #ifndef GRADWIRE_RPC_AGENT_H_
 #define GRADWIRE_RPC_AGENT_H_
@@ -46,7 +68,10 @@
 #include "gradwire/rpc/call_hooks.h"
 #include "gradwire/rpc/executor.h"
 #include "gradwire/rpc/future.h"
+#include "gradwire/rpc/global_id.h"
+#include "gradwire/rpc/message.h"
 #include "gradwire/rpc/store.h"
+#include "gradwire/rpc/timer_queue.h"
 #include "gradwire/rpc/transport.h"
 #include "gradwire/rpc/value.h"
 
@@ -177,11 +202,16 @@ struct ResultAdapter<absl::StatusOr<T>> {
 };
 template <typename T>
 struct ResultAdapter<Future<T>> {
+  // Converted on the thread that completes the handler's future: no thread hop.
   static Future<Value> Adapt(Executor&, Future<T> f) {
-    return f.Then([](const absl::StatusOr<T>& r) -> absl::StatusOr<Value> {
-      if (!r.ok()) return r.status();
-      return ValueTraits<T>::To(*r);
-    });
+    if constexpr (std::is_same_v<T, Value>) {
+      return f;
+    } else {
+      return Map<Value>(f, [](const absl::StatusOr<T>& r) -> absl::StatusOr<Value> {
+        if (!r.ok()) return r.status();
+        return ValueTraits<T>::To(*r);
+      });
+    }
   }
 };
 
@@ -207,6 +237,30 @@ RawHandler MakeHandler(F fn, Executor& ex) {
       return MakeReadyFuture<Value>(ex, Value());
     } else {
       return ResultAdapter<Ret>::Adapt(ex, std::apply(fn, std::move(args)));
+    }
+  };
+}
+
+// The handler of protocol message M: decodes M from the call's arguments, runs fn(info, M)
+// and converts what it returns (Reply, absl::StatusOr<Reply>, Future<Reply>, or
+// absl::Status when Reply is Ack).
+template <typename M, typename F>
+RawHandler MakeProtocolHandler(F fn, Executor& ex) {
+  using Reply = typename M::Reply;
+  return [fn = std::move(fn), &ex](const CallInfo& info, ValueList values) -> Future<Value> {
+    absl::StatusOr<M> m = ValueTraits<M>::FromList(values);
+    if (!m.ok()) {
+      return MakeReadyFuture<Value>(
+          ex, absl::InvalidArgumentError(absl::StrCat(info.function, " from ", info.caller, ": ", m.status().message())));
+    }
+    using R = std::invoke_result_t<F&, const CallInfo&, M>;
+    if constexpr (std::is_same_v<R, absl::Status>) {
+      static_assert(std::is_same_v<Reply, Ack>, "only a message answered by Ack may have a handler returning Status");
+      absl::Status s = fn(info, *std::move(m));
+      return MakeReadyFuture<Value>(ex, s.ok() ? absl::StatusOr<Value>(ValueTraits<Ack>::To(Ack{}))
+                                               : absl::StatusOr<Value>(s));
+    } else {
+      return ResultAdapter<R>::Adapt(ex, fn(info, *std::move(m)));
     }
   };
 }
@@ -255,13 +309,40 @@ class Agent {
   absl::StatusOr<WorkerInfo> Worker(const std::string& name) const;
   Store& store();
   Executor& executor();
+  // Runs quick callbacks at given times (deadlines, retry backoff; retry.h).
+  TimerQueue& timers();
   const AgentOptions& options() const;
 
-  // REQUIRES: `name` is not registered yet (else ALREADY_EXISTS).
+  // REQUIRES: `name` is not registered yet (else ALREADY_EXISTS) and is not reserved
+  // (else INVALID_ARGUMENT).
   absl::Status RegisterRaw(const std::string& name, RawHandler handler, RegisterOptions options = {});
   template <typename F>
   absl::Status Register(const std::string& name, F fn, RegisterOptions options = {}) {
     return RegisterRaw(name, internal::MakeHandler(std::move(fn), executor()), options);
+  }
+
+  // Serves protocol message M (message.h) with fn(const CallInfo&, M).
+  template <ProtocolMessage M, typename F>
+  absl::Status Handle(F fn, RegisterOptions options = {}) {
+    static_assert(IsReservedName(M::kFunction), "protocol messages live in the reserved namespace");
+    return RegisterProtocol(M::kFunction, internal::MakeProtocolHandler<M>(std::move(fn), executor()), options);
+  }
+  // Sends protocol message M to worker `to`; the future (or `done`, called on the
+  // completing thread: quick, non-blocking) gets M::Reply or the call's error.
+  template <ProtocolMessage M>
+  Future<typename M::Reply> Send(const std::string& to, M message, CallOptions options = {}) {
+    Promise<typename M::Reply> promise(executor());
+    Send(to, std::move(message), options,
+         [promise](absl::StatusOr<typename M::Reply> r) { promise.Set(std::move(r)); });
+    return promise.future();
+  }
+  template <ProtocolMessage M, typename Done>
+  void Send(const std::string& to, M message, CallOptions options, Done done) {
+    Value fields = ValueTraits<M>::To(std::move(message));
+    CallRaw(to, M::kFunction, std::move(std::get<ValueList>(fields.storage())), options,
+            [to, done = std::move(done)](absl::StatusOr<Value> v) mutable {
+              done(internal::ConvertResult<typename M::Reply>(std::move(v), to, M::kFunction));
+            });
   }
 
   // Completion runs on a transport thread: it must be quick and must not block.
@@ -300,6 +381,9 @@ class Agent {
                     CallOptions options, std::string type);
   RRefPtr OwnRaw(Value value, std::string type);
   RRefStats rref_stats() const;
+  // Waits until `until(rref_stats())` holds (re-checked whenever the RRef tables change)
+  // or the deadline passes; returns whether it holds.
+  bool AwaitRRefs(const std::function<bool(const RRefStats&)>& until, absl::Time deadline) const;
   // Installs the hooks that follow every call (call_hooks.h). REQUIRES: called in
   // Start's setup, before any call is made or received.
   void SetCallHooks(std::shared_ptr<CallHooks> hooks);
@@ -310,6 +394,8 @@ class Agent {
 
  private:
   explicit Agent(std::unique_ptr<Impl> impl);
+  // Registers a protocol handler (reserved names only).
+  absl::Status RegisterProtocol(const std::string& name, RawHandler handler, RegisterOptions options);
 
   std::unique_ptr<Impl> impl_;
 };

@@ -10,18 +10,19 @@
 //     the value here; waits until it exists), LocalValue (owner only), and method proxies
 //     Sync/Async/Remote(method, args...): run the registered function `method` on the
 //     owner with the owned value as first argument (like rref.rpc_sync().method()).
-//     Errors: UNAVAILABLE naming the owner when it is dead, DEADLINE_EXCEEDED,
-//     FAILED_PRECONDITION after the agent shut down, the function's own error.
+//     Errors follow agent.h's failure model: UNAVAILABLE naming the owner when it is
+//     dead, DEADLINE_EXCEEDED, CANCELLED once this agent shuts down, FAILED_PRECONDITION
+//     for an RRef whose creation failed (passing it on) or a non-owner's LocalValue, the
+//     function's own error.
 //   - RRefs are Values: they may be arguments and results of any call, to any worker.
 //     Copies of an RRef<T> in one process share one reference (one fork).
 //   - Introspection: Agent::rref_stats() counts owned values, their forks and users.
 //   - Thread-safe.
 //
 // Reference counting protocol (rref_context.cc). Every reference held outside the owner
-// is a *fork* with a 64-bit id; the owner keeps, per owned value, the set of forks that
-// exist (with the worker holding each) and a count of its own local handles. The value
-// is freed exactly when both are empty. Ids carry the allocating worker's rank in the
-// top 16 bits, so no two workers ever allocate the same one.
+// is a *fork* with a GlobalId (global_id.h); the owner keeps, per owned value, the set of
+// forks that exist (with the worker holding each) and a count of its own local handles.
+// The value is freed exactly when both are empty.
 //
 //   Fork states at the worker holding it (a user):
 //     PENDING   created, the owner has not acknowledged it yet
@@ -29,16 +30,20 @@
 //     FAILED    creation failed (Remote of an unknown function, owner dead)
 //     RELEASED  no local handle left; the fork lingers while it is PENDING or has
 //               unconfirmed children, then a DELETE goes to the owner and it is gone
-//   Messages (all idempotent; FORK, ACCEPT and DELETE are retried a few times unless the
-//   peer is gone; a failed REMOTE fails the RRef and is not retried):
-//     REMOTE(rref, fork, fn, args)  user -> owner: create the value (if not known yet)
-//                                   and add `fork`; acknowledged before fn finishes.
-//     FORK(rref, fork)              new user -> owner: add `fork` (creating the entry if
-//                                   the REMOTE has not arrived yet: messages from
-//                                   different workers arrive in any order).
-//     ACCEPT(parent_fork, fork)     new user (or owner) -> parent: the child is known to
-//                                   the owner; the parent may now be released.
-//     DELETE([(rref, fork)...])     user -> owner, batched per owner: drop the forks.
+//   Messages: the records of rpc/src/rref_messages.h, all idempotent. RRefFork,
+//   RRefAccept and RRefDelete are retried by the agent's retry policy (retry.h) while the
+//   peer is UNAVAILABLE and still alive to us; nothing else is retried.
+//     RRefRemote {rref, fork, function, args, self_rref, type}   user -> owner: create the
+//                 value (if not known yet) and add `fork`; acknowledged before the function
+//                 finishes; self_rref set: a method of that owned value, result kept there.
+//     RRefFetch {rref} / RRefCall {rref, method, args}           user -> owner: ToHere, and
+//                 method calls on the value.
+//     RRefFork {rref, fork}               new user -> owner: add `fork` (creating the entry
+//                 if the RRefRemote has not arrived yet: messages from different workers
+//                 arrive in any order).
+//     RRefAccept {parent_fork, fork}      new user (or owner) -> parent: the child is known
+//                 to the owner; the parent may now be released.
+//     RRefDelete {forks: [ForkOf {rref, fork}]}  user -> owner, batched per owner.
 //   Sending an RRef from worker P to worker X creates a child fork c:
 //     P is the owner: c is added to the owner's set before sending; X's fork is
 //       CONFIRMED on arrival (no FORK, no ACCEPT).
@@ -66,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/future.h"
+#include "gradwire/rpc/global_id.h"
 #include "gradwire/rpc/value.h"
 
 namespace gw::rpc {
@@ -86,12 +92,12 @@ class RRefContext;
 
 // The wire form of one fork of an RRef.
 struct RRefDescriptor {
-  uint64_t rref_id = 0;
-  uint64_t fork_id = 0;      // 0 for the owner's own handles
-  int owner = -1;            // rank
-  int parent = -1;           // rank that sent this fork
-  uint64_t parent_fork = 0;  // the sender's fork (0: the sender is the owner)
-  std::string type;          // TypeName<T>() of the owned value
+  GlobalId rref_id;
+  GlobalId fork_id;      // null for the owner's own handles
+  int owner = -1;        // rank
+  int parent = -1;       // rank that sent this fork
+  GlobalId parent_fork;  // the sender's fork (null: the sender is the owner)
+  std::string type;      // TypeName<T>() of the owned value
 };
 
 // One reference held by this process; shared by every RRef<T> copy of it. Detached
@@ -136,7 +142,7 @@ class RRef {
   bool IsOwner() const { return state_->is_owner(); }
   std::string Owner() const { return state_->owner_name(); }
   int owner_rank() const { return state_->descriptor().owner; }
-  uint64_t id() const { return state_->descriptor().rref_id; }
+  GlobalId id() const { return state_->descriptor().rref_id; }
   bool ConfirmedByOwner() const { return state_->confirmed(); }
 
   Future<T> ToHereAsync(CallOptions options = {}) const {

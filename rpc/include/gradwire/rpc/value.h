@@ -9,8 +9,9 @@
 //     travels: it stays on the worker that made it and is reached through an RRef.
 //   - ValueTraits<T> converts between Value and the C++ types a handler may take or
 //     return: integral types, float/double, bool, std::string, Tensor, Value,
-//     std::vector<T>, std::map<std::string, T>, RRef<T> (rref.h) and std::shared_ptr<C>
-//     of a class C (an Object, checked by type name). From() reports a mismatch as
+//     std::vector<T>, std::map<std::string, T>, std::optional<T> (none when empty), enums
+//     (as their integer), RRef<T> (rref.h), records (message.h) and std::shared_ptr<C> of
+//     a class C (an Object, checked by type name). From() reports a mismatch as
 //     INVALID_ARGUMENT naming the expected and actual kinds; integers convert to double
 //     but not the reverse.
 //   - Thread safety: Values are plain data; Tensors inside share storage (see tensor.h).
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <typeinfo>
@@ -121,6 +123,17 @@ struct ValueTraits<T, std::enable_if_t<std::is_floating_point_v<T>>> {
   }
 };
 
+// Enums travel as their integer; receivers check the range they accept.
+template <typename T>
+struct ValueTraits<T, std::enable_if_t<std::is_enum_v<T>>> {
+  static constexpr const char* kName = "int";
+  static Value To(T v) { return Value(static_cast<int64_t>(v)); }
+  static absl::StatusOr<T> From(const Value& v) {
+    if (!v.is<int64_t>()) return KindMismatch(kName, v);
+    return static_cast<T>(v.get<int64_t>());
+  }
+};
+
 template <>
 struct ValueTraits<bool> {
   static constexpr const char* kName = "bool";
@@ -175,6 +188,18 @@ struct ValueTraits<std::vector<T>> {
       out.push_back(std::move(*x));
     }
     return out;
+  }
+};
+
+template <typename T>
+struct ValueTraits<std::optional<T>> {
+  static constexpr const char* kName = ValueTraits<T>::kName;
+  static Value To(std::optional<T> v) { return v ? ValueTraits<T>::To(std::move(*v)) : Value(); }
+  static absl::StatusOr<std::optional<T>> From(const Value& v) {
+    if (v.is<std::monostate>()) return std::optional<T>();
+    absl::StatusOr<T> x = ValueTraits<T>::From(v);
+    if (!x.ok()) return x.status();
+    return std::optional<T>(std::move(*x));
   }
 };
 

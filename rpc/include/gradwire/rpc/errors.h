@@ -1,0 +1,60 @@
+// The failure model's vocabulary: how every layer words the errors that agent.h's
+// contract defines, so that a caller can tell them apart by code alone.
+//
+// Contract
+//   - ShuttingDownError: CANCELLED, "<worker> is shutting down: <what>". The one code for
+//     "this agent is shutting down or has shut down": calls made then, calls still pending
+//     when it closes, RRef operations and backward passes cut short by it.
+//   - UnavailableError: UNAVAILABLE, "<peer> is unavailable: <detail>". A dead or
+//     unreachable peer, always named. A peer that refuses work because *it* is shutting
+//     down answers UNAVAILABLE too: from the caller's side that peer is going away.
+//   - IsRetryable: only what a retry can fix, UNAVAILABLE (a dropped connection is
+//     redialled, a restarted worker announces its new address). Never a handler's own
+//     error, never DEADLINE_EXCEEDED (the time is spent), never CANCELLED.
+//   - StatusFromException / CatchExceptions: the one place an exception becomes a Status.
+//     gw::Error (tensor math refusing shapes or dtypes it was given) becomes
+//     INVALID_ARGUMENT, any other std::exception INTERNAL; both read "<where> threw: <what>".
+#ifndef GRADWIRE_RPC_ERRORS_H_
+#define GRADWIRE_RPC_ERRORS_H_
+
+#include <exception>
+#include "absl/strings/string_view.h"
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace gw::rpc {
+
+absl::Status ShuttingDownError(absl::string_view worker, absl::string_view what = "");
+absl::Status UnavailableError(absl::string_view peer, absl::string_view detail);
+inline bool IsRetryable(const absl::Status& s) { return s.code() == absl::StatusCode::kUnavailable; }
+
+// REQUIRES: called inside a catch block (it rethrows the current exception to classify it).
+absl::Status StatusFromException(absl::string_view where);
+
+// Runs fn(); an exception it throws comes back as a Status (see the contract). fn returns
+// void, absl::Status or absl::StatusOr<T>; CatchExceptions returns Status or StatusOr<T>.
+template <typename F>
+auto CatchExceptions(absl::string_view where, F&& fn) {
+  using R = std::invoke_result_t<F&>;
+  if constexpr (std::is_void_v<R>) {
+    try {
+      fn();
+      return absl::OkStatus();
+    } catch (...) {
+      return StatusFromException(where);
+    }
+  } else {
+    try {
+      return R(fn());
+    } catch (...) {
+      return R(StatusFromException(where));
+    }
+  }
+}
+
+}  // namespace gw::rpc
+
+#endif  // GRADWIRE_RPC_ERRORS_H_

@@ -1,0 +1,214 @@
+#include "dispatcher.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gradwire/rpc/errors.h"
+
+namespace gw::rpc::internal {
+
+thread_local Dispatcher::ReadBatch* Dispatcher::t_read_batch = nullptr;
+thread_local int Dispatcher::t_handler_depth = 0;
+
+namespace {
+
+// The one exception boundary of handlers (errors.h).
+Future<Value> Invoke(const RawHandler& fn, const CallInfo& info, ValueList args, Executor& ex) {
+  absl::StatusOr<Future<Value>> f =
+      CatchExceptions(info.function, [&]() -> absl::StatusOr<Future<Value>> { return fn(info, std::move(args)); });
+  if (!f.ok()) return MakeReadyFuture<Value>(ex, f.status());
+  return *std::move(f);
+}
+
+}  // namespace
+
+Dispatcher::Dispatcher(std::string self_name, ThreadPool& pool, Peers peers)
+    : self_name_(std::move(self_name)), pool_(pool), peers_(std::move(peers)) {}
+
+absl::Status Dispatcher::Register(const std::string& name, RawHandler handler, RegisterOptions options) {
+  absl::MutexLock lock(&mu_);
+  if (!handlers_.emplace(name, std::make_shared<Handler>(Handler{std::move(handler), options.mode})).second) {
+    return absl::AlreadyExistsError(absl::StrCat(self_name_, ": function '", name, "' is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+bool Dispatcher::Has(const std::string& name) const { return Find(name) != nullptr; }
+
+std::shared_ptr<Dispatcher::Handler> Dispatcher::Find(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = handlers_.find(name);
+  return it == handlers_.end() ? nullptr : it->second;
+}
+
+void Dispatcher::Started() {
+  absl::MutexLock lock(&mu_);
+  ++inflight_;
+}
+
+void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, Envelope env) {
+  Request request;
+  request.id = env.id;
+  request.info.function = env.function;
+  request.info.caller_rank = peers_.rank_of(conn.get());
+  request.info.caller = request.info.caller_rank >= 0 ? peers_.name_of(request.info.caller_rank) : "unknown";
+  request.handler = Find(env.function);
+  Started();
+  ReadBatch batch;
+  if (hooks_) {
+    absl::StatusOr<CallHooks::Scope> scope = hooks_->OnReceiveRequest(request.info.caller_rank, env.payload, env.meta);
+    if (!scope.ok()) {
+      Reply(conn, request.id,
+            absl::Status(scope.status().code(), absl::StrCat(env.function, ": ", scope.status().message())),
+            &batch.replies);
+      MergeBatch(conn, batch);
+      return;
+    }
+    request.scope = std::move(*scope);
+  }
+  if (env.payload.is<ValueList>()) request.args = std::move(std::get<ValueList>(env.payload.storage()));
+  if (!request.handler) {
+    std::vector<std::string> names;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [n, _] : handlers_) {
+        if (!IsReservedName(n)) names.push_back(n);
+      }
+    }
+    std::sort(names.begin(), names.end());
+    Reply(conn, request.id,
+          absl::NotFoundError(absl::StrCat(self_name_, " has no function '", env.function, "' (registered: ",
+                                           names.empty() ? "none" : absl::StrJoin(names, ", "), ")")),
+          &batch.replies);
+  } else if (request.handler->mode == HandlerMode::kInline) {
+    t_read_batch = &batch;  // Defer() called by the handler lands in this read's batch
+    Run(conn, std::move(request), &batch.replies);
+    t_read_batch = nullptr;
+  } else {
+    batch.pool.push_back(std::move(request));
+  }
+  MergeBatch(conn, batch);
+}
+
+void Dispatcher::Refuse(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::Status& why) {
+  Started();
+  Reply(conn, id, why, nullptr);
+}
+
+void Dispatcher::MergeBatch(const std::shared_ptr<Connection>& conn, ReadBatch& batch) {
+  absl::MutexLock lock(&batch_mu_);
+  ReadBatch& pending = batches_[conn.get()];
+  for (Message& m : batch.replies) pending.replies.push_back(std::move(m));
+  for (Request& r : batch.pool) pending.pool.push_back(std::move(r));
+  for (auto& fn : batch.deferred) pending.deferred.push_back(std::move(fn));
+}
+
+void Dispatcher::Defer(std::function<void()> fn) {
+  if (hooks_) {
+    if (CallHooks::Scope scope = hooks_->CurrentScope()) {
+      fn = [hooks = hooks_, scope, fn = std::move(fn)] { hooks->RunInScope(scope, fn); };
+    }
+  }
+  if (t_read_batch != nullptr) {
+    t_read_batch->deferred.push_back(std::move(fn));
+  } else {
+    (void)pool_.Post(std::move(fn));  // dropped after shutdown, as queued work is
+  }
+}
+
+void Dispatcher::OnFlush(const std::shared_ptr<Connection>& conn) {
+  ReadBatch batch;
+  {
+    absl::MutexLock lock(&batch_mu_);
+    auto it = batches_.find(conn.get());
+    if (it == batches_.end()) return;
+    batch = std::move(it->second);
+    batches_.erase(it);
+  }
+  if (!batch.replies.empty()) conn->SendMany(std::move(batch.replies));
+  const size_t n = batch.pool.size(), d = batch.deferred.size();
+  const size_t tasks = std::min(std::max(n, d), pool_.num_threads());
+  for (size_t t = 0; t < tasks; ++t) {
+    std::vector<Request> chunk;
+    for (size_t i = t * n / tasks; i < (t + 1) * n / tasks; ++i) chunk.push_back(std::move(batch.pool[i]));
+    std::vector<std::function<void()>> deferred;
+    for (size_t i = t * d / tasks; i < (t + 1) * d / tasks; ++i) deferred.push_back(std::move(batch.deferred[i]));
+    std::vector<uint64_t> ids;
+    for (const Request& r : chunk) ids.push_back(r.id);
+    auto run = [this, conn, chunk = std::move(chunk), deferred = std::move(deferred)]() mutable {
+      ++t_handler_depth;  // deferred work belongs to handlers
+      for (auto& fn : deferred) fn();
+      --t_handler_depth;
+      std::vector<Message> replies;
+      for (Request& r : chunk) Run(conn, std::move(r), &replies);
+      if (!replies.empty()) conn->SendMany(std::move(replies));
+    };
+    if (!pool_.Post(std::move(run))) {
+      // The pool has shut down: answer what it will not run.
+      std::vector<Message> replies;
+      for (uint64_t id : ids) Reply(conn, id, UnavailableError(self_name_, "it is shutting down"), &replies);
+      conn->SendMany(std::move(replies));
+    }
+  }
+}
+
+void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, std::vector<Message>* replies) {
+  Future<Value> result;
+  auto call = [&] { result = Invoke(r.handler->fn, r.info, std::move(r.args), pool_); };
+  ++t_handler_depth;
+  if (hooks_) {
+    hooks_->RunInScope(r.scope, call);
+  } else {
+    call();
+  }
+  --t_handler_depth;
+  if (result.IsReady()) {
+    Reply(conn, r.id, result.Get(absl::ZeroDuration()), replies, r.scope);  // answered synchronously: no hop
+  } else {
+    // Sent by the thread that completes the handler's future: no pool hop.
+    result.Subscribe([this, conn, id = r.id, scope = r.scope](const absl::StatusOr<Value>& v) {
+      Reply(conn, id, v, nullptr, scope);
+    });
+  }
+}
+
+void Dispatcher::Reply(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::StatusOr<Value>& result,
+                       std::vector<Message>* batch, const CallHooks::Scope& scope) {
+  absl::StatusOr<Message> m = peers_.encode_reply(peers_.rank_of(conn.get()), id, result, scope);
+  if (m.ok()) {
+    if (batch) {
+      batch->push_back(std::move(*m));
+    } else {
+      conn->Send(std::move(*m));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  --inflight_;
+}
+
+Future<Value> Dispatcher::InvokeLocal(const CallInfo& info, ValueList args, bool here) {
+  std::shared_ptr<Handler> handler = Find(info.function);
+  if (!handler) {
+    return MakeReadyFuture<Value>(pool_,
+                                  absl::NotFoundError(absl::StrCat(self_name_, " has no function '", info.function, "'")));
+  }
+  if (here || handler->mode == HandlerMode::kInline) return Invoke(handler->fn, info, std::move(args), pool_);
+  Promise<Value> promise(pool_);
+  if (!pool_.Post([this, handler, info, promise, args = std::move(args)]() mutable {
+        Invoke(handler->fn, info, std::move(args), pool_).Subscribe([promise](const absl::StatusOr<Value>& v) {
+          promise.Set(v);
+        });
+      })) {
+    promise.Set(UnavailableError(self_name_, "it is shutting down"));
+  }
+  return promise.future();
+}
+
+bool Dispatcher::AwaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return inflight_ == 0; };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+}  // namespace gw::rpc::internal

@@ -1,0 +1,117 @@
+// Internal: Dispatcher, the inbound half of an agent: the registry of functions and the
+// requests that peers send to them.
+//
+// Contract
+//   - Register adds a handler under a name (ALREADY_EXISTS if taken); the agent decides
+//     who may use reserved names (message.h).
+//   - OnRequest(conn, envelope) runs on the transport I/O thread that decoded the request:
+//     an unknown function is answered NOT_FOUND listing the registered ones; an inline
+//     handler runs at once; pool handlers wait for OnFlush (the end of that read) and go to
+//     the worker pool in at most one task per pool thread, so a read of many requests costs
+//     one wake-up, and the replies ready when a task ends leave in one gather-write.
+//   - Every handler runs inside the CallHooks scope of its request, behind the one
+//     exception boundary (errors.h: CatchExceptions), and is answered exactly once: with
+//     its result, later through the Future it returned, or UNAVAILABLE "<worker> is shutting
+//     down" when the pool no longer takes work.
+//   - InvokeLocal runs a registered function here as a call from `caller` would (RRef
+//     creation and method calls on values owned here).
+//   - Defer(fn) runs fn on the pool inside the current handler's scope; from an inline
+//     handler, together with the rest of its read's pool work.
+//   - AwaitIdle(deadline): no handler is running or awaiting its future. Thread-safe.
+#ifndef GRADWIRE_RPC_SRC_DISPATCHER_H_
+#define GRADWIRE_RPC_SRC_DISPATCHER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "codec.h"
+#include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/call_hooks.h"
+#include "gradwire/rpc/executor.h"
+#include "gradwire/rpc/transport.h"
+
+namespace gw::rpc::internal {
+
+class Dispatcher {
+ public:
+  struct Peers {
+    // The rank of a connection's peer (-1 before its hello) and a rank's worker name.
+    std::function<int(const Connection*)> rank_of;
+    std::function<std::string(int rank)> name_of;
+    // The reply to request `id` for the worker of rank `to`, ready to send: the agent turns
+    // RRefs into forks and lets the hooks annotate it.
+    std::function<absl::StatusOr<Message>(int to, uint64_t id, const absl::StatusOr<Value>& result,
+                                          const CallHooks::Scope& scope)>
+        encode_reply;
+  };
+
+  Dispatcher(std::string self_name, ThreadPool& pool, Peers peers);
+
+  // REQUIRES: before any request arrives (Agent::Start's setup).
+  void SetHooks(std::shared_ptr<CallHooks> hooks) { hooks_ = std::move(hooks); }
+  absl::Status Register(const std::string& name, RawHandler handler, RegisterOptions options);
+  bool Has(const std::string& name) const;
+
+  void OnRequest(const std::shared_ptr<Connection>& conn, Envelope env);
+  // Answers request `id` with an error without running anything.
+  void Refuse(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::Status& why);
+  void OnFlush(const std::shared_ptr<Connection>& conn);
+
+  // With `here`, on this thread whatever the function's mode (the caller is a pool thread).
+  Future<Value> InvokeLocal(const CallInfo& info, ValueList args, bool here);
+  void Defer(std::function<void()> fn);
+  bool AwaitIdle(absl::Time deadline);
+  // True while this thread runs a handler (which may still call out during shutdown).
+  static bool InHandler() { return t_handler_depth > 0; }
+
+ private:
+  struct Handler {
+    RawHandler fn;
+    HandlerMode mode;
+  };
+  struct Request {
+    std::shared_ptr<Handler> handler;
+    CallInfo info;
+    uint64_t id = 0;
+    ValueList args;
+    CallHooks::Scope scope;  // from CallHooks::OnReceiveRequest
+  };
+  // The requests decoded from one read of a connection, until its OnFlush.
+  struct ReadBatch {
+    std::vector<Request> pool;
+    std::vector<Message> replies;
+    std::vector<std::function<void()>> deferred;  // pool work started by inline handlers
+  };
+
+  std::shared_ptr<Handler> Find(const std::string& name) const;
+  void MergeBatch(const std::shared_ptr<Connection>& conn, ReadBatch& batch);
+  void Run(const std::shared_ptr<Connection>& conn, Request r, std::vector<Message>* replies);
+  // Encodes the answer to request `id`; appends it to `batch`, or sends it now if null.
+  void Reply(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::StatusOr<Value>& result,
+             std::vector<Message>* batch, const CallHooks::Scope& scope = nullptr);
+  void Started();
+
+  // The read batch of the inline handler running on this I/O thread (see Defer).
+  static thread_local ReadBatch* t_read_batch;
+  static thread_local int t_handler_depth;
+
+  const std::string self_name_;
+  ThreadPool& pool_;
+  const Peers peers_;
+  std::shared_ptr<CallHooks> hooks_;  // set in setup, then read-only
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Handler>> handlers_ ABSL_GUARDED_BY(mu_);
+  int inflight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex batch_mu_;
+  absl::flat_hash_map<Connection*, ReadBatch> batches_ ABSL_GUARDED_BY(batch_mu_);
+};
+
+}  // namespace gw::rpc::internal
+
+#endif  // GRADWIRE_RPC_SRC_DISPATCHER_H_

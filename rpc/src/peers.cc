@@ -1,0 +1,183 @@
+#include "peers.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "gradwire/rpc/errors.h"
+
+namespace gw::rpc::internal {
+namespace {
+
+// How long one dial of a peer may take: every worker listened before the group started,
+// so a refused connection means the peer is gone or restarting.
+constexpr absl::Duration kDialTimeout = absl::Seconds(2);
+
+}  // namespace
+
+void Peers::SetWorkers(std::vector<WorkerInfo> workers) {
+  workers_ = std::move(workers);
+  dial_mu_ = std::vector<absl::Mutex>(workers_.size());
+  {
+    absl::MutexLock lock(&mu_);
+    outgoing_.resize(workers_.size());
+    for (const WorkerInfo& w : workers_) dial_address_.push_back(w.address);
+  }
+  known_.store(true, std::memory_order_release);
+}
+
+std::string Peers::Name(int rank) const {
+  if (known() && rank >= 0 && rank < static_cast<int>(workers_.size())) return workers_[static_cast<size_t>(rank)].name;
+  return absl::StrCat("rank ", rank);
+}
+
+std::string Peers::Describe(int rank) const {
+  if (known() && rank >= 0 && rank < static_cast<int>(workers_.size())) {
+    return absl::StrCat(Name(rank), " (rank ", rank, ")");
+  }
+  return Name(rank);
+}
+
+absl::StatusOr<Message> Peers::EncodeHello(const absl::Status& refusal) const {
+  Envelope hello;
+  hello.kind = Kind::kHello;
+  hello.payload = ValueTraits<HelloMessage>::To(HelloMessage{self_.rank, self_.name, kProtocolVersion});
+  hello.status = refusal;
+  return EncodeEnvelope(hello);
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> Peers::Outgoing(int rank) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (outgoing_[rank] && !outgoing_[rank]->closed()) return outgoing_[rank];
+  }
+  absl::MutexLock dial(&dial_mu_[rank]);
+  std::string address;
+  {
+    absl::MutexLock lock(&mu_);
+    if (outgoing_[rank] && !outgoing_[rank]->closed()) return outgoing_[rank];
+    address = dial_address_[rank];
+  }
+  auto conn = transport_.Connect(address, callbacks_, absl::Now() + kDialTimeout);
+  if (!conn.ok()) {
+    // A restarted worker announces its rank again with a new address: look it up.
+    if (absl::StatusOr<WorkerInfo> record = rendezvous_.Lookup(rank, absl::Seconds(1));
+        record.ok() && record->address != address) {
+      {
+        absl::MutexLock lock(&mu_);
+        dial_address_[rank] = record->address;
+      }
+      conn = transport_.Connect(record->address, callbacks_, absl::Now() + kDialTimeout);
+    }
+  }
+  if (!conn.ok()) return UnavailableError(Describe(rank), conn.status().message());
+  absl::StatusOr<Message> hello = EncodeHello(absl::OkStatus());
+  if (!hello.ok()) return hello.status();
+  {
+    absl::MutexLock lock(&mu_);
+    outgoing_[rank] = *conn;
+    rank_of_[conn->get()] = rank;
+  }
+  (*conn)->Send(std::move(*hello));  // before any request: the connection keeps the order
+  return *conn;
+}
+
+absl::Status Peers::Check(const Envelope& env, HelloMessage* peer) const {
+  if (env.payload.is<int64_t>()) {
+    // Releases before typed messages sent their rank alone.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "it speaks gradwire protocol 1, ", self_.name, " speaks ", kProtocolVersion, " (accepts ", kMinProtocolVersion,
+        " to ", kProtocolVersion, "): run the same gradwire version on every worker"));
+  }
+  absl::StatusOr<HelloMessage> hello = ValueTraits<HelloMessage>::From(env.payload);
+  if (!hello.ok()) return absl::FailedPreconditionError(absl::StrCat("malformed hello: ", hello.status().message()));
+  if (hello->protocol_version < kMinProtocolVersion || hello->protocol_version > kProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        hello->name, " speaks gradwire protocol ", hello->protocol_version, ", ", self_.name, " speaks ",
+        kProtocolVersion, " (accepts ", kMinProtocolVersion, " to ", kProtocolVersion,
+        "): run the same gradwire version on every worker"));
+  }
+  if (hello->rank < 0 || hello->rank >= world_size_ ||
+      (known() && workers_[static_cast<size_t>(hello->rank)].name != hello->name)) {
+    return absl::FailedPreconditionError(absl::StrCat("its hello names '", hello->name, "' as rank ", hello->rank,
+                                                      ", which is not a worker of this group of ", world_size_,
+                                                      " (was it started for another job?)"));
+  }
+  *peer = *std::move(hello);
+  return absl::OkStatus();
+}
+
+absl::Status Peers::OnHello(const std::shared_ptr<Connection>& conn, const Envelope& env) {
+  bool outgoing = false;
+  int dialled = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = rank_of_.find(conn.get());
+    if (it != rank_of_.end()) {
+      dialled = it->second;
+      outgoing = outgoing_[static_cast<size_t>(dialled)] == conn;
+    }
+  }
+  if (outgoing) {
+    // The acceptor's answer to our hello: its refusal, or its own hello to check.
+    absl::Status s = env.status;
+    HelloMessage peer;
+    if (s.ok()) s = Check(env, &peer);
+    if (s.ok() && peer.rank != dialled) {
+      s = absl::FailedPreconditionError(absl::StrCat("dialled ", Describe(dialled), " but ", peer.name, " answered"));
+    }
+    if (!s.ok()) {
+      s = absl::Status(s.code(), absl::StrCat(Name(dialled), " and ", self_.name, " cannot talk: ", s.message()));
+      conn->Close(s);
+    }
+    return s;
+  }
+  HelloMessage peer;
+  absl::Status s = Check(env, &peer);
+  if (!s.ok()) {
+    s = absl::Status(s.code(), absl::StrCat(self_.name, " refused a connection from ", conn->peer(), ": ", s.message()));
+    std::fprintf(stderr, "gradwire: %s\n", std::string(s.message()).c_str());
+    absl::StatusOr<Message> refusal = EncodeHello(s);
+    if (refusal.ok()) {
+      conn->Send(std::move(*refusal), [conn, s](absl::Status) { conn->Close(s); });
+    } else {
+      conn->Close(s);
+    }
+    return s;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    rank_of_[conn.get()] = static_cast<int>(peer.rank);
+  }
+  absl::StatusOr<Message> answer = EncodeHello(absl::OkStatus());
+  if (answer.ok()) conn->Send(std::move(*answer));
+  return absl::OkStatus();
+}
+
+int Peers::RankOf(const Connection* conn) const {
+  absl::MutexLock lock(&mu_);
+  auto it = rank_of_.find(conn);
+  return it == rank_of_.end() ? -1 : it->second;
+}
+
+std::pair<int, bool> Peers::Forget(const std::shared_ptr<Connection>& conn) {
+  absl::MutexLock lock(&mu_);
+  int rank = -1;
+  auto it = rank_of_.find(conn.get());
+  if (it != rank_of_.end()) {
+    rank = it->second;
+    rank_of_.erase(it);
+  }
+  bool outgoing = false;
+  if (rank >= 0 && rank < static_cast<int>(outgoing_.size()) && outgoing_[static_cast<size_t>(rank)] == conn) {
+    outgoing_[static_cast<size_t>(rank)].reset();
+    outgoing = true;
+  }
+  return {rank, outgoing};
+}
+
+void Peers::CloseAll() {
+  absl::MutexLock lock(&mu_);
+  for (auto& c : outgoing_) c.reset();
+}
+
+}  // namespace gw::rpc::internal

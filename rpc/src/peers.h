@@ -1,0 +1,109 @@
+// Internal: Peers, an agent's connections to the other workers of its group.
+//
+// Contract
+//   - SetWorkers fixes the group (names, ranks, addresses) once the rendezvous is done;
+//     before that, no peer is known and no connection can be identified.
+//   - Outgoing(rank) returns the connection this worker calls `rank` on, dialling it (one
+//     dial per peer at a time) with the hello as its first message. When the dial fails it
+//     re-reads the peer's record from the rendezvous (a worker restarted under the same
+//     rank announces a new address) and tries that once; then UNAVAILABLE naming the peer.
+//   - Every connection opens with a hello each way (HelloMessage: rank, name, protocol
+//     version): the dialler sends its own first, the acceptor answers with its own.
+//     OnHello checks the peer: its version must lie in [kMinProtocolVersion,
+//     kProtocolVersion] (message.h), its rank must be in the group and its name match the
+//     rendezvous record (once this worker has read the records: a peer may say hello
+//     while this worker still waits for the last ones to announce themselves). A peer
+//     that fails is refused with FAILED_PRECONDITION naming both versions (or the
+//     mismatch): the acceptor sends the refusal back and closes once it is sent; the
+//     dialler closes its side with the refusal as the reason, so its calls to that peer
+//     fail with it.
+//   - RankOf(conn) is the peer of an identified connection, -1 before its hello.
+//   - Forget(conn) drops a closed connection; it returns the peer's rank (-1 if it was
+//     never identified) and whether it was our outgoing connection to that peer.
+//   - Thread-safe.
+#ifndef GRADWIRE_RPC_SRC_PEERS_H_
+#define GRADWIRE_RPC_SRC_PEERS_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "codec.h"
+#include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/message.h"
+#include "gradwire/rpc/transport.h"
+#include "rendezvous.h"
+
+namespace gw::rpc::internal {
+
+// The first message of each direction of every connection.
+struct HelloMessage {
+  int64_t rank = -1;
+  std::string name;
+  int64_t protocol_version = 0;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("rank", &HelloMessage::rank), Field("name", &HelloMessage::name),
+                           Field("protocol_version", &HelloMessage::protocol_version));
+  }
+};
+
+class Peers {
+ public:
+  Peers(const WorkerInfo& self, int world_size, Transport& transport, Rendezvous& rendezvous,
+        ConnectionCallbacks callbacks)
+      : self_(self),
+        world_size_(world_size),
+        transport_(transport),
+        rendezvous_(rendezvous),
+        callbacks_(std::move(callbacks)) {}
+
+  void SetWorkers(std::vector<WorkerInfo> workers);
+  // REQUIRES: after SetWorkers.
+  const std::vector<WorkerInfo>& workers() const { return workers_; }
+  // "worker1 (rank 1)", or "rank 7" for a rank outside the group.
+  std::string Describe(int rank) const;
+  std::string Name(int rank) const;
+
+  // The callbacks every connection of this agent reports through (for Listen too).
+  const ConnectionCallbacks& callbacks() const { return callbacks_; }
+  absl::StatusOr<std::shared_ptr<Connection>> Outgoing(int rank);
+  // Handles a hello (or a refusal) that arrived on `conn`. On error the caller closes the
+  // connection with it (the acceptor's refusal is already on its way to the peer).
+  absl::Status OnHello(const std::shared_ptr<Connection>& conn, const Envelope& hello);
+  int RankOf(const Connection* conn) const;
+  std::pair<int, bool> Forget(const std::shared_ptr<Connection>& conn);
+  void CloseAll();
+
+ private:
+  absl::StatusOr<Message> EncodeHello(const absl::Status& refusal) const;
+  absl::Status Check(const Envelope& hello, HelloMessage* peer) const;
+
+  bool known() const { return known_.load(std::memory_order_acquire); }
+
+  const WorkerInfo& self_;
+  const int world_size_;
+  Transport& transport_;
+  Rendezvous& rendezvous_;
+  const ConnectionCallbacks callbacks_;
+  // Written once by SetWorkers, then read-only: read only once known_ (a peer may say
+  // hello while this worker still waits for the others to announce themselves).
+  std::vector<WorkerInfo> workers_;
+  std::vector<absl::Mutex> dial_mu_;  // one per rank
+  std::atomic<bool> known_{false};
+
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<Connection>> outgoing_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> dial_address_ ABSL_GUARDED_BY(mu_);  // a restarted worker's new one
+  absl::flat_hash_map<const Connection*, int> rank_of_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gw::rpc::internal
+
+#endif  // GRADWIRE_RPC_SRC_PEERS_H_

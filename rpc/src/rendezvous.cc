@@ -1,0 +1,94 @@
+#include "rendezvous.h"
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace gw::rpc::internal {
+
+absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const AgentOptions& options, absl::Time deadline) {
+  std::unique_ptr<Rendezvous> r(new Rendezvous(options));
+  r->store_address_ = options.rendezvous;
+  if (options.rank == 0 && options.host_store) {
+    const size_t colon = options.rendezvous.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || !absl::SimpleAtoi(options.rendezvous.substr(colon + 1), &port)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad rendezvous address '", options.rendezvous,
+                                                     "' (expected host:port, e.g. MASTER_ADDR:MASTER_PORT)"));
+    }
+    auto server = StoreServer::Start(options.rendezvous.substr(0, colon), port);
+    if (!server.ok()) return server.status();
+    r->server_ = std::move(*server);
+    if (port == 0) r->store_address_ = r->server_->address();
+  }
+  auto store = ConnectStore(r->store_address_, deadline);
+  if (!store.ok()) return store.status();
+  r->store_ = std::move(*store);
+  return r;
+}
+
+Rendezvous::~Rendezvous() { Close(); }
+
+std::string Rendezvous::Key(absl::string_view what, int rank) const {
+  return absl::StrCat(options_.run_id, "/", what, rank);
+}
+
+absl::Status Rendezvous::Announce(const WorkerInfo& self) {
+  return store_->Set(Key("worker/", self.rank), absl::StrCat(self.name, "\n", self.address, "\n", self.pid));
+}
+
+absl::StatusOr<WorkerInfo> Rendezvous::Parse(int rank, const std::string& record) const {
+  std::vector<std::string> parts = absl::StrSplit(record, '\n');
+  WorkerInfo w;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[2], &w.pid)) {
+    return absl::DataLossError(absl::StrCat("bad worker record for rank ", rank, " in the rendezvous store"));
+  }
+  w.name = parts[0];
+  w.rank = rank;
+  w.address = parts[1];
+  return w;
+}
+
+absl::StatusOr<std::vector<WorkerInfo>> Rendezvous::AwaitAll(absl::Time deadline) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < options_.world_size; ++r) keys.push_back(Key("worker/", r));
+  if (absl::Status s = store_->Wait(keys, deadline - absl::Now()); !s.ok()) {
+    std::vector<std::string> missing;
+    for (int r = 0; r < options_.world_size; ++r) {
+      if (!store_->Get(keys[static_cast<size_t>(r)], absl::Milliseconds(1)).ok()) missing.push_back(absl::StrCat(r));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "not every worker joined within ", absl::FormatDuration(options_.start_timeout), ": rank(s) ",
+        missing.empty() ? "?" : absl::StrJoin(missing, ", "), " of ", options_.world_size,
+        " did not announce themselves (", s.message(), "); check WORLD_SIZE and that every rank was started"));
+  }
+  std::vector<WorkerInfo> workers;
+  absl::flat_hash_map<std::string, int> by_name;
+  for (int r = 0; r < options_.world_size; ++r) {
+    auto record = store_->Get(keys[static_cast<size_t>(r)], deadline - absl::Now());
+    if (!record.ok()) return record.status();
+    absl::StatusOr<WorkerInfo> w = Parse(r, *record);
+    if (!w.ok()) return w.status();
+    if (auto [it, fresh] = by_name.emplace(w->name, r); !fresh) {
+      return absl::InvalidArgumentError(absl::StrCat("worker name '", w->name, "' is used by ranks ", it->second,
+                                                     " and ", r, "; names must be unique"));
+    }
+    workers.push_back(*std::move(w));
+  }
+  return workers;
+}
+
+absl::StatusOr<WorkerInfo> Rendezvous::Lookup(int rank, absl::Duration timeout) {
+  auto record = store_->Get(Key("worker/", rank), timeout);
+  if (!record.ok()) return record.status();
+  return Parse(rank, *record);
+}
+
+void Rendezvous::Close() {
+  store_.reset();
+  if (server_) server_->Shutdown();
+}
+
+}  // namespace gw::rpc::internal

@@ -1,0 +1,49 @@
+#include "shutdown_barrier.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace gw::rpc::internal {
+
+absl::Status ShutdownBarrier::AwaitAll(const char* what, absl::Time deadline) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size_; ++r) keys.push_back(rendezvous_.Key(what, r));
+  absl::Status s = rendezvous_.store().Wait(keys, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  if (s.ok()) return s;
+  std::vector<std::string> missing;
+  for (int r = 0; r < world_size_; ++r) {
+    if (!rendezvous_.store().Get(keys[static_cast<size_t>(r)], absl::Milliseconds(1)).ok()) {
+      missing.push_back(absl::StrCat(r));
+    }
+  }
+  return absl::Status(s.code(), absl::StrCat("rank(s) ", missing.empty() ? "?" : absl::StrJoin(missing, ", "),
+                                             " did not reach '", what, "' (", s.message(), ")"));
+}
+
+absl::Status ShutdownBarrier::Arrive(const char* what, absl::Time deadline) {
+  if (absl::Status s = rendezvous_.store().Set(rendezvous_.Key(what, rank_), "1"); !s.ok()) return s;
+  return AwaitAll(what, deadline);
+}
+
+absl::Status ShutdownBarrier::Run(absl::Time deadline, const Steps& steps) {
+  steps.drain(deadline);
+  absl::Status s = Arrive("shutdown/", deadline);
+  absl::Status leaks;
+  if (s.ok()) {
+    steps.drain(deadline);
+    s = Arrive("rrefs_drained/", deadline);
+    if (s.ok()) leaks = steps.check_leaks();
+  }
+  if (s.ok()) s = rendezvous_.store().Set(rendezvous_.Key("exited/", rank_), "1");
+  steps.await_handlers(deadline);
+  if (s.ok() && rendezvous_.hosts_store()) s = AwaitAll("exited/", deadline);
+  if (!s.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat(name_, ": graceful shutdown did not complete: ", s.message()));
+  }
+  return leaks;
+}
+
+}  // namespace gw::rpc::internal

@@ -1,0 +1,55 @@
+// Internal: the graceful-shutdown protocol of a group, over the rendezvous store.
+//
+// Contract
+//   Run(deadline, steps) on every worker of the group, each from its own Shutdown:
+//     1. steps.drain: this worker's own calls (and the RRef control messages they caused)
+//        finish or time out;
+//     2. "shutdown/<rank>": every worker has reached shutdown, while all still serve;
+//     3. steps.drain again (messages peers sent before they stopped may have started
+//        more RRef traffic), then "rrefs_drained/<rank>": every owner's table is final,
+//        and steps.check_leaks reports values still referenced elsewhere;
+//     4. "exited/<rank>"; steps.await_handlers lets handlers still running for peers end;
+//     5. the worker that hosts the store waits for every "exited/" key, so the store
+//        stays up until everyone has read the barrier.
+//   Every wait is bounded by `deadline`; a barrier that does not complete is
+//   DEADLINE_EXCEEDED "<worker>: graceful shutdown did not complete: ..." naming the
+//   ranks that did not arrive. Otherwise the result is check_leaks's.
+#ifndef GRADWIRE_RPC_SRC_SHUTDOWN_BARRIER_H_
+#define GRADWIRE_RPC_SRC_SHUTDOWN_BARRIER_H_
+
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "rendezvous.h"
+
+namespace gw::rpc::internal {
+
+class ShutdownBarrier {
+ public:
+  struct Steps {
+    std::function<void(absl::Time deadline)> drain;
+    std::function<absl::Status()> check_leaks;
+    std::function<void(absl::Time deadline)> await_handlers;
+  };
+
+  ShutdownBarrier(Rendezvous& rendezvous, std::string name, int rank, int world_size)
+      : rendezvous_(rendezvous), name_(std::move(name)), rank_(rank), world_size_(world_size) {}
+
+  absl::Status Run(absl::Time deadline, const Steps& steps);
+
+ private:
+  // Publishes "<what><rank>" and waits for every rank's.
+  absl::Status Arrive(const char* what, absl::Time deadline);
+  absl::Status AwaitAll(const char* what, absl::Time deadline);
+
+  Rendezvous& rendezvous_;
+  const std::string name_;
+  const int rank_;
+  const int world_size_;
+};
+
+}  // namespace gw::rpc::internal
+
+#endif  // GRADWIRE_RPC_SRC_SHUTDOWN_BARRIER_H_
