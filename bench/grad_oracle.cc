@@ -42,8 +42,8 @@ int main() {
       o.rendezvous = (*store)->address();
       o.host_store = false;
       agents[static_cast<size_t>(r)] = gw::rpc::Agent::Start(o, [&, r](gw::rpc::Agent& a) {
-        engines[static_cast<size_t>(r)] = gw::dist_autograd::DistAutograd::Install(a);
         if (r == 1) (void)a.Register("out", [wb](gw::Tensor h) { return gw::MatMul(h, wb); });
+        return gw::rpc::Assign(gw::dist_autograd::DistAutograd::Install(a), engines[static_cast<size_t>(r)]);
       });
     });
   }

@@ -39,14 +39,14 @@ gw::rpc::AgentOptions Options(int rank, int port) {
   return o;
 }
 
-void Setup(gw::rpc::Agent& a, std::shared_ptr<gw::dist_autograd::DistAutograd>* engine) {
-  *engine = gw::dist_autograd::DistAutograd::Install(a);
-  (void)gw::rpc::RegisterModuleFactory(a, "stage2", [] { return Stage(false, 2); });
+absl::Status Setup(gw::rpc::Agent& a, std::shared_ptr<gw::dist_autograd::DistAutograd>* engine) {
+  if (absl::Status s = gw::rpc::Assign(gw::dist_autograd::DistAutograd::Install(a), *engine); !s.ok()) return s;
+  return gw::dist_nn::RegisterModuleFactory(a, "stage2", [] { return Stage(false, 2); });
 }
 
 int Server(int port) {
   std::shared_ptr<gw::dist_autograd::DistAutograd> engine;
-  auto agent = gw::rpc::Agent::Start(Options(1, port), [&](gw::rpc::Agent& a) { Setup(a, &engine); });
+  auto agent = gw::rpc::Agent::Start(Options(1, port), [&](gw::rpc::Agent& a) { return Setup(a, &engine); });
   if (!agent.ok()) return 1;
   return (*agent)->Shutdown().ok() ? 0 : 1;
 }
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   const pid_t child = gw::bench::SpawnSelf({{"GW_BENCH_ROLE", "server"}, {"GW_BENCH_PORT", std::to_string(*port)}});
 
   std::shared_ptr<gw::dist_autograd::DistAutograd> engine;
-  auto agent = gw::rpc::Agent::Start(Options(0, *port), [&](gw::rpc::Agent& a) { Setup(a, &engine); });
+  auto agent = gw::rpc::Agent::Start(Options(0, *port), [&](gw::rpc::Agent& a) { return Setup(a, &engine); });
   if (!agent.ok()) Fail("start", agent.status());
   gw::rpc::Agent& w0 = **agent;
 
@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   double dist_median = 0, local_median = 0;
   {
     auto stage1 = Stage(true, 1);
-    absl::StatusOr<gw::rpc::RemoteModule> stage2 = gw::rpc::RemoteModule::Create(w0, "worker1", "stage2");
+    absl::StatusOr<gw::dist_nn::RemoteModule> stage2 = gw::dist_nn::RemoteModule::Create(w0, "worker1", "stage2");
     if (!stage2.ok()) Fail("remote module", stage2.status());
     std::vector<gw::rpc::RRef<gw::Tensor>> params;
     for (const gw::Tensor& p : stage1->Parameters()) params.push_back(w0.Own(p));

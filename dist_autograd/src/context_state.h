@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -18,40 +19,47 @@
 #include "gradwire/autograd/node.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/rpc/future.h"
+#include "gradwire/rpc/global_id.h"
 #include "gradwire/rpc/value.h"
 
 namespace gw::dist_autograd {
 
+using rpc::GlobalId;
 class ContextState;
 
-// On the sender of a tensor: receives its gradient from the peer and passes it on to
-// the tensor's own gradient edge.
+// On the sender of a message: its inputs are the message's tensors that require grad; it
+// receives their gradients from the peer and passes each on to that tensor's own
+// gradient edge (PyTorch's SendRpcBackward).
 class SendFunction final : public autograd::Node {
  public:
-  explicit SendFunction(const Tensor& sent) {
-    AddInputMeta(sent);
-    add_next_edge(autograd::GradientEdge(sent));
+  explicit SendFunction(const std::vector<Tensor>& sent) {
+    for (const Tensor& t : sent) {
+      AddInputMeta(t);
+      add_next_edge(autograd::GradientEdge(t));
+    }
   }
   std::string name() const override { return "SendFunction"; }
-  std::vector<Tensor> Apply(std::vector<Tensor>&& grads) override { return {std::move(grads[0])}; }
+  std::vector<Tensor> Apply(std::vector<Tensor>&& grads) override { return std::move(grads); }
 };
 
-// On the receiver: running it queues the gradient (or "none") for the sender.
+// On the receiver: its outputs are the message's tensors that require grad (declared by
+// SetHistory(received, recv), in payload order); running it queues their gradients for
+// the sender (PyTorch's RecvRpcBackward). In FAST mode an output that got no gradient
+// sends zeros, as PyTorch does; in SMART mode, none.
 class RecvFunction final : public autograd::Node {
  public:
-  // Its one input is declared by SetHistory(received, recv).
-  RecvFunction(std::weak_ptr<ContextState> ctx, int sender, uint64_t key)
+  RecvFunction(std::weak_ptr<ContextState> ctx, int sender, GlobalId key)
       : ctx_(std::move(ctx)), sender_(sender), key_(key) {}
   std::string name() const override { return "RecvFunction"; }
   std::vector<Tensor> Apply(std::vector<Tensor>&& grads) override;
   bool RunsWithoutGradient() const override { return true; }
   int sender() const { return sender_; }
-  uint64_t key() const { return key_; }
+  GlobalId key() const { return key_; }
 
  private:
   std::weak_ptr<ContextState> ctx_;
   const int sender_;
-  const uint64_t key_;
+  const GlobalId key_;
 };
 
 // Leaf gradients of a context on this worker, summed over passes.
@@ -66,22 +74,22 @@ class GradientStore final : public autograd::GradSink {
   absl::flat_hash_map<const void*, std::pair<Tensor, Tensor>> grads_ ABSL_GUARDED_BY(mu_);
 };
 
-struct OutgoingGradient {
+struct OutgoingGradients {
   int to;
-  uint64_t key;
-  Tensor grad;  // undefined: "no gradient"
+  GlobalId key;
+  std::vector<std::optional<Tensor>> grads;  // none: no gradient
 };
 
 class ContextState {
  public:
-  ContextState(uint64_t id, int creator) : id(id), creator(creator) {}
+  explicit ContextState(GlobalId id) : id(id), creator(id.rank()) {}
 
-  const uint64_t id;
+  const GlobalId id;
   const int creator;
   GradientStore gradients;
 
   absl::Mutex mu;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<SendFunction>> sends ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<GlobalId, std::shared_ptr<SendFunction>> sends ABSL_GUARDED_BY(mu);
   std::set<int> peers ABSL_GUARDED_BY(mu);  // workers this context exchanged messages with
 
   // The current backward pass on this worker.
@@ -90,18 +98,18 @@ class ContextState {
   bool retain_graph ABSL_GUARDED_BY(mu) = false;
   std::unique_ptr<autograd::GraphTask> task ABSL_GUARDED_BY(mu);
   bool dependencies_ready ABSL_GUARDED_BY(mu) = false;
-  absl::flat_hash_set<uint64_t> reachable_sends ABSL_GUARDED_BY(mu);  // SMART
+  absl::flat_hash_set<GlobalId> reachable_sends ABSL_GUARDED_BY(mu);  // SMART
   std::vector<autograd::Edge> local_roots ABSL_GUARDED_BY(mu);        // the creator's roots
   absl::Status error ABSL_GUARDED_BY(mu);
   // One per gradient delivery (and the creator's Backward): answered once the gradients
   // its run sent out were answered and no node here holds input while waiting.
   struct Waiter {
     explicit Waiter(rpc::Executor& ex) : done(ex) {}
-    Promise<rpc::Value> done;
+    Promise<rpc::Ack> done;
     bool sent_answered = false;
   };
   std::vector<std::shared_ptr<Waiter>> waiters ABSL_GUARDED_BY(mu);
-  std::vector<OutgoingGradient> outbox ABSL_GUARDED_BY(mu);  // filled by RecvFunction::Apply
+  std::vector<OutgoingGradients> outbox ABSL_GUARDED_BY(mu);  // filled by RecvFunction::Apply
 };
 
 }  // namespace gw::dist_autograd

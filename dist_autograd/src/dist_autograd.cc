@@ -1,36 +1,37 @@
 #include "gradwire/dist_autograd/dist_autograd.h"
 
-#include <atomic>
+#include <algorithm>
 #include <functional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "context_state.h"
-#include "optimizer_host.h"
 #include "gradwire/autograd/function.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/rpc/call_hooks.h"
+#include "gradwire/rpc/errors.h"
 #include "gradwire/tensor/error.h"
 #include "gradwire/tensor/kernels.h"
+#include "messages.h"
+#include "optimizer_host.h"
 
 namespace gw::dist_autograd {
 namespace {
 
-constexpr char kGradFn[] = "__dist.grad";
-constexpr char kDiscoverFn[] = "__dist.discover";
-constexpr char kReleaseFn[] = "__dist.release";
 constexpr absl::Duration kReleaseTimeout = absl::Seconds(10);
 
+using internal::AutogradMeta;
+using internal::DiscoverMessage;
+using internal::GradMessage;
+using internal::ReleaseMessage;
+using rpc::Ack;
 using rpc::Value;
 using rpc::ValueList;
 using rpc::ValueMap;
 
 // The context current on this thread (Context, Context::Scope, or a handler's scope).
 thread_local std::shared_ptr<ContextState> t_current;
-
-int64_t I(uint64_t x) { return static_cast<int64_t>(x); }
-uint64_t U(const Value& v) { return static_cast<uint64_t>(v.get<int64_t>()); }
 
 // Every tensor of a value, in a fixed order (lists in order, maps by key): the same on
 // both sides of the wire.
@@ -46,8 +47,8 @@ void ForEachTensor(Value& v, const std::function<void(Tensor&)>& fn) {
 }
 
 // The RecvFunctions reachable from `from` (through the local graph only), grouped by the
-// worker that sent their tensors.
-void CollectRecvs(const std::vector<autograd::Edge>& from, absl::flat_hash_map<int, std::vector<uint64_t>>* out) {
+// worker that sent their messages.
+void CollectRecvs(const std::vector<autograd::Edge>& from, absl::flat_hash_map<int, std::vector<GlobalId>>* out) {
   absl::flat_hash_set<autograd::Node*> seen;
   std::vector<autograd::Node*> stack;
   for (const autograd::Edge& e : from) {
@@ -63,13 +64,16 @@ void CollectRecvs(const std::vector<autograd::Edge>& from, absl::flat_hash_map<i
   }
 }
 
-// Completes when every future has; with the first error if any failed.
-Future<Value> AllOf(rpc::Executor& ex, std::vector<Future<Value>> futures) {
-  Promise<Value> done(ex);  // completed on the completing thread: no pool hop
-  WhenAll(ex, std::move(futures)).Subscribe([done](const absl::StatusOr<std::vector<Value>>& r) {
-    done.Set(r.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(r.status()));
+// Completes when every future has; with the first error if any failed (no pool hop).
+Future<Ack> AllOf(rpc::Executor& ex, std::vector<Future<Ack>> futures) {
+  return Map<Ack>(WhenAll(ex, std::move(futures)), [](const absl::StatusOr<std::vector<Ack>>& r) -> absl::StatusOr<Ack> {
+    if (!r.ok()) return r.status();
+    return Ack{};
   });
-  return done.future();
+}
+
+int64_t BudgetMs(absl::Time deadline) {
+  return absl::ToInt64Milliseconds(std::max(absl::Milliseconds(1), deadline - absl::Now()));
 }
 
 }  // namespace
@@ -78,7 +82,19 @@ Future<Value> AllOf(rpc::Executor& ex, std::vector<Future<Value>> futures) {
 
 std::vector<Tensor> RecvFunction::Apply(std::vector<Tensor>&& grads) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Runs inside GraphTask::Run, which the engine calls with the context's mutex held.
-  if (auto ctx = ctx_.lock()) ctx->outbox.push_back({sender_, key_, std::move(grads[0])});
+  auto ctx = ctx_.lock();
+  if (!ctx) return {};
+  OutgoingGradients out{sender_, key_, {}};
+  for (uint32_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].defined()) {
+      out.grads.emplace_back(std::move(grads[i]));
+    } else if (ctx->mode == Mode::kFast) {
+      out.grads.emplace_back(Tensor::Zeros(input_meta(i).sizes, input_meta(i).dtype));  // as PyTorch does
+    } else {
+      out.grads.emplace_back(std::nullopt);
+    }
+  }
+  ctx->outbox.push_back(std::move(out));
   return {};
 }
 
@@ -110,11 +126,11 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   absl::Status RegisterFunctions() {
     auto self = this;  // the agent keeps the hooks (and so this engine) alive
     for (absl::Status s : {
-             agent_.RegisterRaw(kGradFn, [self](const rpc::CallInfo& i, ValueList a) { return self->OnGrad(i, std::move(a)); }),
-             agent_.RegisterRaw(kDiscoverFn,
-                                [self](const rpc::CallInfo&, ValueList a) { return self->OnDiscover(std::move(a)); }),
-             agent_.RegisterRaw(kReleaseFn,
-                                [self](const rpc::CallInfo& i, ValueList a) { return self->OnRelease(i, std::move(a)); }),
+             agent_.Handle<GradMessage>([self](const rpc::CallInfo& i, GradMessage m) { return self->OnGrad(i, std::move(m)); }),
+             agent_.Handle<DiscoverMessage>(
+                 [self](const rpc::CallInfo&, const DiscoverMessage& m) { return self->OnDiscover(m); }),
+             agent_.Handle<ReleaseMessage>(
+                 [self](const rpc::CallInfo& i, const ReleaseMessage& m) { return self->Release(m.context, i.caller_rank); }),
          }) {
       if (!s.ok()) return s;
     }
@@ -124,17 +140,16 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   // ---------------------------------------------------------------- contexts
 
   std::shared_ptr<ContextState> NewContext() {
-    const uint64_t id = (static_cast<uint64_t>(self_) << 48) | next_context_.fetch_add(1);
-    auto ctx = std::make_shared<ContextState>(id, self_);
+    auto ctx = std::make_shared<ContextState>(agent_.NewId());
     absl::MutexLock lock(&mu_);
-    contexts_[id] = ctx;
+    contexts_[ctx->id] = ctx;
     return ctx;
   }
 
-  std::shared_ptr<ContextState> GetOrCreate(uint64_t id, int creator) {
+  std::shared_ptr<ContextState> GetOrCreate(GlobalId id) {
     absl::MutexLock lock(&mu_);
     auto& slot = contexts_[id];
-    if (!slot) slot = std::make_shared<ContextState>(id, creator);
+    if (!slot) slot = std::make_shared<ContextState>(id);
     return slot;
   }
 
@@ -143,7 +158,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     return contexts_.size();
   }
 
-  std::shared_ptr<ContextState> Find(uint64_t id) const {
+  std::shared_ptr<ContextState> Find(GlobalId id) const {
     absl::MutexLock lock(&mu_);
     auto it = contexts_.find(id);
     return it == contexts_.end() ? nullptr : it->second;
@@ -151,12 +166,12 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
 
   // Forgets the context here and tells every peer it touched (but `except`); the future
   // completes when they all answered (or failed).
-  Future<Value> Release(uint64_t id, int except) {
+  Future<Ack> Release(GlobalId id, int except) {
     std::shared_ptr<ContextState> ctx;
     {
       absl::MutexLock lock(&mu_);
       auto it = contexts_.find(id);
-      if (it == contexts_.end()) return MakeReadyFuture<Value>(agent_.executor(), Value());
+      if (it == contexts_.end()) return MakeReadyFuture<Ack>(agent_.executor(), Ack{});
       ctx = it->second;
       contexts_.erase(it);
     }
@@ -165,10 +180,10 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       absl::MutexLock lock(&ctx->mu);
       peers = ctx->peers;
     }
-    std::vector<Future<Value>> acks;
+    std::vector<Future<Ack>> acks;
     for (int p : peers) {
       if (p == except || p == self_) continue;
-      acks.push_back(agent_.Async<Value>(Name(p), kReleaseFn, I(id), rpc::CallOptions{kReleaseTimeout}));
+      acks.push_back(agent_.Send(Name(p), ReleaseMessage{id}, rpc::CallOptions{kReleaseTimeout}));
     }
     return AllOf(agent_.executor(), std::move(acks));
   }
@@ -236,11 +251,11 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       ctx->local_roots = edges;
     }
     if (options.mode == Mode::kSmart) {
-      // 1. Which sends, on which workers, will receive a gradient.
-      absl::flat_hash_map<int, std::vector<uint64_t>> recvs;
+      // 1. Which sends, on which workers, will receive gradients.
+      absl::flat_hash_map<int, std::vector<GlobalId>> recvs;
       CollectRecvs(edges, &recvs);
-      Future<Value> discovered = Discover(*ctx, pass, options.retain_graph, deadline, std::move(recvs));
-      absl::StatusOr<Value> d = discovered.Get(deadline - absl::Now() + absl::Seconds(1));
+      absl::StatusOr<Ack> d =
+          Discover(*ctx, pass, options.retain_graph, deadline, std::move(recvs)).Get(deadline - absl::Now() + absl::Seconds(1));
       if (!d.ok()) return Explain(*ctx, options.mode, d.status(), "discovery");
     }
     // 2. The gradient pass.
@@ -253,7 +268,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       ctx->waiters.push_back(waiter);
     }
     Await(ctx, waiter, Flush(ctx, deadline));
-    absl::StatusOr<Value> r = waiter->done.future().Get(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    absl::StatusOr<Ack> r = waiter->done.future().Get(std::max(absl::ZeroDuration(), deadline - absl::Now()));
     if (!r.ok()) return Explain(*ctx, options.mode, r.status(), "gradient pass");
     return absl::OkStatus();
   }
@@ -265,64 +280,63 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   }
 
  private:
-  // Outgoing messages of a context: a SendFunction for every tensor that requires grad.
+  // An outgoing message of a context: one SendFunction for its tensors that require grad.
   absl::Status Annotate(const std::shared_ptr<ContextState>& ctx, int to, Value& payload, Value& meta) {
     if (!ctx) return absl::OkStatus();
-    ValueList keys;
-    const bool recording = autograd::GradMode::IsEnabled();
-    std::vector<std::pair<uint64_t, std::shared_ptr<SendFunction>>> sends;
-    ForEachTensor(payload, [&](Tensor& t) {
-      if (recording && t.requires_grad()) {
-        const uint64_t key = (static_cast<uint64_t>(self_ + 1) << 48) | next_key_.fetch_add(1);
-        sends.emplace_back(key, std::make_shared<SendFunction>(t));
-        keys.push_back(Value(I(key)));
-      } else {
-        keys.push_back(Value(int64_t{0}));
-      }
-    });
+    AutogradMeta m{ctx->id, {}, {}};
+    std::vector<Tensor> with_grad;
+    if (autograd::GradMode::IsEnabled()) {
+      int64_t position = 0;
+      ForEachTensor(payload, [&](Tensor& t) {
+        if (t.requires_grad()) {
+          m.with_grad.push_back(position);
+          with_grad.push_back(t);
+        }
+        ++position;
+      });
+    }
+    std::shared_ptr<SendFunction> send;
+    if (!with_grad.empty()) {
+      m.send = agent_.NewId();
+      send = std::make_shared<SendFunction>(with_grad);
+    }
     {
       absl::MutexLock lock(&ctx->mu);
-      for (auto& [key, send] : sends) ctx->sends[key] = std::move(send);
+      if (send) ctx->sends[m.send] = std::move(send);
       ctx->peers.insert(to);
     }
-    ValueMap m;
-    m["ctx"] = Value(I(ctx->id));
-    m["creator"] = Value(int64_t{ctx->creator});
-    m["keys"] = Value(std::move(keys));
-    meta = Value(std::move(m));
+    meta = rpc::ValueTraits<AutogradMeta>::To(std::move(m));
     return absl::OkStatus();
   }
 
-  // Incoming messages of a context: the context joins here, received tensors that had a
-  // SendFunction get a RecvFunction.
+  // An incoming message of a context: the context joins here, and the message's tensors
+  // that had a SendFunction become the outputs of one RecvFunction.
   absl::StatusOr<std::shared_ptr<ContextState>> Attach(int from, Value& payload, const Value& meta) {
-    if (!meta.is<ValueMap>()) return std::shared_ptr<ContextState>();
-    const ValueMap& m = meta.get<ValueMap>();
-    auto id = m.find("ctx"), creator = m.find("creator"), keys = m.find("keys");
-    if (id == m.end()) return std::shared_ptr<ContextState>();
-    if (creator == m.end() || keys == m.end() || !id->second.is<int64_t>() || !creator->second.is<int64_t>() ||
-        !keys->second.is<ValueList>()) {
-      return absl::InvalidArgumentError("malformed distributed-autograd annotation");
+    if (meta.is<std::monostate>()) return std::shared_ptr<ContextState>();
+    absl::StatusOr<AutogradMeta> m = rpc::ValueTraits<AutogradMeta>::From(meta);
+    if (!m.ok()) return absl::InvalidArgumentError(absl::StrCat("malformed distributed-autograd annotation: ", m.status().message()));
+    if (!m->context.valid() || m->send.valid() == m->with_grad.empty()) {
+      return absl::InvalidArgumentError("malformed distributed-autograd annotation (null context, or a send without tensors)");
     }
-    const ValueList& k = keys->second.get<ValueList>();
     std::vector<Tensor*> tensors;
     ForEachTensor(payload, [&](Tensor& t) { tensors.push_back(&t); });
-    if (tensors.size() != k.size()) {
-      return absl::InvalidArgumentError("distributed-autograd annotation does not match the message's tensors");
+    for (size_t i = 0; i < m->with_grad.size(); ++i) {
+      const int64_t p = m->with_grad[i];
+      if (p < 0 || p >= static_cast<int64_t>(tensors.size()) || (i > 0 && p <= m->with_grad[i - 1])) {
+        return absl::InvalidArgumentError("distributed-autograd annotation does not match the message's tensors");
+      }
+      if (!IsFloating(tensors[static_cast<size_t>(p)]->dtype())) {
+        return absl::InvalidArgumentError("distributed-autograd annotation marks a non-floating tensor");
+      }
     }
-    std::shared_ptr<ContextState> ctx =
-        GetOrCreate(U(id->second), static_cast<int>(creator->second.get<int64_t>()));
+    std::shared_ptr<ContextState> ctx = GetOrCreate(m->context);
     {
       absl::MutexLock lock(&ctx->mu);
       ctx->peers.insert(from);
     }
-    for (size_t i = 0; i < k.size(); ++i) {
-      if (!k[i].is<int64_t>()) return absl::InvalidArgumentError("malformed distributed-autograd key");
-      const uint64_t key = U(k[i]);
-      if (key == 0) continue;
-      Tensor& t = *tensors[i];
-      if (!IsFloating(t.dtype())) return absl::InvalidArgumentError("a gradient key on a non-floating tensor");
-      autograd::SetHistory(t, std::make_shared<RecvFunction>(ctx, from, key));
+    if (m->send.valid()) {
+      auto recv = std::make_shared<RecvFunction>(ctx, from, m->send);
+      for (int64_t p : m->with_grad) autograd::SetHistory(*tensors[static_cast<size_t>(p)], recv);
     }
     return ctx;
   }
@@ -348,59 +362,53 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     return absl::OkStatus();
   }
 
-  // Counts from the roots plus the sends that will receive a gradient: every one of them
-  // (FAST), or those the discovery reached (SMART).
+  // Counts from the roots plus the sends that will receive gradients: every one of them
+  // (FAST), or those the discovery reached (SMART). A send counts once per input: its
+  // GradMessage delivers every input.
   void PrepareDependencies(ContextState& ctx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu) {
     if (ctx.dependencies_ready) return;
     std::vector<autograd::Edge> roots = ctx.local_roots;
     for (const auto& [key, send] : ctx.sends) {
-      if (ctx.mode == Mode::kFast || ctx.reachable_sends.contains(key)) roots.push_back({send, 0});
+      if (ctx.mode == Mode::kFast || ctx.reachable_sends.contains(key)) {
+        for (uint32_t i = 0; i < send->num_inputs(); ++i) roots.push_back({send, i});
+      }
     }
     ctx.task->ComputeDependencies(roots);
     ctx.dependencies_ready = true;
   }
 
   void RunLocked(ContextState& ctx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu) {
-    try {
-      ctx.task->Run();
-    } catch (const gw::Error& e) {
-      if (ctx.error.ok()) ctx.error = absl::InternalError(absl::StrCat(Name(self_), ": ", e.what()));
-    }
+    absl::Status s = rpc::CatchExceptions(Name(self_), [&] { ctx.task->Run(); });
+    if (!s.ok() && ctx.error.ok()) ctx.error = s;
   }
 
   // Sends the gradients that RecvFunctions queued; returns the futures of their answers.
-  std::vector<Future<Value>> Flush(const std::shared_ptr<ContextState>& ctx, absl::Time deadline) {
-    std::vector<OutgoingGradient> out;
-    std::vector<Future<Value>> answers;
-    uint64_t pass;
-    Mode mode;
-    bool retain;
+  std::vector<Future<Ack>> Flush(const std::shared_ptr<ContextState>& ctx, absl::Time deadline) {
+    std::vector<OutgoingGradients> out;
+    GradMessage m;
     {
       absl::MutexLock lock(&ctx->mu);
       out.swap(ctx->outbox);
-      pass = ctx->pass;
-      mode = ctx->mode;
-      retain = ctx->retain_graph;
+      m.context = ctx->id;
+      m.pass = static_cast<int64_t>(ctx->pass);
+      m.mode = ctx->mode;
+      m.retain_graph = ctx->retain_graph;
     }
-    auto self = shared_from_this();
-    for (OutgoingGradient& g : out) {
-      const absl::Duration left = std::max(absl::Milliseconds(1), deadline - absl::Now());
-      ValueList args{Value(I(ctx->id)), Value(int64_t{ctx->creator}), Value(I(pass)),
-                     Value(int64_t{mode == Mode::kFast ? 1 : 0}), Value(retain), Value(I(g.key)),
-                     g.grad.defined() ? Value(g.grad) : Value(), Value(absl::ToInt64Milliseconds(left))};
-      Promise<Value> answered(agent_.executor());
-      agent_.CallRaw(Name(g.to), kGradFn, std::move(args), rpc::CallOptions{left},
-                     [answered](absl::StatusOr<Value> r) { answered.Set(std::move(r)); });
-      answers.push_back(answered.future());
+    std::vector<Future<Ack>> answers;
+    for (OutgoingGradients& g : out) {
+      m.send = g.key;
+      m.grads = std::move(g.grads);
+      m.budget_ms = BudgetMs(deadline);
+      answers.push_back(agent_.Send(Name(g.to), m, rpc::CallOptions{absl::Milliseconds(m.budget_ms)}));
     }
     return answers;
   }
 
   // The waiter is answered once `sent` are all answered and the worker is quiet.
   void Await(const std::shared_ptr<ContextState>& ctx, const std::shared_ptr<ContextState::Waiter>& waiter,
-             std::vector<Future<Value>> sent) {
+             std::vector<Future<Ack>> sent) {
     auto self = shared_from_this();
-    AllOf(agent_.executor(), std::move(sent)).Subscribe([self, ctx, waiter](const absl::StatusOr<Value>& r) {
+    AllOf(agent_.executor(), std::move(sent)).Subscribe([self, ctx, waiter](const absl::StatusOr<Ack>& r) {
       {
         absl::MutexLock lock(&ctx->mu);
         waiter->sent_answered = true;
@@ -426,80 +434,78 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       ready.assign(split, ctx.waiters.end());
       ctx.waiters.erase(split, ctx.waiters.end());
     }
-    for (auto& w : ready) w->done.Set(result.ok() ? absl::StatusOr<Value>(Value()) : absl::StatusOr<Value>(result));
+    for (auto& w : ready) w->done.Set(result.ok() ? absl::StatusOr<Ack>(Ack{}) : absl::StatusOr<Ack>(result));
   }
 
   // SMART discovery: mark the sends named by `recvs` on their workers, recursively.
-  Future<Value> Discover(ContextState& ctx, uint64_t pass, bool retain, absl::Time deadline,
-                         absl::flat_hash_map<int, std::vector<uint64_t>> recvs) {
-    std::vector<Future<Value>> calls;
-    for (auto& [worker, keys] : recvs) {
-      ValueList k;
-      for (uint64_t key : keys) k.push_back(Value(I(key)));
-      const absl::Duration left = std::max(absl::Milliseconds(1), deadline - absl::Now());
-      calls.push_back(agent_.Async<Value>(Name(worker), kDiscoverFn, I(ctx.id), int64_t{ctx.creator}, I(pass), retain,
-                                         Value(std::move(k)), absl::ToInt64Milliseconds(left),
-                                         rpc::CallOptions{left}));
+  Future<Ack> Discover(ContextState& ctx, uint64_t pass, bool retain, absl::Time deadline,
+                       absl::flat_hash_map<int, std::vector<GlobalId>> recvs) {
+    std::vector<Future<Ack>> calls;
+    for (auto& [worker, sends] : recvs) {
+      DiscoverMessage m{ctx.id, static_cast<int64_t>(pass), retain, std::move(sends), BudgetMs(deadline)};
+      calls.push_back(agent_.Send(Name(worker), std::move(m), rpc::CallOptions{absl::Milliseconds(BudgetMs(deadline))}));
     }
     return AllOf(agent_.executor(), std::move(calls));
   }
 
-  Future<Value> Failed(absl::Status s) { return MakeReadyFuture<Value>(agent_.executor(), std::move(s)); }
+  Future<Ack> Failed(absl::Status s) { return MakeReadyFuture<Ack>(agent_.executor(), std::move(s)); }
 
   // ---------------------------------------------------------------- handlers
 
-  // [ctx, creator, pass, retain, keys, budget_ms]
-  Future<Value> OnDiscover(ValueList a) {
-    if (a.size() != 6 || !a[0].is<int64_t>() || !a[1].is<int64_t>() || !a[2].is<int64_t>() || !a[3].is<bool>() ||
-        !a[4].is<ValueList>() || !a[5].is<int64_t>()) {
-      return Failed(absl::InvalidArgumentError("__dist.discover: malformed request"));
-    }
-    auto ctx = GetOrCreate(U(a[0]), static_cast<int>(a[1].get<int64_t>()));
-    const absl::Time deadline = absl::Now() + absl::Milliseconds(a[5].get<int64_t>());
-    absl::flat_hash_map<int, std::vector<uint64_t>> recvs;
+  Future<Ack> OnDiscover(const DiscoverMessage& m) {
+    if (!m.context.valid() || m.pass < 1) return Failed(absl::InvalidArgumentError("DiscoverMessage: null context or pass"));
+    auto ctx = GetOrCreate(m.context);
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(m.budget_ms);
+    absl::flat_hash_map<int, std::vector<GlobalId>> recvs;
     {
       absl::MutexLock lock(&ctx->mu);
-      if (absl::Status s = EnsurePass(*ctx, U(a[2]), Mode::kSmart, a[3].get<bool>()); !s.ok()) return Failed(s);
+      if (absl::Status s = EnsurePass(*ctx, static_cast<uint64_t>(m.pass), Mode::kSmart, m.retain_graph); !s.ok()) {
+        return Failed(s);
+      }
       std::vector<autograd::Edge> from;
-      for (const Value& k : a[4].get<ValueList>()) {
-        if (!k.is<int64_t>()) return Failed(absl::InvalidArgumentError("__dist.discover: malformed key"));
-        auto it = ctx->sends.find(U(k));
+      for (GlobalId key : m.sends) {
+        auto it = ctx->sends.find(key);
         if (it == ctx->sends.end()) {
-          return Failed(absl::NotFoundError(absl::StrCat(Name(self_), ": no send ", U(k), " in context ", ctx->id)));
+          return Failed(absl::NotFoundError(
+              absl::StrCat(Name(self_), ": no send ", key.ToString(), " in context ", ctx->id.ToString())));
         }
-        if (ctx->reachable_sends.insert(U(k)).second) from.push_back({it->second, 0});  // each once per pass
+        if (!ctx->reachable_sends.insert(key).second) continue;  // each once per pass
+        for (const autograd::Edge& e : it->second->next_edges()) from.push_back(e);
       }
       CollectRecvs(from, &recvs);
     }
-    return Discover(*ctx, U(a[2]), a[3].get<bool>(), deadline, std::move(recvs));
+    return Discover(*ctx, static_cast<uint64_t>(m.pass), m.retain_graph, deadline, std::move(recvs));
   }
 
-  // [ctx, creator, pass, fast, retain, key, grad|none, budget_ms]
-  Future<Value> OnGrad(const rpc::CallInfo& info, ValueList a) {
-    if (a.size() != 8 || !a[0].is<int64_t>() || !a[1].is<int64_t>() || !a[2].is<int64_t>() || !a[3].is<int64_t>() ||
-        !a[4].is<bool>() || !a[5].is<int64_t>() || !(a[6].is<Tensor>() || a[6].is<std::monostate>()) ||
-        !a[7].is<int64_t>()) {
-      return Failed(absl::InvalidArgumentError("__dist.grad: malformed request"));
+  Future<Ack> OnGrad(const rpc::CallInfo& info, GradMessage m) {
+    if (!m.context.valid() || m.pass < 1 || (m.mode != Mode::kSmart && m.mode != Mode::kFast)) {
+      return Failed(absl::InvalidArgumentError("GradMessage: null context, bad pass or unknown mode"));
     }
-    auto ctx = GetOrCreate(U(a[0]), static_cast<int>(a[1].get<int64_t>()));
-    const absl::Time deadline = absl::Now() + absl::Milliseconds(a[7].get<int64_t>());
-    const Mode mode = a[3].get<int64_t>() == 1 ? Mode::kFast : Mode::kSmart;
+    auto ctx = GetOrCreate(m.context);
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(m.budget_ms);
     auto waiter = std::make_shared<ContextState::Waiter>(agent_.executor());
     {
       absl::MutexLock lock(&ctx->mu);
-      if (absl::Status s = EnsurePass(*ctx, U(a[2]), mode, a[4].get<bool>()); !s.ok()) return Failed(s);
-      auto it = ctx->sends.find(U(a[5]));
+      if (absl::Status s = EnsurePass(*ctx, static_cast<uint64_t>(m.pass), m.mode, m.retain_graph); !s.ok()) {
+        return Failed(s);
+      }
+      auto it = ctx->sends.find(m.send);
       if (it == ctx->sends.end()) {
-        return Failed(absl::NotFoundError(absl::StrCat(Name(self_), ": no send ", U(a[5]), " in context ", ctx->id,
-                                                       " (gradient from ", info.caller, ")")));
+        return Failed(absl::NotFoundError(absl::StrCat(Name(self_), ": no send ", m.send.ToString(), " in context ",
+                                                       ctx->id.ToString(), " (gradients from ", info.caller, ")")));
+      }
+      const std::shared_ptr<SendFunction>& send = it->second;
+      if (m.grads.size() != send->num_inputs()) {
+        return Failed(absl::InvalidArgumentError(absl::StrCat("GradMessage from ", info.caller, ": ", m.grads.size(),
+                                                              " gradients for a send of ", send->num_inputs(), " tensors")));
       }
       PrepareDependencies(*ctx);
-      Tensor grad = a[6].is<Tensor>() ? a[6].get<Tensor>() : Tensor();
-      try {
-        ctx->task->AddInput({it->second, 0}, std::move(grad));
-      } catch (const gw::Error& e) {
-        if (ctx->error.ok()) ctx->error = absl::InternalError(absl::StrCat(Name(self_), ": ", e.what()));
-      }
+      absl::Status s = rpc::CatchExceptions(Name(self_), [&] {
+        for (uint32_t i = 0; i < send->num_inputs(); ++i) {
+          ctx->task->AddInput({send, i}, m.grads[i] ? std::move(*m.grads[i]) : Tensor());
+        }
+      });
+      if (!s.ok() && ctx->error.ok()) ctx->error = s;
       RunLocked(*ctx);
       ctx->waiters.push_back(waiter);
     }
@@ -507,18 +513,10 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     return waiter->done.future();
   }
 
-  // [ctx]
-  Future<Value> OnRelease(const rpc::CallInfo& info, ValueList a) {
-    if (a.size() != 1 || !a[0].is<int64_t>()) return Failed(absl::InvalidArgumentError("__dist.release: malformed"));
-    return Release(U(a[0]), info.caller_rank);
-  }
-
   rpc::Agent& agent_;
   const int self_;
-  std::atomic<uint64_t> next_context_{1};
-  std::atomic<uint64_t> next_key_{1};
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<ContextState>> contexts_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<GlobalId, std::shared_ptr<ContextState>> contexts_ ABSL_GUARDED_BY(mu_);
 
   friend class Context;
   absl::Status Explain(ContextState& ctx, Mode mode, const absl::Status& s, const char* phase) {
@@ -532,9 +530,8 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
                                    ") did not finish in time: ", s.message());
     if (mode == Mode::kFast) {
       absl::StrAppend(&why, "; ", waiting, " node(s) on ", Name(self_),
-                      " still wait. In FAST mode every recorded send must receive a gradient: a tensor sent to a "
-                      "call whose result does not reach the loss never gets one. SMART mode (the default) handles "
-                      "this.");
+                      " still wait. In FAST mode every recorded send must receive gradients: a message none of whose "
+                      "tensors reaches the loss never gets any. SMART mode (the default) handles this.");
     }
     return absl::DeadlineExceededError(why);
   }
@@ -542,19 +539,21 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
 
 // ------------------------------------------------------------------ public API
 
-std::shared_ptr<DistAutograd> DistAutograd::Install(rpc::Agent& agent) {
+absl::StatusOr<std::shared_ptr<DistAutograd>> DistAutograd::Install(rpc::Agent& agent) {
   auto impl = std::make_shared<Impl>(agent);
-  if (absl::Status s = impl->RegisterFunctions(); !s.ok()) return nullptr;
+  if (absl::Status s = impl->RegisterFunctions(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("DistAutograd::Install on ", agent.self().name, ": ", s.message()));
+  }
   std::weak_ptr<Impl> weak = impl;
   if (absl::Status s = InstallOptimizerHost(agent,
-                                            [weak](uint64_t context_id, const Tensor& param) {
+                                            [weak](GlobalId context_id, const Tensor& param) {
                                               auto engine = weak.lock();
                                               if (!engine) return Tensor();
                                               auto ctx = engine->Find(context_id);
                                               return ctx ? ctx->gradients.Of(param) : Tensor();
                                             });
       !s.ok()) {
-    return nullptr;
+    return absl::Status(s.code(), absl::StrCat("DistAutograd::Install on ", agent.self().name, ": ", s.message()));
   }
   agent.SetCallHooks(impl);
   return std::shared_ptr<DistAutograd>(new DistAutograd(impl));
@@ -564,12 +563,12 @@ DistAutograd::DistAutograd(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) 
 DistAutograd::~DistAutograd() = default;
 size_t DistAutograd::live_contexts() const { return impl_->live(); }
 
-std::vector<std::pair<Tensor, Tensor>> DistAutograd::GradientsOf(uint64_t context_id) const {
+std::vector<std::pair<Tensor, Tensor>> DistAutograd::GradientsOf(GlobalId context_id) const {
   std::shared_ptr<ContextState> ctx = impl_->Find(context_id);
   return ctx ? ctx->gradients.All() : std::vector<std::pair<Tensor, Tensor>>{};
 }
 
-Tensor DistAutograd::GradOf(uint64_t context_id, const Tensor& leaf) const {
+Tensor DistAutograd::GradOf(GlobalId context_id, const Tensor& leaf) const {
   std::shared_ptr<ContextState> ctx = impl_->Find(context_id);
   return ctx ? ctx->gradients.Of(leaf) : Tensor();
 }
@@ -584,7 +583,7 @@ Context::~Context() {
   (void)engine_.impl_->Release(state_->id, -1).Get(kReleaseTimeout + absl::Seconds(1));
 }
 
-uint64_t Context::id() const { return state_->id; }
+GlobalId Context::id() const { return state_->id; }
 
 absl::Status Context::Backward(const std::vector<Tensor>& roots, BackwardOptions options) {
   return engine_.impl_->Backward(state_, roots, options);

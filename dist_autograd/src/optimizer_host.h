@@ -2,17 +2,16 @@
 #ifndef GRADWIRE_DIST_AUTOGRAD_SRC_OPTIMIZER_HOST_H_
 #define GRADWIRE_DIST_AUTOGRAD_SRC_OPTIMIZER_HOST_H_
 
-#include <cstdint>
 #include <functional>
 
 #include "absl/status/status.h"
-#include "gradwire/dist_autograd/optimizer_value.h"
 #include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/global_id.h"
 
 namespace gw::dist_autograd {
 
 // grad_of(context_id, param): this worker's gradient of `param` in that context.
-absl::Status InstallOptimizerHost(rpc::Agent& agent, std::function<Tensor(uint64_t, const Tensor&)> grad_of);
+absl::Status InstallOptimizerHost(rpc::Agent& agent, std::function<Tensor(rpc::GlobalId, const Tensor&)> grad_of);
 
 }  // namespace gw::dist_autograd
 

@@ -36,15 +36,15 @@ struct World {
     }
     rpc::AgentOptions o;
     o.default_timeout = absl::Seconds(30);
-    group = rpc::testing::AgentGroup::Start(n, [this](Agent& a) { Register(a); }, o);
+    group = rpc::testing::AgentGroup::Start(n, [this](Agent& a) { return Register(a); }, o);
   }
   ~World() {
     if (group) (void)group->ShutdownAll();
   }
 
-  void Register(Agent& a) {
+  absl::Status Register(Agent& a) {
     const int r = a.self().rank;
-    engines[static_cast<size_t>(r)] = DistAutograd::Install(a);
+    if (absl::Status s = rpc::Assign(DistAutograd::Install(a), engines[static_cast<size_t>(r)]); !s.ok()) return s;
     Tensor w = weights[static_cast<size_t>(r)];
     Agent* self = &a;
     (void)a.Register("stage", [w](Tensor x) { return Tanh(MatMul(x, w)); });
@@ -69,6 +69,7 @@ struct World {
         return {};
       });
     });
+    return absl::OkStatus();
   }
 
   Agent& agent(int r) { return (*group)[r]; }

@@ -9,7 +9,7 @@
 #include "gradwire/autograd/functions.h"
 #include "gradwire/nn/layers.h"
 #include "gradwire/optim/optimizer.h"
-#include "gradwire/rpc/remote_module.h"
+#include "gradwire/dist_nn/remote_module.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::dist_autograd {
@@ -27,8 +27,10 @@ TEST(DistributedOptimizerTest, StagesOnTwoWorkersTrainLikeTheLocalModel) {
   auto group = rpc::testing::AgentGroup::Start(
       2,
       [&](rpc::Agent& a) {
-        engines[static_cast<size_t>(a.self().rank)] = DistAutograd::Install(a);
-        (void)rpc::RegisterModuleFactory(a, "linear", [](int64_t in, int64_t out, int64_t seed) {
+        if (absl::Status s = rpc::Assign(DistAutograd::Install(a), engines[static_cast<size_t>(a.self().rank)]); !s.ok()) {
+          return s;
+        }
+        return dist_nn::RegisterModuleFactory(a, "linear", [](int64_t in, int64_t out, int64_t seed) {
           return MakeLinear(in, out, static_cast<uint64_t>(seed));
         });
       },
@@ -38,7 +40,7 @@ TEST(DistributedOptimizerTest, StagesOnTwoWorkersTrainLikeTheLocalModel) {
   {
     // worker0: Linear(6, 5) + tanh here; worker1: Linear(5, 3) as a RemoteModule.
     auto first = MakeLinear(6, 5, 1);
-    absl::StatusOr<rpc::RemoteModule> second = rpc::RemoteModule::Create(w0, "worker1", "linear", int64_t{5},
+    absl::StatusOr<dist_nn::RemoteModule> second = dist_nn::RemoteModule::Create(w0, "worker1", "linear", int64_t{5},
                                                                          int64_t{3}, int64_t{2});
     ASSERT_TRUE(second.ok()) << second.status();
     std::vector<rpc::RRef<Tensor>> params;
@@ -90,7 +92,7 @@ TEST(DistributedOptimizerTest, StagesOnTwoWorkersTrainLikeTheLocalModel) {
 TEST(DistributedOptimizerTest, BadConfigIsRejectedAndParametersWithoutAGradientStayUnchanged) {
   std::vector<std::shared_ptr<DistAutograd>> engines(2);
   auto group = rpc::testing::AgentGroup::Start(
-      2, [&](rpc::Agent& a) { engines[static_cast<size_t>(a.self().rank)] = DistAutograd::Install(a); });
+      2, [&](rpc::Agent& a) { return rpc::Assign(DistAutograd::Install(a), engines[static_cast<size_t>(a.self().rank)]); });
   ASSERT_NE(group, nullptr);
   rpc::Agent& w0 = (*group)[0];
   rpc::RRef<Tensor> p = w0.Own(Tensor::Ones({2}).set_requires_grad(true));
@@ -114,13 +116,13 @@ TEST(RemoteModuleAutogradTest, FetchedParametersRouteTheirGradientsToTheOwner) {
   rpc::AgentOptions strict;
   strict.rref_leak_check = rpc::AgentOptions::LeakCheck::kError;
   auto group = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
-    engines[static_cast<size_t>(a.self().rank)] = DistAutograd::Install(a);
-    (void)rpc::RegisterModuleFactory(a, "the_linear", [&module] { return std::shared_ptr<nn::Module>(module); });
+    (void)dist_nn::RegisterModuleFactory(a, "the_linear", [&module] { return std::shared_ptr<nn::Module>(module); });
     (void)a.Register("param_list", [&a, &module] { return a.Own(module->Parameters()); });
+    return rpc::Assign(DistAutograd::Install(a), engines[static_cast<size_t>(a.self().rank)]);
   }, strict);
   ASSERT_NE(group, nullptr);
   rpc::Agent& w0 = (*group)[0];
-  absl::StatusOr<rpc::RemoteModule> remote = rpc::RemoteModule::Create(w0, "worker1", "the_linear");
+  absl::StatusOr<dist_nn::RemoteModule> remote = dist_nn::RemoteModule::Create(w0, "worker1", "the_linear");
   ASSERT_TRUE(remote.ok()) << remote.status();
   Generator data(9);
   Tensor x = Tensor::Randn({2, 4}, data);

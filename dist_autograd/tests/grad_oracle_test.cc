@@ -35,8 +35,8 @@ TEST(GradOracleTest, TwoWorkerModelMatchesLocalAndPyTorchDistAutograd) {
   Tensor wb = Leaf(Wb());  // lives on worker1
   std::vector<std::shared_ptr<DistAutograd>> engines(2);
   auto group = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
-    engines[static_cast<size_t>(a.self().rank)] = DistAutograd::Install(a);
     if (a.self().rank == 1) (void)a.Register("out", [wb](Tensor h) { return MatMul(h, wb); });
+    return rpc::Assign(DistAutograd::Install(a), engines[static_cast<size_t>(a.self().rank)]);
   });
   ASSERT_NE(group, nullptr);
   Tensor x = Leaf(X()), wa = Leaf(Wa()), ba = Leaf(Ba());

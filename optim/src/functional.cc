@@ -321,6 +321,14 @@ std::string Name(const OptimizerConfig& config) {
                     config);
 }
 
+std::optional<OptimizerConfig> DefaultConfig(const std::string& name) {
+  for (OptimizerConfig c : {OptimizerConfig(Sgd{}), OptimizerConfig(Adam{}), OptimizerConfig(AdamW{}),
+                            OptimizerConfig(Adagrad{})}) {
+    if (Name(c) == name) return c;
+  }
+  return std::nullopt;
+}
+
 double LearningRate(const OptimizerConfig& config) {
   return std::visit([](const auto& c) { return c.lr; }, config);
 }

@@ -10,9 +10,13 @@
 //           state); steps int64 [rows]; sum_ids int64 [k], sum_rows float32 [k, dim]
 #include <array>
 #include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "gradwire/dist_autograd/optimizer_value.h"
+#include "gradwire/rpc/errors.h"
 #include "gradwire/tensor/kernels.h"
 #include "shard.h"
 
@@ -32,34 +36,38 @@ std::vector<int64_t> ToInt64s(const Tensor& t) {
 
 }  // namespace
 
-void Snapshot(const std::string& table, const Shard& s, nn::NamedTensors& out) {
+void Snapshot(const std::string& table, Shard& s, nn::NamedTensors& out) {
   auto put = [&](const std::string& field, Tensor t) { out.emplace_back(absl::StrCat(table, "|", field), std::move(t)); };
+  const ShardConfig& c = s.config;
   std::vector<int64_t> meta(kMetaSize, 0);
-  meta[kKind] = s.sparse ? 1 : 0;
-  const std::string opt_name = optim::Name(s.optimizer);
+  meta[kKind] = c.sparse ? 1 : 0;
+  const std::string opt_name = optim::Name(c.optimizer);
   for (size_t i = 0; i < kOptimizerNames.size(); ++i) {
     if (opt_name == kOptimizerNames[i]) meta[kOptimizer] = static_cast<int64_t>(i);
   }
-  meta[kConsistency] = static_cast<int64_t>(s.consistency);
-  meta[kTrainers] = s.trainers;
-  meta[kTimeoutMs] = absl::ToInt64Milliseconds(s.sync_timeout);
-  meta[kStaleness] = s.staleness;
-  meta[kApplied] = s.applied;
-  meta[kDim] = s.dim;
-  meta[kCapacity] = s.capacity;
-  meta[kInitKind] = static_cast<int64_t>(s.init.kind);
-  std::memcpy(&meta[kInitSeed], &s.init.seed, sizeof(int64_t));
+  meta[kConsistency] = static_cast<int64_t>(c.consistency);
+  meta[kTrainers] = c.trainers;
+  meta[kTimeoutMs] = absl::ToInt64Milliseconds(c.sync_timeout);
+  meta[kStaleness] = c.staleness;
+  meta[kApplied] = s.clock.applied();
+  meta[kDim] = c.dim;
+  meta[kCapacity] = c.capacity;
+  meta[kInitKind] = static_cast<int64_t>(c.init.kind);
+  std::memcpy(&meta[kInitSeed], &c.init.seed, sizeof(int64_t));
   meta[kStateStep] = s.state.step;
   put("meta", Int64s(meta));
-  put("init", Tensor::FromVector(std::vector<double>{s.init.a, s.init.b}, {2}));
-  const rpc::Value optimizer = dist_autograd::ConfigToValue(s.optimizer);
-  for (const auto& [field, v] : optimizer.get<rpc::ValueMap>()) {
-    if (v.is<double>()) put(absl::StrCat("opt.d.", field), Tensor::Scalar(v.get<double>(), DType::kFloat64));
-    if (v.is<bool>()) put(absl::StrCat("opt.b.", field), Tensor::Scalar(v.get<bool>() ? 1 : 0, DType::kInt64));
-  }
-  put("clocks", Int64s(s.clocks));
-  put("pushed", Int64s(std::vector<int64_t>(s.pushed.begin(), s.pushed.end())));
-  if (!s.sparse) {
+  put("init", Tensor::FromVector(std::vector<double>{c.init.a, c.init.b}, {2}));
+  optim::OptimizerConfig optimizer = c.optimizer;
+  optim::ForEachField(optimizer, [&](const char* field, auto& v) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, double>) {
+      put(absl::StrCat("opt.d.", field), Tensor::Scalar(v, DType::kFloat64));
+    } else {
+      put(absl::StrCat("opt.b.", field), Tensor::Scalar(v ? 1 : 0, DType::kInt64));
+    }
+  });
+  put("clocks", Int64s(s.clock.next_clocks()));
+  put("pushed", Int64s(std::vector<int64_t>(s.clock.pushed().begin(), s.clock.pushed().end())));
+  if (!c.sparse) {
     put("values", kernels::Clone(s.values));
     for (const auto& [name, buffer] : s.state.buffers) put(absl::StrCat("state.", name), kernels::Clone(buffer));
     if (!s.pending.empty()) {
@@ -71,7 +79,7 @@ void Snapshot(const std::string& table, const Shard& s, nn::NamedTensors& out) {
   }
   // Rows are gathered into growable buffers: asynchronous pushes (which take only the
   // stripe locks) may add rows while the stripes are visited.
-  const int64_t width = s.dim * (1 + s.rows->state_size());
+  const int64_t width = c.dim * (1 + optim::RowStateSize(c.optimizer));
   std::vector<int64_t> id_list, step_list;
   std::vector<float> row_list;
   s.rows->Visit([&](uint64_t id, const RowStore::Row& row) {
@@ -85,11 +93,11 @@ void Snapshot(const std::string& table, const Shard& s, nn::NamedTensors& out) {
   put("ids", ids);
   put("rows", rows);
   put("steps", steps);
-  const int64_t k = static_cast<int64_t>(s.row_sum.ids.size());
-  std::vector<int64_t> sum_ids(s.row_sum.ids.begin(), s.row_sum.ids.end());
+  const int64_t k = static_cast<int64_t>(s.row_sum.ids().size());
+  std::vector<int64_t> sum_ids(s.row_sum.ids().begin(), s.row_sum.ids().end());
   put("sum_ids", Int64s(sum_ids));
-  Tensor sum_rows = Tensor::Empty({k, s.dim});
-  if (k > 0) std::memcpy(sum_rows.data<float>(), s.row_sum.values.data(), s.row_sum.values.size() * sizeof(float));
+  Tensor sum_rows = Tensor::Empty({k, c.dim});
+  if (k > 0) std::memcpy(sum_rows.data<float>(), s.row_sum.values().data(), s.row_sum.values().size() * sizeof(float));
   put("sum_rows", sum_rows);
 }
 
@@ -127,53 +135,65 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
         (meta[kKind] == 1 && (meta[kDim] < 1 || meta[kDim] > kMaxRowWidth)) || init_t->numel() != 2) {
       return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "' has a bad header"));
     }
-    auto s = std::make_unique<Shard>();
-    rpc::ValueMap opt{{"name", rpc::Value(std::string(kOptimizerNames[static_cast<size_t>(meta[kOptimizer])]))}};
-    for (const auto& [field, t] : f) {
-      const bool d = field.starts_with("opt.d."), b = field.starts_with("opt.b.");
-      if (!d && !b) continue;
-      if (t.numel() != 1 || t.dtype() != (d ? DType::kFloat64 : DType::kInt64)) {
-        return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': bad optimizer field ", field));
+    ShardConfig c;
+    std::optional<optim::OptimizerConfig> optimizer =
+        optim::DefaultConfig(kOptimizerNames[static_cast<size_t>(meta[kOptimizer])]);
+    absl::Status fields;
+    optim::ForEachField(*optimizer, [&](const char* field, auto& v) {
+      constexpr bool kDouble = std::is_same_v<std::decay_t<decltype(v)>, double>;
+      auto it = f.find(absl::StrCat(kDouble ? "opt.d." : "opt.b.", field));
+      if (it == f.end()) return;  // the default
+      if (it->second.numel() != 1 || it->second.dtype() != (kDouble ? DType::kFloat64 : DType::kInt64)) {
+        fields = absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': bad optimizer field ", field));
+        return;
       }
-      opt[field.substr(6)] = d ? rpc::Value(kernels::Contiguous(t).item<double>())
-                               : rpc::Value(kernels::Contiguous(t).item<int64_t>() != 0);
+      if constexpr (kDouble) {
+        v = kernels::Contiguous(it->second).item<double>();
+      } else {
+        v = kernels::Contiguous(it->second).item<int64_t>() != 0;
+      }
+    });
+    if (!fields.ok()) return fields;
+    optim::Validate(*optimizer);  // throws: caught by Restore
+    c.optimizer = *optimizer;
+    c.sparse = meta[kKind] == 1;
+    c.consistency = static_cast<Consistency>(meta[kConsistency]);
+    c.trainers = static_cast<int>(meta[kTrainers]);
+    c.sync_timeout = absl::Milliseconds(meta[kTimeoutMs]);
+    c.staleness = meta[kStaleness];
+    c.dim = meta[kDim];
+    c.capacity = meta[kCapacity];
+    c.init.kind = static_cast<RowInit::Kind>(meta[kInitKind]);
+    std::memcpy(&c.init.seed, &meta[kInitSeed], sizeof(int64_t));
+    c.init.a = init_t->data<double>()[0];
+    c.init.b = init_t->data<double>()[1];
+    if (c.sparse && c.dim * (1 + optim::RowStateSize(c.optimizer)) > RowStore::kMaxWidth) {
+      return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': rows too wide"));
     }
-    absl::StatusOr<optim::OptimizerConfig> config = dist_autograd::ConfigFromValue(rpc::Value(opt));
-    if (!config.ok()) return config.status();
-    optim::Validate(*config);  // throws: caught by Restore
-    s->optimizer = *config;
-    s->sparse = meta[kKind] == 1;
-    s->consistency = static_cast<Consistency>(meta[kConsistency]);
-    s->trainers = static_cast<int>(meta[kTrainers]);
-    s->sync_timeout = absl::Milliseconds(meta[kTimeoutMs]);
-    s->staleness = meta[kStaleness];
-    s->applied = meta[kApplied];
-    s->dim = meta[kDim];
-    s->capacity = meta[kCapacity];
-    s->init.kind = static_cast<RowInit::Kind>(meta[kInitKind]);
-    std::memcpy(&s->init.seed, &meta[kInitSeed], sizeof(int64_t));
-    s->init.a = init_t->data<double>()[0];
-    s->init.b = init_t->data<double>()[1];
+    Shard* s = out.emplace_back(table, std::make_unique<Shard>(c)).second.get();
+    absl::MutexLock lock(&s->mu);  // not shared yet; for the analysis of its guarded fields
     s->state.step = meta[kStateStep];
-    s->restored = true;
     absl::StatusOr<Tensor> clocks = need("clocks", DType::kInt64), pushed = need("pushed", DType::kInt64);
     if (!clocks.ok()) return clocks.status();
     if (!pushed.ok()) return pushed.status();
-    s->clocks = ToInt64s(*clocks);
-    if (s->clocks.size() != static_cast<size_t>(s->trainers)) {
-      return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': clocks for ", s->clocks.size(),
-                                              " trainers, expected ", s->trainers));
+    std::vector<int64_t> next = ToInt64s(*clocks);
+    if (next.size() != static_cast<size_t>(c.trainers)) {
+      return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': clocks for ", next.size(),
+                                              " trainers, expected ", c.trainers));
     }
+    std::set<int> counted;
     for (int64_t t : ToInt64s(*pushed)) {
-      if (t < 0 || t >= s->trainers) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': no trainer ", t));
-      s->pushed.insert(static_cast<int>(t));
+      if (t < 0 || t >= c.trainers) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': no trainer ", t));
+      counted.insert(static_cast<int>(t));
     }
-    if (!s->sparse) {
+    s->clock.Restore(meta[kApplied], std::move(next), std::move(counted));
+    if (!c.sparse) {
       absl::StatusOr<Tensor> values = need("values", DType::kFloat32);
       if (!values.ok()) return values.status();
       if (values->dim() != 1) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': values not 1-D"));
       s->values = kernels::Clone(*values);
-      auto like_values = [&](const Tensor& t) { return t.sizes() == s->values.sizes() && t.dtype() == DType::kFloat32; };
+      const Shape shape = values->sizes();
+      auto like_values = [&](const Tensor& t) { return t.sizes() == shape && t.dtype() == DType::kFloat32; };
       for (const auto& [field, t] : f) {
         if (!field.starts_with("state.")) continue;
         if (!like_values(t)) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': bad ", field));
@@ -183,12 +203,9 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
         if (!like_values(f["sum"])) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': bad sum"));
         s->pending.push_back(kernels::Clone(f["sum"]));
       }
-      out.emplace_back(table, std::move(s));
       continue;
     }
-    const int state_size = optim::RowStateSize(s->optimizer);
-    const int64_t width = s->dim * (1 + state_size);
-    if (width > RowStore::kMaxWidth) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': rows too wide"));
+    const int64_t width = c.dim * (1 + optim::RowStateSize(c.optimizer));
     absl::StatusOr<Tensor> ids = need("ids", DType::kInt64), rows = need("rows", DType::kFloat32),
                            steps = need("steps", DType::kInt64), sum_ids = need("sum_ids", DType::kInt64),
                            sum_rows = need("sum_rows", DType::kFloat32);
@@ -198,10 +215,9 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
     const int64_t n = ids->numel();
     // (More rows than the capacity only evict the oldest again.)
     if (rows->dim() != 2 || rows->size(0) != n || rows->size(1) != width || steps->numel() != n ||
-        sum_rows->numel() != sum_ids->numel() * s->dim) {
+        sum_rows->numel() != sum_ids->numel() * c.dim) {
       return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': row arrays do not agree"));
     }
-    s->rows = std::make_unique<StripedRows>(s->dim, state_size, s->capacity, s->init);
     // In file order, so each stripe's LRU order comes back as it was.
     for (int64_t i = 0; i < n; ++i) {
       const uint64_t id = static_cast<uint64_t>(ids->data<int64_t>()[i]);
@@ -210,8 +226,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
         *row.step = steps->data<int64_t>()[i];
       });
     }
-    s->row_sum.Add(*sum_ids, kernels::Reshape(*sum_rows, {sum_ids->numel(), s->dim}), s->dim);
-    out.emplace_back(table, std::move(s));
+    s->row_sum.Add(*sum_ids, kernels::Reshape(*sum_rows, {sum_ids->numel(), c.dim}), c.dim);
   }
   return out;
 }
@@ -219,11 +234,12 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
 }  // namespace
 
 absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Restore(const nn::NamedTensors& in) {
-  try {
-    return RestoreTables(in);
-  } catch (const std::exception& e) {  // a value the checks above let through
-    return absl::DataLossError(absl::StrCat("checkpoint is inconsistent: ", e.what()));
+  // A value the checks above let through makes tensor math throw: a bad file all the same.
+  auto tables = rpc::CatchExceptions("checkpoint", [&] { return RestoreTables(in); });
+  if (!tables.ok() && tables.status().code() != absl::StatusCode::kDataLoss) {
+    return absl::DataLossError(absl::StrCat("checkpoint is inconsistent: ", tables.status().message()));
   }
+  return tables;
 }
 
 }  // namespace gw::param_server::internal

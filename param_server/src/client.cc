@@ -4,13 +4,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "gradwire/autograd/functions.h"
+#include "gradwire/rpc/retry.h"
 #include "gradwire/tensor/kernels.h"
-#include "wire.h"
+#include "messages.h"
 
 namespace gw::param_server {
 namespace {
 
-using rpc::Value;
+using rpc::Ack;
+using namespace internal;  // the messages
 
 }  // namespace
 
@@ -23,36 +25,6 @@ Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer,
       reconnect_timeout_(options.reconnect_timeout),
       last_pushes_(std::make_shared<LastPushes>()) {}
 
-namespace {
-
-// One call and its retries while the server is unavailable.
-template <typename T>
-struct Retry : std::enable_shared_from_this<Retry<T>> {
-  Retry(rpc::Executor& ex, std::function<Future<T>()> c, absl::Time d) : executor(ex), call(std::move(c)), deadline(d), out(ex) {}
-  rpc::Executor& executor;
-  std::function<Future<T>()> call;
-  absl::Time deadline;
-  Promise<T> out;
-
-  void Attempt() {
-    auto self = this->shared_from_this();
-    call().Subscribe([self](const absl::StatusOr<T>& r) {
-      if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable || absl::Now() >= self->deadline) {
-        self->out.Set(r);
-        return;
-      }
-      // Not on the completing (transport) thread: wait on the pool, then call again.
-      const bool posted = self->executor.Post([self] {
-        absl::SleepFor(absl::Milliseconds(200));
-        self->Attempt();
-      });
-      if (!posted) self->out.Set(r);
-    });
-  }
-};
-
-}  // namespace
-
 // The last push of a synchronous or bounded-staleness table to each server, kept so that
 // a pull retried after the server was unavailable sends it again first: a restarted
 // server may have lost an acknowledged push made after its last checkpoint, and without
@@ -60,23 +32,25 @@ struct Retry : std::enable_shared_from_this<Retry<T>> {
 // counted it ((trainer, clock) identify a push).
 struct Client::LastPushes {
   absl::Mutex mu;
-  std::map<std::pair<std::string, size_t>, std::function<Future<Value>()>> push ABSL_GUARDED_BY(mu);
+  std::map<std::pair<std::string, size_t>, std::function<Future<Ack>()>> push ABSL_GUARDED_BY(mu);
 };
 
-std::function<Future<Value>()> Client::Remember(Consistency consistency, const std::string& name, size_t server,
-                                                std::function<Future<Value>()> push) const {
+std::function<Future<Ack>()> Client::Remember(Consistency consistency, const std::string& name, size_t server,
+                                              std::function<Future<Ack>()> push) const {
   if (consistency == Consistency::kAsync || reconnect_timeout_ <= absl::ZeroDuration()) return push;
   absl::MutexLock lock(&last_pushes_->mu);
   last_pushes_->push[{name, server}] = push;
   return push;
 }
 
-std::function<Future<Tensor>()> Client::WithPushResent(Consistency consistency, const std::string& name, size_t server,
-                                                       std::function<Future<Tensor>()> pull) const {
-  if (consistency == Consistency::kAsync || reconnect_timeout_ <= absl::ZeroDuration()) return pull;
-  return [pushes = last_pushes_, key = std::make_pair(name, server), pull, attempts = std::make_shared<int>(0)] {
-    if ((*attempts)++ > 0) {
-      std::function<Future<Value>()> push;
+std::function<Future<Tensor>(int)> Client::WithPushResent(Consistency consistency, const std::string& name,
+                                                          size_t server, std::function<Future<Tensor>()> pull) const {
+  if (consistency == Consistency::kAsync || reconnect_timeout_ <= absl::ZeroDuration()) {
+    return [pull](int) { return pull(); };
+  }
+  return [pushes = last_pushes_, key = std::make_pair(name, server), pull](int attempt) {
+    if (attempt > 0) {
+      std::function<Future<Ack>()> push;
       {
         absl::MutexLock lock(&pushes->mu);
         auto it = pushes->push.find(key);
@@ -89,12 +63,18 @@ std::function<Future<Tensor>()> Client::WithPushResent(Consistency consistency, 
 }
 
 template <typename T>
+Future<T> Client::Call(std::function<Future<T>(int attempt)> call) const {
+  if (reconnect_timeout_ <= absl::ZeroDuration()) return call(0);
+  rpc::RetryPolicy policy;
+  policy.initial_backoff = absl::Milliseconds(50);
+  policy.max_backoff = absl::Seconds(1);
+  policy.deadline = reconnect_timeout_;
+  return rpc::Retry<T>(agent_.executor(), agent_.timers(), std::move(policy), std::move(call));
+}
+
+template <typename T>
 Future<T> Client::Call(std::function<Future<T>()> call) const {
-  if (reconnect_timeout_ <= absl::ZeroDuration()) return call();
-  auto retry = std::make_shared<Retry<T>>(agent_.executor(), std::move(call), absl::Now() + reconnect_timeout_);
-  Future<T> result = retry->out.future();
-  retry->Attempt();
-  return result;
+  return Call<T>(std::function<Future<T>(int)>([call = std::move(call)](int) { return call(); }));
 }
 
 absl::Status Client::CreateDense(const std::string& name, const Tensor& initial, const optim::OptimizerConfig& optimizer,
@@ -104,15 +84,14 @@ absl::Status Client::CreateDense(const std::string& name, const Tensor& initial,
   }
   Table table{initial.sizes(), ShardDense(initial.numel(), static_cast<int>(servers_.size())), consistency};
   const Tensor flat = kernels::Reshape(kernels::Contiguous(initial), {initial.numel()});
-  std::vector<Future<Value>> created;
+  const TableConfig config{optimizer, consistency, trainers_, staleness, absl::ToInt64Milliseconds(sync_timeout_)};
+  std::vector<Future<Ack>> created;
   for (size_t i = 0; i < servers_.size(); ++i) {
     const KeyRange& r = table.ranges[i];
-    created.push_back(agent_.Async<Value>(servers_[i], kCreateFn, name, kernels::Narrow(flat, 0, r.begin, r.size()),
-                                          ConfigToValue(optimizer), static_cast<int64_t>(consistency),
-                                          static_cast<int64_t>(trainers_),
-                                          absl::ToInt64Milliseconds(sync_timeout_), staleness));
+    created.push_back(
+        agent_.Send(servers_[i], CreateDenseMessage{name, config, kernels::Narrow(flat, 0, r.begin, r.size())}));
   }
-  absl::StatusOr<std::vector<Value>> done = WhenAll(agent_.executor(), std::move(created)).Get();
+  absl::StatusOr<std::vector<Ack>> done = WhenAll(agent_.executor(), std::move(created)).Get();
   if (!done.ok()) return done.status();
   absl::MutexLock lock(&mu_);
   tables_[name] = std::move(table);
@@ -131,8 +110,8 @@ absl::StatusOr<Client::Table> Client::Find(const std::string& name) const {
 namespace {
 
 // true once every push was acknowledged, else the first error (no thread hop).
-Future<bool> AllAcknowledged(rpc::Executor& executor, std::vector<Future<Value>> pushes) {
-  return Map<bool>(WhenAll(executor, std::move(pushes)), [](const absl::StatusOr<std::vector<Value>>& r) -> absl::StatusOr<bool> {
+Future<bool> AllAcknowledged(rpc::Executor& executor, std::vector<Future<Ack>> pushes) {
+  return Map<bool>(WhenAll(executor, std::move(pushes)), [](const absl::StatusOr<std::vector<Ack>>& r) -> absl::StatusOr<bool> {
     if (!r.ok()) return r.status();
     return true;
   });
@@ -176,7 +155,7 @@ Future<Tensor> Client::Pull(const std::string& name, int64_t clock) {
   for (size_t i = 0; i < servers_.size(); ++i) {
     shards.push_back(Call<Tensor>(WithPushResent(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
                                                                                    timeout = sync_timeout_ * 2] {
-      return agent->Async<Tensor>(server, kPullFn, name, clock, rpc::CallOptions{timeout});
+      return agent->Send(server, PullMessage{name, clock}, rpc::CallOptions{timeout});
     })));
   }
   return Assemble(*table, std::move(shards));
@@ -186,13 +165,13 @@ Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& 
   absl::StatusOr<Table> table = FindForGradient(name, grad);
   if (!table.ok()) return MakeReadyFuture<bool>(agent_.executor(), table.status());
   const Tensor flat = kernels::Reshape(kernels::Contiguous(grad), {grad.numel()});
-  std::vector<Future<Value>> pushed;
+  std::vector<Future<Ack>> pushed;
   for (size_t i = 0; i < servers_.size(); ++i) {
     const KeyRange& r = table->ranges[i];
     const Tensor shard = kernels::Narrow(flat, 0, r.begin, r.size());
-    pushed.push_back(Call<Value>(Remember(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
-                                                                        trainer = static_cast<int64_t>(trainer_), shard] {
-      return agent->Async<Value>(server, kPushFn, name, clock, trainer, shard);
+    pushed.push_back(Call<Ack>(Remember(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
+                                                                      trainer = static_cast<int64_t>(trainer_), shard] {
+      return agent->Send(server, PushMessage{name, clock, trainer, shard});
     })));
   }
   return AllAcknowledged(agent_.executor(), std::move(pushed));
@@ -246,8 +225,7 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
     per_server.push_back(Call<std::vector<Tensor>>([agent = &agent_, server = servers_[i], names, clock,
                                                     trainer = static_cast<int64_t>(trainer_), shards,
                                                     timeout = sync_timeout_ * 2] {
-      return agent->Async<std::vector<Tensor>>(server, kPushPullManyFn, names, clock, trainer, shards,
-                                               rpc::CallOptions{timeout});
+      return agent->Send(server, PushPullManyMessage{names, clock, trainer, shards}, rpc::CallOptions{timeout});
     }));
   }
   return Map<std::vector<Tensor>>(
@@ -273,14 +251,12 @@ absl::Status Client::CreateSparse(const std::string& name, int64_t dim, const Sp
                                   int64_t staleness) {
   if (dim < 1) return absl::InvalidArgumentError(absl::StrCat("sparse table '", name, "': dim must be >= 1, got ", dim));
   if (options.capacity < 0) return absl::InvalidArgumentError(absl::StrCat("sparse table '", name, "': negative capacity"));
-  const Value layout = LayoutToValue({dim, options.capacity, options.init});
-  std::vector<Future<Value>> created;
+  const TableConfig config{optimizer, consistency, trainers_, staleness, absl::ToInt64Milliseconds(sync_timeout_)};
+  std::vector<Future<Ack>> created;
   for (const std::string& server : servers_) {
-    created.push_back(agent_.Async<Value>(server, kCreateSparseFn, name, layout, ConfigToValue(optimizer),
-                                          static_cast<int64_t>(consistency), static_cast<int64_t>(trainers_),
-                                          absl::ToInt64Milliseconds(sync_timeout_), staleness));
+    created.push_back(agent_.Send(server, CreateSparseMessage{name, config, dim, options.capacity, options.init}));
   }
-  absl::StatusOr<std::vector<Value>> done = WhenAll(agent_.executor(), std::move(created)).Get();
+  absl::StatusOr<std::vector<Ack>> done = WhenAll(agent_.executor(), std::move(created)).Get();
   if (!done.ok()) return done.status();
   absl::MutexLock lock(&mu_);
   Table& table = tables_[name];
@@ -345,7 +321,7 @@ Future<Tensor> Client::PullRows(const std::string& name, int64_t clock, const Te
     asked.push_back(i);
     parts.push_back(Call<Tensor>(WithPushResent(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
                                                                                  part, timeout = sync_timeout_ * 2] {
-      return agent->Async<Tensor>(server, kPullRowsFn, name, clock, part, rpc::CallOptions{timeout});
+      return agent->Send(server, PullRowsMessage{name, clock, part}, rpc::CallOptions{timeout});
     })));
   }
   const int64_t n = ids.numel(), dim = table->dim;
@@ -384,7 +360,7 @@ Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tens
   const Split split = SplitIds(ids);
   const Tensor g = kernels::Contiguous(grad);
   const bool every_server = table->consistency != Consistency::kAsync;
-  std::vector<Future<Value>> pushed;
+  std::vector<Future<Ack>> pushed;
   for (size_t i = 0; i < servers_.size(); ++i) {
     const std::vector<int64_t>& pos = split.positions[i];
     if (pos.empty() && !every_server) continue;
@@ -399,9 +375,9 @@ Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tens
       }
     }
     const Tensor part = split.ids[i];
-    pushed.push_back(Call<Value>(Remember(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
-                                                                        trainer = static_cast<int64_t>(trainer_), part, rows] {
-      return agent->Async<Value>(server, kPushRowsFn, name, clock, trainer, part, rows);
+    pushed.push_back(Call<Ack>(Remember(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
+                                                                      trainer = static_cast<int64_t>(trainer_), part, rows] {
+      return agent->Send(server, PushRowsMessage{name, clock, trainer, part, rows});
     })));
   }
   return AllAcknowledged(agent_.executor(), std::move(pushed));
@@ -411,7 +387,7 @@ Future<std::vector<std::string>> Client::Checkpoint() {
   std::vector<Future<std::string>> paths;
   for (size_t i = 0; i < servers_.size(); ++i) {
     paths.push_back(Call<std::string>([agent = &agent_, server = servers_[i]] {
-      return agent->Async<std::string>(server, kCheckpointFn);
+      return agent->Send(server, CheckpointMessage{});
     }));
   }
   return WhenAll(agent_.executor(), std::move(paths));
@@ -422,7 +398,7 @@ absl::StatusOr<std::vector<rpc::RRef<Tensor>>> Client::ShardRRefs(const std::str
   if (!table.ok()) return table.status();
   if (table->sparse) return absl::InvalidArgumentError(absl::StrCat("table '", name, "' is sparse: use PullRows/PushRows"));
   std::vector<Future<rpc::RRef<Tensor>>> shards;
-  for (const std::string& server : servers_) shards.push_back(agent_.Async<rpc::RRef<Tensor>>(server, kShardRRefFn, name));
+  for (const std::string& server : servers_) shards.push_back(agent_.Send(server, ShardRRefMessage{name}));
   return WhenAll(agent_.executor(), std::move(shards)).Get();
 }
 

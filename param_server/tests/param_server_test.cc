@@ -197,9 +197,11 @@ TEST(ParameterServerTest, TheSameStepThroughPushPullAndThroughDistributedAutogra
   };
   auto deploy = [](std::vector<std::shared_ptr<dist_autograd::DistAutograd>>& engines) {
     engines.assign(3, nullptr);
-    return rpc::testing::AgentGroup::Start(3, [&](rpc::Agent& a) {
-      engines[static_cast<size_t>(a.self().rank)] = dist_autograd::DistAutograd::Install(a);
-      if (a.self().rank < 2) (void)ParameterServer::Install(a);
+    return rpc::testing::AgentGroup::Start(3, [&](rpc::Agent& a) -> absl::Status {
+      if (a.self().rank < 2) {
+        if (absl::Status s = ParameterServer::Install(a).status(); !s.ok()) return s;
+      }
+      return rpc::Assign(dist_autograd::DistAutograd::Install(a), engines[static_cast<size_t>(a.self().rank)]);
     });
   };
   Tensor w_push, b_push;

@@ -77,13 +77,14 @@ class Agent::Impl {
   explicit Impl(AgentOptions options)
       : options_(std::move(options)),
         pool_(static_cast<size_t>(std::max(1, options_.worker_threads)), "gw-worker"),
-        timers_("gw-timer") {
+        timers_("gw-timer"),
+        ids_(std::clamp(options_.rank, 0, GlobalId::kMaxRanks - 1)) {
     if (options_.name.empty()) options_.name = absl::StrCat("worker", options_.rank);
   }
 
   ~Impl() { Close(ShuttingDownError(options_.name, "the agent was destroyed")); }
 
-  absl::Status Start(const std::function<void(Agent&)>& setup, Agent& agent) {
+  absl::Status Start(const Setup& setup, Agent& agent) {
     if (options_.world_size < 1 || options_.world_size > GlobalId::kMaxRanks || options_.rank < 0 ||
         options_.rank >= options_.world_size) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, " is not in [0, ", options_.world_size,
@@ -115,6 +116,7 @@ class Agent::Impl {
     // The RRef context exists before any peer can reach us.
     internal::RRefContext::Hooks hooks;
     hooks.agent = &agent;
+    hooks.ids = &ids_;
     hooks.self_rank = options_.rank;
     hooks.world_size = options_.world_size;
     hooks.default_timeout = options_.default_timeout;
@@ -134,7 +136,9 @@ class Agent::Impl {
     self_ = {options_.name, options_.rank, *address, static_cast<int64_t>(::getpid())};
     // Functions are registered before this worker is announced: no peer can call it
     // before its handlers exist.
-    if (setup) setup(agent);
+    if (absl::Status s = setup(agent); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(options_.name, ": setup failed: ", s.message()));
+    }
     if (absl::Status s = rendezvous_->Announce(self_); !s.ok()) return s;
     absl::StatusOr<std::vector<WorkerInfo>> workers = rendezvous_->AwaitAll(deadline);
     if (!workers.ok()) {
@@ -271,6 +275,7 @@ class Agent::Impl {
   Store& store() { return rendezvous_->store(); }
   Executor& executor() { return pool_; }
   TimerQueue& timers() { return timers_; }
+  GlobalId NewId() { return ids_.Next(); }
 
   RRefPtr RemoteRaw(const std::string& to, const std::string& function, ValueList args, CallOptions options,
                     std::string type) {
@@ -453,6 +458,7 @@ class Agent::Impl {
   AgentOptions options_;
   ThreadPool pool_;
   TimerQueue timers_;
+  GlobalIdGenerator ids_;
   WorkerInfo self_;
   std::unique_ptr<internal::Rendezvous> rendezvous_;
   std::unique_ptr<Transport> transport_;
@@ -467,7 +473,7 @@ class Agent::Impl {
   State state_ ABSL_GUARDED_BY(mu_) = State::kRunning;
 };
 
-absl::StatusOr<std::shared_ptr<Agent>> Agent::Start(AgentOptions options, const std::function<void(Agent&)>& setup) {
+absl::StatusOr<std::shared_ptr<Agent>> Agent::Start(AgentOptions options, Setup setup) {
   std::shared_ptr<Agent> agent(new Agent(std::make_unique<Impl>(std::move(options))));
   if (absl::Status s = agent->impl_->Start(setup, *agent); !s.ok()) {
     agent->impl_->Close(s);
@@ -485,6 +491,7 @@ absl::StatusOr<WorkerInfo> Agent::Worker(const std::string& name) const { return
 Store& Agent::store() { return impl_->store(); }
 Executor& Agent::executor() { return impl_->executor(); }
 TimerQueue& Agent::timers() { return impl_->timers(); }
+GlobalId Agent::NewId() { return impl_->NewId(); }
 const AgentOptions& Agent::options() const { return impl_->options(); }
 absl::Status Agent::RegisterRaw(const std::string& name, RawHandler handler, RegisterOptions options) {
   return impl_->Register(name, std::move(handler), options, /*reserved=*/false);

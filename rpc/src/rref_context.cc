@@ -77,7 +77,7 @@ std::shared_ptr<RRefState> RRefState::Remote(const std::string& method, ValueLis
 
 // ------------------------------------------------------------------ RRefContext
 
-RRefContext::RRefContext(Hooks hooks) : hooks_(std::move(hooks)), ids_(hooks_.self_rank) {}
+RRefContext::RRefContext(Hooks hooks) : hooks_(std::move(hooks)) {}
 
 absl::Status RRefContext::RegisterFunctions() {
   // All quick and non-blocking: they run on the I/O thread that received them.
@@ -163,7 +163,7 @@ void RRefContext::StartCreation(Promise<Value> promise, const std::string& calle
 RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList args, CallOptions options,
                             std::string type, GlobalId self_rref) {
   const int self = hooks_.self_rank;
-  const GlobalId id = ids_.Next();
+  const GlobalId id = hooks_.ids->Next();
   if (owner == self) {
     std::optional<Promise<Value>> promise;
     std::optional<Future<Value>> self_value;
@@ -187,7 +187,7 @@ RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList ar
     }
     return std::make_shared<RRefState>(shared_from_this(), RRefDescriptor{id, {}, self, self, {}, type}, true);
   }
-  const GlobalId fork = ids_.Next();
+  const GlobalId fork = hooks_.ids->Next();
   bool send = false;
   {
     absl::MutexLock lock(&mu_);
@@ -215,7 +215,7 @@ RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList ar
 }
 
 RRefPtr RRefContext::Own(Value value, std::string type) {
-  const GlobalId id = ids_.Next();
+  const GlobalId id = hooks_.ids->Next();
   {
     absl::MutexLock lock(&mu_);
     Owned& e = OwnedEntry(id, type);
@@ -342,7 +342,7 @@ absl::Status RRefContext::PrepareOutgoing(Value* payload, int dest) {
     status = Walk(payload, [&](RRefPtr& r) ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
       if (!r->attached()) return absl::InternalError("an RRef in transit was sent on without being adopted");
       const RRefDescriptor& d = r->descriptor();
-      RRefDescriptor child{d.rref_id, ids_.Next(), d.owner, self, {}, d.type};
+      RRefDescriptor child{d.rref_id, hooks_.ids->Next(), d.owner, self, {}, d.type};
       if (r->is_owner()) {
         auto it = owned_.find(d.rref_id);
         if (it == owned_.end()) {

@@ -33,6 +33,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // What the context needs from its agent.
   struct Hooks {
     Agent* agent = nullptr;  // not used once the context is closed
+    GlobalIdGenerator* ids = nullptr;  // the agent's: RRef and fork ids
     int self_rank = 0;
     int world_size = 1;
     absl::Duration default_timeout = absl::Seconds(60);
@@ -172,7 +173,6 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   mutable absl::Mutex mu_;
   std::atomic<bool> closed_{false};
   std::shared_ptr<const std::vector<std::string>> names_;  // atomic access
-  GlobalIdGenerator ids_;
   absl::flat_hash_map<GlobalId, Owned> owned_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<GlobalId, UserFork> users_ ABSL_GUARDED_BY(mu_);  // by fork id
   absl::flat_hash_map<int, DeleteQueue> deletes_ ABSL_GUARDED_BY(mu_);   // by owner rank

@@ -11,7 +11,7 @@
 
 namespace gw::rpc::testing {
 
-std::unique_ptr<AgentGroup> AgentGroup::Start(int n, const std::function<void(Agent&)>& register_fn,
+std::unique_ptr<AgentGroup> AgentGroup::Start(int n, Setup register_fn,
                                               AgentOptions base) {
   auto group = std::make_unique<AgentGroup>();
   auto server = StoreServer::Start("127.0.0.1", 0);

@@ -15,10 +15,11 @@
 
 namespace gw::rpc::testing {
 
-// Every agent has `register_fn` applied (in its setup) before the group is returned.
+// Every agent has `register_fn` applied (in its setup) before the group is returned; a
+// setup that fails (returns an error) fails the test and Start returns null.
 class AgentGroup {
  public:
-  static std::unique_ptr<AgentGroup> Start(int n, const std::function<void(Agent&)>& register_fn = {},
+  static std::unique_ptr<AgentGroup> Start(int n, Setup register_fn = {},
                                            AgentOptions base = {});
   ~AgentGroup();
   Agent& operator[](int rank) { return *agents_[static_cast<size_t>(rank)]; }

@@ -9,8 +9,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "gradwire/nn/layers.h"
-#include "gradwire/rpc/remote_module.h"
+#include "gradwire/rpc/rref.h"
 #include "gradwire/tensor/kernels.h"
 #include "test_support.h"
 
@@ -76,7 +75,6 @@ void RegisterTestFunctions(Agent& agent) {
   (void)agent.Register("rref_own", [self](Tensor t) { return self->Own(t); });
   (void)agent.Register("rref_echo", [](RRef<Tensor> r) { return r; });
   (void)agent.Register("rref_echo_object", [](RRef<std::shared_ptr<Counter>> r) { return r; });
-  (void)agent.Register("module_echo", [](ModuleRRef r) { return r; });
   (void)agent.Register("rref_stats", [self] {
     const RRefStats s = self->rref_stats();
     return std::map<std::string, int64_t>{{"owned", s.owned}, {"owner_forks", s.owner_forks},
@@ -93,11 +91,6 @@ void RegisterTestFunctions(Agent& agent) {
   (void)agent.Register("rref_own_after", [self](Tensor t, int64_t ms) {
     absl::SleepFor(absl::Milliseconds(ms));
     return self->Own(t);
-  });
-  (void)RegisterModuleFactory(agent, "null_module", [] { return std::shared_ptr<nn::Module>(); });
-  (void)RegisterModuleFactory(agent, "linear", [](int64_t in, int64_t out, int64_t seed) {
-    Generator gen(static_cast<uint64_t>(seed));
-    return std::make_shared<nn::Linear>(in, out, gen);
   });
 }
 

@@ -36,7 +36,7 @@ class Counter {
 // "rref_forward" (stashes it on another worker), "rref_own" (returns an RRef owned by
 // the callee), "rref_echo", "rref_stats", "make_full", "scale", "make_counter" and
 // "counter_add" (a Counter object and its method), "add_in_place" (adds a constant to
-// a tensor in place), and the module factory "linear" (in, out, seed) -> nn::Linear.
+// a tensor in place).
 void RegisterTestFunctions(Agent& agent);
 
 // Runs the role named by GW_TEST_ROLE; returns the process exit code.

@@ -38,14 +38,14 @@ class DistributedOptimizer {
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
   absl::Status Step(const Context& ctx) { return Step(ctx.id()); }
-  absl::Status Step(uint64_t context_id);
+  absl::Status Step(rpc::GlobalId context_id);
 
  private:
-  DistributedOptimizer(rpc::Agent& agent, uint64_t id, std::vector<std::string> owners)
+  DistributedOptimizer(rpc::Agent& agent, rpc::GlobalId id, std::vector<std::string> owners)
       : agent_(agent), id_(id), owners_(std::move(owners)) {}
 
   rpc::Agent& agent_;
-  const uint64_t id_;
+  const rpc::GlobalId id_;
   const std::vector<std::string> owners_;
 };
 

@@ -33,7 +33,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -51,6 +54,11 @@ struct Sgd {
   double weight_decay = 0;
   bool nesterov = false;
   bool maximize = false;
+  static constexpr auto Fields() {
+    return std::make_tuple(std::pair{"lr", &Sgd::lr}, std::pair{"momentum", &Sgd::momentum},
+                           std::pair{"dampening", &Sgd::dampening}, std::pair{"weight_decay", &Sgd::weight_decay},
+                           std::pair{"nesterov", &Sgd::nesterov}, std::pair{"maximize", &Sgd::maximize});
+  }
 };
 
 // torch.optim.Adam: weight_decay is L2 regularisation added to the gradient.
@@ -62,6 +70,12 @@ struct Adam {
   double weight_decay = 0;
   bool amsgrad = false;
   bool maximize = false;
+  static constexpr auto Fields() {
+    return std::make_tuple(std::pair{"lr", &Adam::lr}, std::pair{"beta1", &Adam::beta1},
+                           std::pair{"beta2", &Adam::beta2}, std::pair{"eps", &Adam::eps},
+                           std::pair{"weight_decay", &Adam::weight_decay}, std::pair{"amsgrad", &Adam::amsgrad},
+                           std::pair{"maximize", &Adam::maximize});
+  }
 };
 
 // torch.optim.AdamW: decoupled weight decay, param *= 1 - lr * weight_decay.
@@ -73,6 +87,12 @@ struct AdamW {
   double weight_decay = 1e-2;
   bool amsgrad = false;
   bool maximize = false;
+  static constexpr auto Fields() {
+    return std::make_tuple(std::pair{"lr", &AdamW::lr}, std::pair{"beta1", &AdamW::beta1},
+                           std::pair{"beta2", &AdamW::beta2}, std::pair{"eps", &AdamW::eps},
+                           std::pair{"weight_decay", &AdamW::weight_decay}, std::pair{"amsgrad", &AdamW::amsgrad},
+                           std::pair{"maximize", &AdamW::maximize});
+  }
 };
 
 // torch.optim.Adagrad: lr / (1 + (step - 1) * lr_decay), accumulator starting at
@@ -84,9 +104,29 @@ struct Adagrad {
   double initial_accumulator_value = 0;
   double eps = 1e-10;
   bool maximize = false;
+  static constexpr auto Fields() {
+    return std::make_tuple(std::pair{"lr", &Adagrad::lr}, std::pair{"lr_decay", &Adagrad::lr_decay},
+                           std::pair{"weight_decay", &Adagrad::weight_decay},
+                           std::pair{"initial_accumulator_value", &Adagrad::initial_accumulator_value},
+                           std::pair{"eps", &Adagrad::eps}, std::pair{"maximize", &Adagrad::maximize});
+  }
 };
 
 using OptimizerConfig = std::variant<Sgd, Adam, AdamW, Adagrad>;
+
+// The configs' wire form. Each config names its hyper-parameters once, in Fields()
+// ((name, member) pairs): messages between workers (rpc's records, message.h) and
+// parameter-server checkpoints encode a config field by field through that table, so a
+// new hyper-parameter travels and persists without another line of code.
+//
+// ForEachField(config, fn) calls fn(name, field) for each, field a double& or bool&.
+template <typename F>
+void ForEachField(OptimizerConfig& config, F&& fn) {
+  std::visit([&](auto& c) { std::apply([&](auto... f) { (fn(f.first, c.*(f.second)), ...); }, c.Fields()); },
+             config);
+}
+// The default config of the optimizer called `name` (Name()'s spelling), if there is one.
+std::optional<OptimizerConfig> DefaultConfig(const std::string& name);
 
 // "SGD", "Adam", "AdamW" or "Adagrad" (PyTorch's class names).
 std::string Name(const OptimizerConfig& config);

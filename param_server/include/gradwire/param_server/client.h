@@ -30,13 +30,14 @@
 //     where Pull sees them. That path applies updates as DistributedOptimizer does
 //     (per-parameter lock, its own optimizer state), outside the table's consistency
 //     mode: use one path or the other for a table at a time.
-//   - Reconnection (ClientOptions::reconnect_timeout > 0): a call a server answers with
-//     UNAVAILABLE (dead, restarting) is retried every 200 ms until the server is back or
-//     the timeout passes; a retried pull first sends this trainer's last push of that
-//     table to that server again (a restarted server may have lost it), and the server
-//     counts each (trainer, clock) once under kSync and kBoundedStaleness (server.h). The
-//     agent re-reads a restarted server's address from the store. Retries wait on a
-//     pool thread of the agent.
+//   - Reconnection (ClientOptions::reconnect_timeout > 0): a call that fails with
+//     UNAVAILABLE (the server is dead, restarting, or its connection dropped) is retried
+//     by the agent's retry policy (rpc/retry.h: backoff from 50 ms to 1 s on the agent's
+//     TimerQueue, no thread sleeps) until the server is back or the timeout passes; a
+//     retried pull first sends this trainer's last push of that table to that server
+//     again (a restarted server may have lost it), and the server counts each (trainer,
+//     clock) once under kSync and kBoundedStaleness (server.h). The agent re-reads a
+//     restarted server's address from the store. Other errors are not retried.
 //   - The agent must outlive the Client, and the Client the futures it returned.
 //   - Errors name the server; futures complete on transport or pool threads.
 #ifndef GRADWIRE_PARAM_SERVER_CLIENT_H_
@@ -55,6 +56,7 @@
 #include "gradwire/param_server/server.h"
 #include "gradwire/param_server/sharding.h"
 #include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/message.h"
 
 namespace gw::param_server {
 
@@ -115,13 +117,16 @@ class Client {
   Split SplitIds(const Tensor& ids) const;
   // agent_.Async<T>(servers_[server], ...) made by `call`, retried while the server is
   // unavailable (ClientOptions::reconnect_timeout).
+  // (attempt n = 0, 1, ... is passed to `call`.)
+  template <typename T>
+  Future<T> Call(std::function<Future<T>(int attempt)> call) const;
   template <typename T>
   Future<T> Call(std::function<Future<T>()> call) const;
   struct LastPushes;
-  std::function<Future<rpc::Value>()> Remember(Consistency consistency, const std::string& name, size_t server,
-                                               std::function<Future<rpc::Value>()> push) const;
-  std::function<Future<Tensor>()> WithPushResent(Consistency consistency, const std::string& name, size_t server,
-                                                 std::function<Future<Tensor>()> pull) const;
+  std::function<Future<rpc::Ack>()> Remember(Consistency consistency, const std::string& name, size_t server,
+                                             std::function<Future<rpc::Ack>()> push) const;
+  std::function<Future<Tensor>(int attempt)> WithPushResent(Consistency consistency, const std::string& name,
+                                                            size_t server, std::function<Future<Tensor>()> pull) const;
   absl::StatusOr<Table> FindSparse(const std::string& name) const;
   absl::StatusOr<Table> Find(const std::string& name) const;
   // Find, and the gradient must have the table's shape.

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace gw::param_server {
@@ -30,6 +32,11 @@ struct RowInit {
   double a = 0;  // kUniform: low; kNormal: mean
   double b = 1;  // kUniform: high; kNormal: standard deviation
   uint64_t seed = 0;
+  // Its wire form (rpc records): the fields by name.
+  static constexpr auto Fields() {
+    return std::make_tuple(std::pair{"kind", &RowInit::kind}, std::pair{"a", &RowInit::a}, std::pair{"b", &RowInit::b},
+                           std::pair{"seed", &RowInit::seed});
+  }
 };
 
 // Writes the initial values of row `id` (dim floats) to `out`.

@@ -1,8 +1,11 @@
 // ParameterServer: the server role, hosting shards of named dense and sparse tables.
 //
 // Contract
-//   - ParameterServer::Install(agent, options) in Agent::Start's setup registers the
-//     server's functions ("__ps.*") on that agent; the Client (client.h) calls them.
+//   - ParameterServer::Install(agent, options) in Agent::Start's setup serves the
+//     server's messages on that agent; the Client (client.h) sends them. They are the
+//     records of param_server/src/messages.h: CreateDenseMessage and CreateSparseMessage
+//     (a TableConfig each), PullMessage, PushMessage, PushPullManyMessage,
+//     PullRowsMessage, PushRowsMessage, CheckpointMessage, ShardRRefMessage.
 //   - A dense table shard holds a contiguous key range of a flat float32 table; a sparse
 //     table shard holds the rows (row_store.h) whose ids hash to this server, created on
 //     first touch (pull or push) from a seeded initializer, optionally bounded by an LRU

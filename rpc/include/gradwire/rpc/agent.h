@@ -66,6 +66,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gradwire/rpc/call_hooks.h"
+#include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/executor.h"
 #include "gradwire/rpc/future.h"
 #include "gradwire/rpc/global_id.h"
@@ -241,26 +242,39 @@ RawHandler MakeHandler(F fn, Executor& ex) {
   };
 }
 
-// The handler of protocol message M: decodes M from the call's arguments, runs fn(info, M)
-// and converts what it returns (Reply, absl::StatusOr<Reply>, Future<Reply>, or
-// absl::Status when Reply is Ack).
-template <typename M, typename F>
+// What a protocol handler returns (Reply, absl::StatusOr<Reply>, Future<Reply>, or
+// absl::Status when Reply is Ack), as the Future<Value> of the answer.
+template <typename M, typename R>
+Future<Value> AdaptReply(Executor& ex, R r) {
+  if constexpr (std::is_same_v<R, absl::Status>) {
+    static_assert(std::is_same_v<typename M::Reply, Ack>, "only a message answered by Ack may have a handler returning Status");
+    return MakeReadyFuture<Value>(ex, r.ok() ? absl::StatusOr<Value>(ValueTraits<Ack>::To(Ack{})) : absl::StatusOr<Value>(r));
+  } else {
+    return ResultAdapter<R>::Adapt(ex, std::move(r));
+  }
+}
+
+// The handler of protocol message M: decodes M from the call's arguments (after the
+// owned value of type Self, for a method message) and runs fn(info, M) or fn(info, self, M).
+template <typename M, typename Self, typename F>
 RawHandler MakeProtocolHandler(F fn, Executor& ex) {
-  using Reply = typename M::Reply;
+  constexpr bool kMethod = !std::is_void_v<Self>;
   return [fn = std::move(fn), &ex](const CallInfo& info, ValueList values) -> Future<Value> {
-    absl::StatusOr<M> m = ValueTraits<M>::FromList(values);
-    if (!m.ok()) {
-      return MakeReadyFuture<Value>(
-          ex, absl::InvalidArgumentError(absl::StrCat(info.function, " from ", info.caller, ": ", m.status().message())));
-    }
-    using R = std::invoke_result_t<F&, const CallInfo&, M>;
-    if constexpr (std::is_same_v<R, absl::Status>) {
-      static_assert(std::is_same_v<Reply, Ack>, "only a message answered by Ack may have a handler returning Status");
-      absl::Status s = fn(info, *std::move(m));
-      return MakeReadyFuture<Value>(ex, s.ok() ? absl::StatusOr<Value>(ValueTraits<Ack>::To(Ack{}))
-                                               : absl::StatusOr<Value>(s));
+    auto refuse = [&](absl::string_view why) {
+      return MakeReadyFuture<Value>(ex, absl::InvalidArgumentError(absl::StrCat(info.function, " from ", info.caller, ": ", why)));
+    };
+    if constexpr (kMethod) {
+      if (values.empty()) return refuse("no value to call the method on");
+      absl::StatusOr<Self> self = ValueTraits<Self>::From(values[0]);
+      if (!self.ok()) return refuse(self.status().message());
+      absl::StatusOr<M> m = ValueTraits<M>::FromList(ValueList(std::make_move_iterator(values.begin() + 1),
+                                                               std::make_move_iterator(values.end())));
+      if (!m.ok()) return refuse(m.status().message());
+      return AdaptReply<M>(ex, fn(info, *std::move(self), *std::move(m)));
     } else {
-      return ResultAdapter<R>::Adapt(ex, fn(info, *std::move(m)));
+      absl::StatusOr<M> m = ValueTraits<M>::FromList(values);
+      if (!m.ok()) return refuse(m.status().message());
+      return AdaptReply<M>(ex, fn(info, *std::move(m)));
     }
   };
 }
@@ -293,13 +307,48 @@ absl::StatusOr<R> ConvertResult(absl::StatusOr<Value> v, const std::string& to,
 
 }  // namespace internal
 
+class Agent;
+
+namespace internal {
+template <typename F>
+struct IsStdFunction : std::false_type {};
+template <typename R, typename... A>
+struct IsStdFunction<std::function<R(A...)>> : std::true_type {};
+}  // namespace internal
+
+// What Agent::Start runs before announcing the worker: any callable taking Agent& and
+// returning void or absl::Status. An error makes Start fail with it (e.g. a layer's
+// Install that failed).
+class Setup {
+ public:
+  Setup() = default;
+  Setup(std::nullptr_t) {}  // NOLINT(runtime/explicit)
+  template <typename F, std::enable_if_t<std::is_invocable_v<F&, Agent&> && !std::is_same_v<std::decay_t<F>, Setup>, int> = 0>
+  Setup(F fn) {  // NOLINT(runtime/explicit)
+    if constexpr (std::is_pointer_v<F> || internal::IsStdFunction<F>::value) {
+      if (!fn) return;  // an empty std::function or a null function pointer
+    }
+    fn_ = [fn = std::move(fn)](Agent& agent) mutable -> absl::Status {
+      if constexpr (std::is_void_v<std::invoke_result_t<F&, Agent&>>) {
+        fn(agent);
+        return absl::OkStatus();
+      } else {
+        return fn(agent);
+      }
+    };
+  }
+  absl::Status operator()(Agent& agent) const { return fn_ ? fn_(agent) : absl::OkStatus(); }
+
+ private:
+  std::function<absl::Status(Agent&)> fn_;
+};
+
 class Agent {
  public:
   // `setup` runs before this worker is announced to the others (register functions
   // there: then no peer can call before they exist). In setup, self() and Register work;
-  // workers() is not known yet.
-  static absl::StatusOr<std::shared_ptr<Agent>> Start(AgentOptions options,
-                                                      const std::function<void(Agent&)>& setup = {});
+  // workers() is not known yet. If setup fails, Start fails with its error.
+  static absl::StatusOr<std::shared_ptr<Agent>> Start(AgentOptions options, Setup setup = {});
   ~Agent();
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
@@ -311,6 +360,8 @@ class Agent {
   Executor& executor();
   // Runs quick callbacks at given times (deadlines, retry backoff; retry.h).
   TimerQueue& timers();
+  // A fresh id, unique in the job (global_id.h): every layer's ids come from here.
+  GlobalId NewId();
   const AgentOptions& options() const;
 
   // REQUIRES: `name` is not registered yet (else ALREADY_EXISTS) and is not reserved
@@ -325,7 +376,14 @@ class Agent {
   template <ProtocolMessage M, typename F>
   absl::Status Handle(F fn, RegisterOptions options = {}) {
     static_assert(IsReservedName(M::kFunction), "protocol messages live in the reserved namespace");
-    return RegisterProtocol(M::kFunction, internal::MakeProtocolHandler<M>(std::move(fn), executor()), options);
+    return RegisterProtocol(M::kFunction, internal::MakeProtocolHandler<M, void>(std::move(fn), executor()), options);
+  }
+  // Serves method message M on values of type T owned here: fn(const CallInfo&, T, M),
+  // reached through RRef<T>::Send<M> (rref.h).
+  template <typename T, ProtocolMessage M, typename F>
+  absl::Status HandleMethod(F fn, RegisterOptions options = {}) {
+    static_assert(IsReservedName(M::kFunction), "protocol messages live in the reserved namespace");
+    return RegisterProtocol(M::kFunction, internal::MakeProtocolHandler<M, T>(std::move(fn), executor()), options);
   }
   // Sends protocol message M to worker `to`; the future (or `done`, called on the
   // completing thread: quick, non-blocking) gets M::Reply or the call's error.

@@ -55,6 +55,15 @@ auto CatchExceptions(absl::string_view where, F&& fn) {
   }
 }
 
+// Moves r's value into `out`, or returns its error: for setups that install layers,
+//   return rpc::Assign(DistAutograd::Install(agent), engine);
+template <typename T>
+absl::Status Assign(absl::StatusOr<T> r, T& out) {
+  if (!r.ok()) return r.status();
+  out = *std::move(r);
+  return absl::OkStatus();
+}
+
 }  // namespace gw::rpc
 
 #endif  // GRADWIRE_RPC_ERRORS_H_

@@ -3,7 +3,9 @@
 // the receiver share.
 //
 // Contract
-//   - A record is a struct that names its fields once, in Fields():
+//   - A record is a struct that names its fields once, in Fields(): a tuple of (name,
+//     member pointer) pairs, made with Field() or, by layers that know no networking
+//     (optim's configs), with std::pair directly:
 //
 //       struct RRefFork {
 //         static constexpr char kFunction[] = "__rref.fork";  // protocol messages only
@@ -20,6 +22,8 @@
 //     same table, checking the count and every field's kind; a mismatch is
 //     INVALID_ARGUMENT naming the record and the field ("RRefFork.fork: expected id, got
 //     string"). No code decodes a message by position by hand.
+//   - std::variant<Records...> travels as [alternative's name, its fields] and is decoded
+//     by that name (e.g. optim::OptimizerConfig).
 //   - A protocol message is a record with kFunction, a name in the reserved namespace
 //     (IsReservedName: it starts with "__"), and a Reply type with ValueTraits (Ack when
 //     the answer only says "done"). Agent::Handle<M> serves it, Agent::Send<M> sends it; a
@@ -40,6 +44,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -54,12 +59,7 @@ inline constexpr char kReservedPrefix[] = "__";
 constexpr bool IsReservedName(std::string_view name) { return name.substr(0, 2) == std::string_view(kReservedPrefix); }
 
 template <typename M, typename T>
-struct FieldRef {
-  const char* name;
-  T M::*member;
-};
-template <typename M, typename T>
-constexpr FieldRef<M, T> Field(const char* name, T M::*member) {
+constexpr std::pair<const char*, T M::*> Field(const char* name, T M::*member) {
   return {name, member};
 }
 
@@ -97,7 +97,7 @@ struct ValueTraits<M> {
   static Value To(M m) {
     ValueList out;
     out.reserve(kCount);
-    std::apply([&](auto... f) { (out.push_back(ValueTraits<FieldType<decltype(f)>>::To(std::move(m.*(f.member)))), ...); },
+    std::apply([&](auto... f) { (out.push_back(ValueTraits<FieldType<decltype(f)>>::To(std::move(m.*(f.second)))), ...); },
                M::Fields());
     return Value(std::move(out));
   }
@@ -120,20 +120,60 @@ struct ValueTraits<M> {
 
  private:
   template <typename F>
-  using FieldType = std::decay_t<decltype(std::declval<M&>().*(std::declval<F>().member))>;
+  using FieldType = std::decay_t<decltype(std::declval<M&>().*(std::declval<F>().second))>;
 
   template <typename F>
   static void Decode(const Value& v, const F& f, M& m, absl::Status& status) {
     if (!status.ok()) return;
     absl::StatusOr<FieldType<F>> x = ValueTraits<FieldType<F>>::From(v);
     if (!x.ok()) {
-      status = absl::InvalidArgumentError(absl::StrCat(internal::RecordName<M>(), ".", f.name, ": ", x.status().message()));
+      status = absl::InvalidArgumentError(absl::StrCat(internal::RecordName<M>(), ".", f.first, ": ", x.status().message()));
       return;
     }
-    m.*(f.member) = std::move(*x);
+    m.*(f.second) = std::move(*x);
   }
   static absl::Status Mismatch(absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(internal::RecordName<M>(), ": ", why));
+  }
+};
+
+template <Record... Ts>
+struct ValueTraits<std::variant<Ts...>> {
+  static constexpr const char* kName = "variant";
+  static Value To(std::variant<Ts...> v) {
+    return std::visit(
+        [](auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          return Value(ValueList{Value(internal::RecordName<T>()), ValueTraits<T>::To(std::move(x))});
+        },
+        v);
+  }
+  static absl::StatusOr<std::variant<Ts...>> From(const Value& v) {
+    if (!v.is<ValueList>() || v.get<ValueList>().size() != 2 || !v.get<ValueList>()[0].is<std::string>()) {
+      return absl::InvalidArgumentError(absl::StrCat("expected [name, fields] of one of ", Names(), ", got ", v.kind()));
+    }
+    const std::string& name = v.get<ValueList>()[0].get<std::string>();
+    absl::StatusOr<std::variant<Ts...>> out =
+        absl::InvalidArgumentError(absl::StrCat("'", name, "' is not one of ", Names()));
+    (TryAlternative<Ts>(name, v.get<ValueList>()[1], out), ...);
+    return out;
+  }
+
+ private:
+  template <typename T>
+  static void TryAlternative(const std::string& name, const Value& fields, absl::StatusOr<std::variant<Ts...>>& out) {
+    if (name != internal::RecordName<T>()) return;
+    absl::StatusOr<T> x = ValueTraits<T>::From(fields);
+    if (x.ok()) {
+      out = std::variant<Ts...>(*std::move(x));
+    } else {
+      out = x.status();
+    }
+  }
+  static std::string Names() {
+    std::string out;
+    ((out += (out.empty() ? "" : ", ") + internal::RecordName<Ts>()), ...);
+    return out;
   }
 };
 

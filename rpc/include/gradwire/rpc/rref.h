@@ -184,6 +184,18 @@ class RRef {
     Future<Value> result = state_->Call(method, std::move(values), options);
     return internal::ConvertResult<R>(result.Get(state_->WaitBudget(options.timeout)), Owner(), method);
   }
+  // Sends method message M (message.h) to the owner, where the handler registered with
+  // Agent::HandleMethod<T, M> runs with the owned value.
+  template <ProtocolMessage M>
+  Future<typename M::Reply> Send(M message, CallOptions options = {}) const {
+    Value fields = ValueTraits<M>::To(std::move(message));
+    const std::string owner = Owner();
+    return Map<typename M::Reply>(state_->Call(M::kFunction, std::move(std::get<ValueList>(fields.storage())), options),
+                                  [owner](const absl::StatusOr<Value>& v) {
+                                    return internal::ConvertResult<typename M::Reply>(v, owner, M::kFunction);
+                                  });
+  }
+
   // Like Async, but the result stays on the owner: an RRef to it.
   template <typename R, typename... Args>
   RRef<R> Remote(const std::string& method, Args&&... args) const {

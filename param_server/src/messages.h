@@ -1,0 +1,152 @@
+// Internal: the parameter server's messages (param_server/include/gradwire/param_server/
+// server.h describes what they do). Each is a record (rpc/message.h) that the client and
+// the server share.
+#ifndef GRADWIRE_PARAM_SERVER_SRC_MESSAGES_H_
+#define GRADWIRE_PARAM_SERVER_SRC_MESSAGES_H_
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gradwire/optim/functional.h"
+#include "gradwire/param_server/row_store.h"
+#include "gradwire/param_server/server.h"
+#include "gradwire/rpc/message.h"
+#include "gradwire/rpc/rref.h"
+#include "gradwire/tensor/tensor.h"
+
+namespace gw::param_server::internal {
+
+using rpc::Ack;
+using rpc::Field;
+
+// How a table is updated; the same for every shard of it.
+struct TableConfig {
+  optim::OptimizerConfig optimizer;
+  Consistency consistency = Consistency::kSync;
+  int64_t trainers = 1;
+  int64_t staleness = 0;  // kBoundedStaleness's s
+  int64_t sync_timeout_ms = 60000;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("optimizer", &TableConfig::optimizer), Field("consistency", &TableConfig::consistency),
+                           Field("trainers", &TableConfig::trainers), Field("staleness", &TableConfig::staleness),
+                           Field("sync_timeout_ms", &TableConfig::sync_timeout_ms));
+  }
+};
+
+// Create this server's shard of a dense table (its key range's initial values).
+struct CreateDenseMessage {
+  static constexpr char kFunction[] = "__ps.create_dense";
+  using Reply = Ack;
+  std::string table;
+  TableConfig config;
+  Tensor values;  // float32 [range size]
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &CreateDenseMessage::table), Field("config", &CreateDenseMessage::config),
+                           Field("values", &CreateDenseMessage::values));
+  }
+};
+
+// Create this server's shard of a sparse table.
+struct CreateSparseMessage {
+  static constexpr char kFunction[] = "__ps.create_sparse";
+  using Reply = Ack;
+  std::string table;
+  TableConfig config;
+  int64_t dim = 0;       // floats per row
+  int64_t capacity = 0;  // rows on this server, 0: unbounded
+  RowInit init;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &CreateSparseMessage::table), Field("config", &CreateSparseMessage::config),
+                           Field("dim", &CreateSparseMessage::dim), Field("capacity", &CreateSparseMessage::capacity),
+                           Field("init", &CreateSparseMessage::init));
+  }
+};
+
+// The shard's values as of step `clock`.
+struct PullMessage {
+  static constexpr char kFunction[] = "__ps.pull";
+  using Reply = Tensor;
+  std::string table;
+  int64_t clock = 0;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &PullMessage::table), Field("clock", &PullMessage::clock));
+  }
+};
+
+// This trainer's gradient of the shard for step `clock`; (trainer, clock) identify it.
+struct PushMessage {
+  static constexpr char kFunction[] = "__ps.push";
+  using Reply = Ack;
+  std::string table;
+  int64_t clock = 0;
+  int64_t trainer = 0;
+  Tensor grad;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &PushMessage::table), Field("clock", &PushMessage::clock),
+                           Field("trainer", &PushMessage::trainer), Field("grad", &PushMessage::grad));
+  }
+};
+
+// Push to several tables, answered with their shards as of clock + 1.
+struct PushPullManyMessage {
+  static constexpr char kFunction[] = "__ps.push_pull_many";
+  using Reply = std::vector<Tensor>;
+  std::vector<std::string> tables;
+  int64_t clock = 0;
+  int64_t trainer = 0;
+  std::vector<Tensor> grads;  // one per table
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("tables", &PushPullManyMessage::tables), Field("clock", &PushPullManyMessage::clock),
+                           Field("trainer", &PushPullManyMessage::trainer), Field("grads", &PushPullManyMessage::grads));
+  }
+};
+
+// Rows `ids` (int64 [n]) of a sparse table as of `clock`: float32 [n, dim].
+struct PullRowsMessage {
+  static constexpr char kFunction[] = "__ps.pull_rows";
+  using Reply = Tensor;
+  std::string table;
+  int64_t clock = 0;
+  Tensor ids;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &PullRowsMessage::table), Field("clock", &PullRowsMessage::clock),
+                           Field("ids", &PullRowsMessage::ids));
+  }
+};
+
+// Gradient rows for `ids` (duplicates summed).
+struct PushRowsMessage {
+  static constexpr char kFunction[] = "__ps.push_rows";
+  using Reply = Ack;
+  std::string table;
+  int64_t clock = 0;
+  int64_t trainer = 0;
+  Tensor ids;   // int64 [n]
+  Tensor grad;  // float32 [n, dim]
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &PushRowsMessage::table), Field("clock", &PushRowsMessage::clock),
+                           Field("trainer", &PushRowsMessage::trainer), Field("ids", &PushRowsMessage::ids),
+                           Field("grad", &PushRowsMessage::grad));
+  }
+};
+
+// Write a checkpoint now; answered with its path.
+struct CheckpointMessage {
+  static constexpr char kFunction[] = "__ps.checkpoint";
+  using Reply = std::string;
+  static constexpr auto Fields() { return std::tuple<>(); }
+};
+
+// A dense shard as an RRef owned by the server (for distributed autograd).
+struct ShardRRefMessage {
+  static constexpr char kFunction[] = "__ps.shard_rref";
+  using Reply = rpc::RRef<Tensor>;
+  std::string table;
+  static constexpr auto Fields() { return std::make_tuple(Field("table", &ShardRRefMessage::table)); }
+};
+
+}  // namespace gw::param_server::internal
+
+#endif  // GRADWIRE_PARAM_SERVER_SRC_MESSAGES_H_
