@@ -62,6 +62,8 @@ struct World {
       return true;
     });
     (void)a.Register("weight_rref", [w, self] { return self->Own(w); });
+    // Two results in one reply: the first does not use this worker's weight, the second does.
+    (void)a.Register("two_heads", [w](Tensor x) { return std::vector<Tensor>{Tanh(x), MatMul(x, w)}; });
     // Doubles x; its backward fails (to test how failures travel).
     (void)a.Register("fragile", [](Tensor x) {
       return autograd::Record("Fragile", {x}, kernels::MulScalar(x, 2.0), [](const Tensor&) -> std::vector<Tensor> {
@@ -164,6 +166,39 @@ TEST(DistAutogradTest, UnusedSendFailsFastModeWithAReasonAndPassesSmartMode) {
       ASSERT_TRUE(s.ok()) << s;
       ExpectClose(ctx.GradOf(x), lx.grad(), "x");
       ExpectClose(w.engine(1).GradOf(ctx.id(), w.weights[1]), l1.grad(), "w1");
+    }
+  }
+}
+
+// A reply carrying two tensors of which only one reaches the loss. PyTorch records one
+// send per message and its FAST mode sends zeros for the other, so it does not wait on it:
+// the weight behind the unused tensor gets a zero gradient. SMART mode gives it none, as a
+// local backward pass would.
+TEST(DistAutogradTest, AReplyWhoseTensorsReachTheLossOnlyInPartDoesNotStallFastMode) {
+  World w(2);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  Tensor lx = kernels::Clone(x).set_requires_grad(true);
+  autograd::Backward({Sum(Tanh(lx))});
+  for (Mode mode : {Mode::kFast, Mode::kSmart}) {
+    SCOPED_TRACE(mode == Mode::kFast ? "FAST" : "SMART");
+    Context ctx(w.engine(0));
+    absl::StatusOr<std::vector<Tensor>> heads = w.agent(0).Sync<std::vector<Tensor>>("worker1", "two_heads", x);
+    ASSERT_TRUE(heads.ok()) << heads.status();
+    ASSERT_EQ(heads->size(), 2u);
+    ASSERT_TRUE((*heads)[1].requires_grad());
+    BackwardOptions options;
+    options.mode = mode;
+    options.timeout = absl::Seconds(10);
+    absl::Status s = ctx.Backward({Sum((*heads)[0])}, options);
+    ASSERT_TRUE(s.ok()) << s;
+    ExpectClose(ctx.GradOf(x), lx.grad(), "x");
+    Tensor gw1 = w.engine(1).GradOf(ctx.id(), w.weights[1]);
+    if (mode == Mode::kFast) {
+      ASSERT_TRUE(gw1.defined()) << "FAST mode sends zeros for the unused head, as PyTorch does";
+      EXPECT_EQ(kernels::MaxAbsDiff(gw1, Tensor::Zeros(gw1.sizes(), gw1.dtype())), 0.0);
+    } else {
+      EXPECT_FALSE(gw1.defined()) << "SMART mode: no gradient reaches w1";
     }
   }
 }

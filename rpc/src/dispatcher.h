@@ -54,7 +54,7 @@ class Dispatcher {
 
   // REQUIRES: before any request arrives (Agent::Start's setup).
   void SetHooks(std::shared_ptr<CallHooks> hooks) { hooks_ = std::move(hooks); }
-  absl::Status Register(const std::string& name, RawHandler handler, RegisterOptions options);
+  absl::Status Register(const std::string& name, RawHandler handler, RegisterOptions options = {});
   bool Has(const std::string& name) const;
 
   void OnRequest(const std::shared_ptr<Connection>& conn, Envelope env);
