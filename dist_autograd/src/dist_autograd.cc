@@ -378,8 +378,16 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   }
 
   void RunLocked(ContextState& ctx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu) {
-    absl::Status s = rpc::CatchExceptions(Name(self_), [&] { ctx.task->Run(); });
-    if (!s.ok() && ctx.error.ok()) ctx.error = s;
+    try {
+      ctx.task->Run();
+    } catch (...) {
+      RecordError(ctx, rpc::StatusFromException(Name(self_)));
+    }
+  }
+
+  // The pass failed here: the first error sticks and fails every waiter.
+  static void RecordError(ContextState& ctx, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu) {
+    if (ctx.error.ok()) ctx.error = s;
   }
 
   // Sends the gradients that RecvFunctions queued; returns the futures of their answers.
@@ -500,12 +508,13 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
                                                               " gradients for a send of ", send->num_inputs(), " tensors")));
       }
       PrepareDependencies(*ctx);
-      absl::Status s = rpc::CatchExceptions(Name(self_), [&] {
+      try {
         for (uint32_t i = 0; i < send->num_inputs(); ++i) {
           ctx->task->AddInput({send, i}, m.grads[i] ? std::move(*m.grads[i]) : Tensor());
         }
-      });
-      if (!s.ok() && ctx->error.ok()) ctx->error = s;
+      } catch (...) {  // a gradient of the wrong shape
+        RecordError(*ctx, rpc::StatusFromException(Name(self_)));
+      }
       RunLocked(*ctx);
       ctx->waiters.push_back(waiter);
     }

@@ -25,6 +25,8 @@ template <typename... Fs>
 struct Overloaded : Fs... {
   using Fs::operator()...;
 };
+template <typename... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;  // clang 14 does not deduce aggregates yet
 
 constexpr std::string_view kMomentumBuffer = "momentum_buffer";
 constexpr std::string_view kExpAvg = "exp_avg";

@@ -170,6 +170,13 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
     if (c.sparse && c.dim * (1 + optim::RowStateSize(c.optimizer)) > RowStore::kMaxWidth) {
       return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': rows too wide"));
     }
+    absl::StatusOr<Tensor> values;  // dense: the shard's range
+    if (!c.sparse) {
+      values = need("values", DType::kFloat32);
+      if (!values.ok()) return values.status();
+      if (values->dim() != 1) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': values not 1-D"));
+      c.size = values->numel();
+    }
     Shard* s = out.emplace_back(table, std::make_unique<Shard>(c)).second.get();
     absl::MutexLock lock(&s->mu);  // not shared yet; for the analysis of its guarded fields
     s->state.step = meta[kStateStep];
@@ -188,9 +195,6 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
     }
     s->clock.Restore(meta[kApplied], std::move(next), std::move(counted));
     if (!c.sparse) {
-      absl::StatusOr<Tensor> values = need("values", DType::kFloat32);
-      if (!values.ok()) return values.status();
-      if (values->dim() != 1) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': values not 1-D"));
       s->values = kernels::Clone(*values);
       const Shape shape = values->sizes();
       auto like_values = [&](const Tensor& t) { return t.sizes() == shape && t.dtype() == DType::kFloat32; };

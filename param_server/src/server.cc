@@ -189,6 +189,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     absl::StatusOr<ShardConfig> c = Configure(m.config);
     if (!c.ok()) return c.status();
     const int64_t n = m.values.numel();
+    c->size = n;
     return Add(
         m.table, *c,
         [&] {
@@ -198,16 +199,12 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
           return shard;
         },
         [&](const Shard& old) {
-          if (!old.config.sparse && old.rows == nullptr && DenseSize(old) == n) return absl::OkStatus();
-          return absl::AlreadyExistsError(absl::StrCat("table '", m.table, "' exists on ", name_, " as ",
-                                                       old.config.sparse ? "a sparse table"
-                                                                         : absl::StrCat("a dense shard of ", DenseSize(old), " keys"),
-                                                       ", not a dense shard of ", n, " keys"));
+          if (!old.config.sparse && old.config.size == n) return absl::OkStatus();
+          return absl::AlreadyExistsError(absl::StrCat(
+              "table '", m.table, "' exists on ", name_, " as ",
+              old.config.sparse ? "a sparse table" : absl::StrCat("a dense shard of ", old.config.size, " keys"),
+              ", not a dense shard of ", n, " keys"));
         });
-  }
-
-  static int64_t DenseSize(const Shard& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return s.values.numel();  // the tensor handle never changes after creation: only its values do
   }
 
   absl::Status CreateSparse(const internal::CreateSparseMessage& m) {
@@ -337,7 +334,11 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     {
       absl::MutexLock lock(&s.mu);
       if (absl::Status c = check(); !c.ok()) return c;
-      status = rpc::CatchExceptions("the update", [&] { return s.clock.Push(clock, trainer, ops); });
+      try {
+        status = s.clock.Push(clock, trainer, ops);
+      } catch (...) {
+        status = rpc::StatusFromException("the update");
+      }
       if (!status.ok()) status = absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
       ready = Released(s);  // also after a failed push: what it released is answered all the same
     }

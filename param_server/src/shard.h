@@ -38,6 +38,7 @@ inline constexpr int64_t kMaxRowWidth = 1 << 20;  // floats per row (values; sta
 
 struct ShardConfig {
   bool sparse = false;
+  int64_t size = 0;  // dense: keys in the shard's range
   optim::OptimizerConfig optimizer;
   Consistency consistency = Consistency::kSync;
   int trainers = 1;

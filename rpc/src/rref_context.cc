@@ -339,7 +339,7 @@ absl::Status RRefContext::PrepareOutgoing(Value* payload, int dest) {
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
-    status = Walk(payload, [&](RRefPtr& r) ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
+    status = Walk(payload, [&](RRefPtr& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       if (!r->attached()) return absl::InternalError("an RRef in transit was sent on without being adopted");
       const RRefDescriptor& d = r->descriptor();
       RRefDescriptor child{d.rref_id, hooks_.ids->Next(), d.owner, self, {}, d.type};
@@ -392,7 +392,7 @@ void RRefContext::AbandonOutgoing(Value* payload) {
   Outbox out;
   {
     absl::MutexLock lock(&mu_);
-    (void)Walk(payload, [&](RRefPtr& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    (void)Walk(payload, [&](RRefPtr& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (!r->attached() && r->descriptor().parent == hooks_.self_rank) Unfork(r->descriptor(), out);
       return absl::OkStatus();
     });
@@ -409,7 +409,7 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return ShutDown();
-    status = Walk(payload, [&](RRefPtr& r) ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
+    status = Walk(payload, [&](RRefPtr& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       if (r->attached()) return absl::OkStatus();  // sent to ourselves through a local path
       const RRefDescriptor d = r->descriptor();
       if (d.owner >= world || d.parent >= world || d.parent != from || !d.fork_id.valid() ||

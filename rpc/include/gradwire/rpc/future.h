@@ -58,6 +58,10 @@ struct FutureState {
   absl::StatusOr<T> result ABSL_GUARDED_BY(mu) = absl::UnknownError("pending");
   std::vector<std::function<void()>> callbacks ABSL_GUARDED_BY(mu);
   std::vector<std::function<void(const absl::StatusOr<T>&)>> subscribers ABSL_GUARDED_BY(mu);
+
+  // The result once done: it never changes again, so it is read without the lock.
+  // REQUIRES: done.
+  const absl::StatusOr<T>& final_result() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return result; }
 };
 
 template <typename U>
@@ -111,8 +115,7 @@ class Future {
   // OK when ready (whatever the result), DEADLINE_EXCEEDED if still pending at deadline.
   absl::Status Wait(absl::Time deadline) const {
     absl::MutexLock lock(&state_->mu);
-    auto ready = [s = state_.get()]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->done; };
-    if (!state_->mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    if (!state_->mu.AwaitWithDeadline(absl::Condition(&state_->done), deadline)) {
       return absl::DeadlineExceededError("Future::Wait: deadline passed before the result arrived");
     }
     return absl::OkStatus();
@@ -180,9 +183,7 @@ class Future {
     }
     if (!state_->executor->Post(cb)) cb();  // executor gone: run rather than lose it
   }
-  const absl::StatusOr<T>& ResultRef() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return state_->result;  // REQUIRES done (then immutable)
-  }
+  const absl::StatusOr<T>& ResultRef() const { return state_->final_result(); }  // REQUIRES done
 
   std::shared_ptr<internal::FutureState<T>> state_;
 };
@@ -209,7 +210,7 @@ class Promise {
       callbacks.swap(state_->callbacks);
       subscribers.swap(state_->subscribers);
     }
-    for (auto& fn : subscribers) fn(state_->result);  // immutable once done
+    for (auto& fn : subscribers) fn(state_->final_result());
     for (auto& cb : callbacks) {
       if (!state_->executor->Post(cb)) cb();
     }
