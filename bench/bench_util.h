@@ -1,5 +1,5 @@
 // Shared helpers for gradwire's benchmark programs: timing, medians and the one-line
-// result format of ../shared/BENCHMARKS.md:
+// result format of BENCHMARKS.md:
 //   workload=<name> impl=<impl> metric=<name> value=<number> unit=<unit>
 #ifndef GRADWIRE_BENCH_BENCH_UTIL_H_
 #define GRADWIRE_BENCH_BENCH_UTIL_H_

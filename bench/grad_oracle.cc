@@ -1,4 +1,4 @@
-// Benchmark W8 `grad_oracle` of ../shared/BENCHMARKS.md for gradwire: the two-worker
+// Benchmark W8 `grad_oracle` of BENCHMARKS.md for gradwire: the two-worker
 // model of dist_autograd/tests/w8_model.h (two agents on threads of this process, real
 // loopback connections) under distributed autograd, compared with the same model run
 // locally and with PyTorch's dist_autograd (dist_autograd/tests/data/w8_reference.txt).

@@ -1,4 +1,4 @@
-// Benchmark `local_mlp`: the model of W5 (../shared/BENCHMARKS.md) in one process.
+// Benchmark `local_mlp`: the model of W5 (BENCHMARKS.md) in one process.
 // Linear 1024-1024-1024-1024-10 with ReLUs, batch 128, cross-entropy, SGD lr 0.01;
 // one step = zero_grad + forward + backward + optimizer step. Also times the same GEMMs
 // alone (the floor this step can reach) and reports the ratio.

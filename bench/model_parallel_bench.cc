@@ -1,4 +1,4 @@
-// Benchmark W5 `model_parallel_mlp` of ../shared/BENCHMARKS.md for gradwire: worker 0
+// Benchmark W5 `model_parallel_mlp` of BENCHMARKS.md for gradwire: worker 0
 // (this process) holds Linear(1024,1024)+ReLU+Linear(1024,1024)+ReLU, worker 1 (a copy of
 // this program started with GW_BENCH_ROLE=server) holds Linear(1024,1024)+ReLU+
 // Linear(1024,10) as a RemoteModule; batch 128, cross-entropy on worker 0. One iteration

@@ -1,5 +1,5 @@
 // Benchmarks W6 `param_server_dense` and W7 `sparse_embedding_ps` of
-// ../shared/BENCHMARKS.md for gradwire. One parameter server (rank 0, a child process),
+// BENCHMARKS.md for gradwire. One parameter server (rank 0, a child process),
 // two trainers (this process is trainer 0, rank 1; a child is trainer 1, rank 2).
 //
 //   ps_bench [--quick] [dense|sparse]

@@ -1,5 +1,5 @@
 // Benchmarks W1 rpc_latency, W2 tensor_echo, W3 async_pipelined and W4 rref of
-// ../shared/BENCHMARKS.md for gradwire: this process is rank 0 (caller), a copy of it
+// BENCHMARKS.md for gradwire: this process is rank 0 (caller), a copy of it
 // started with GW_BENCH_ROLE=server is rank 1 (callee), both on 127.0.0.1.
 //
 //   rpc_bench [--quick] rpc_latency|tensor_echo|async_pipelined|rref

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Benchmark W8 `grad_oracle` on PyTorch (see ../shared/BENCHMARKS.md): the two-worker
+"""Benchmark W8 `grad_oracle` on PyTorch (see BENCHMARKS.md): the two-worker
 model of dist_autograd/tests/make_reference.py under torch.distributed.autograd, compared
 with the same model run locally. Prints the loss and the largest difference.
 

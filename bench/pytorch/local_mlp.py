@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Benchmark `local_mlp` on PyTorch: W5's model in one process (see ../shared/BENCHMARKS.md).
+"""Benchmark `local_mlp` on PyTorch: W5's model in one process (see BENCHMARKS.md).
 
 Linear 1024-1024-1024-1024-10 with ReLUs, batch 128, cross-entropy, SGD lr 0.01;
 one step = zero_grad + forward + backward + step. One thread. Prints result lines in

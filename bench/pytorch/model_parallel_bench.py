@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Benchmark W5 `model_parallel_mlp` on PyTorch RPC (see ../shared/BENCHMARKS.md).
+"""Benchmark W5 `model_parallel_mlp` on PyTorch RPC (see BENCHMARKS.md).
 
     model_parallel_bench.py [--quick]
 

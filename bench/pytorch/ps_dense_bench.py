@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Benchmark W6 `param_server_dense` on PyTorch RPC (see ../shared/BENCHMARKS.md).
+"""Benchmark W6 `param_server_dense` on PyTorch RPC (see BENCHMARKS.md).
 
     ps_dense_bench.py [--quick]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Benchmark W9 `fashion_mnist_ps` on PyTorch RPC (see ../shared/BENCHMARKS.md).
+"""Benchmark W9 `fashion_mnist_ps` on PyTorch RPC (see BENCHMARKS.md).
 
     ps_fashion_mnist_bench.py [--quick] [--epochs N] [--keep-going]
 

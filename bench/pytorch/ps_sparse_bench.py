@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Benchmark W7 `sparse_embedding_ps` on PyTorch RPC (see ../shared/BENCHMARKS.md).
+"""Benchmark W7 `sparse_embedding_ps` on PyTorch RPC (see BENCHMARKS.md).
 
     ps_sparse_bench.py [--quick]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Benchmark W1 `rpc_latency`, W2 `tensor_echo`, W3 `async_pipelined` on PyTorch RPC
-(see ../shared/BENCHMARKS.md).
+(see BENCHMARKS.md).
 
     rpc_bench.py [--quick] WORKLOAD        WORKLOAD: rpc_latency | tensor_echo | async_pipelined
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Benchmark W4 `rref` on PyTorch RPC (see ../shared/BENCHMARKS.md).
+"""Benchmark W4 `rref` on PyTorch RPC (see BENCHMARKS.md).
 
     rref_bench.py [--quick]
 
