@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 extern char** environ;
@@ -104,6 +105,14 @@ std::string HostProcess::output() const {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+std::string HostProcess::Field(const std::string& key) const {
+  std::string value;
+  for (absl::string_view line : absl::StrSplit(output(), '\n')) {
+    if (absl::ConsumePrefix(&line, key + "=")) value = std::string(line);
+  }
+  return value;
 }
 
 bool HostProcess::Reap() {

@@ -49,6 +49,8 @@ class HostProcess {
   int exit_code() const { return exit_code_; }  // -1 while running
   // Everything it wrote to stdout and stderr so far.
   std::string output() const;
+  // The value of the last line "key=value" of output() ("" if none).
+  std::string Field(const std::string& key) const;
   // Kills it (SIGKILL) and reaps it, if it still runs.
   void Kill();
 

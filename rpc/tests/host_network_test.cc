@@ -12,22 +12,11 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 
 namespace gw::testing {
 namespace {
 
 bool NamespaceExists(const std::string& name) { return std::filesystem::exists("/run/netns/" + name); }
-
-// The value of the line "key=value" in a process's output ("" if none).
-std::string Field(const std::string& output, const std::string& key) {
-  std::string value;
-  for (absl::string_view line : absl::StrSplit(output, '\n')) {
-    if (absl::ConsumePrefix(&line, key + "=")) value = std::string(line);
-  }
-  return value;
-}
 
 TEST(HostNetworkTest, ThreeHostsReachEachOtherThroughTheBridgeFromTheirOwnAddresses) {
   if (std::string why = HostNetwork::Unsupported(); !why.empty()) GTEST_SKIP() << why;
@@ -45,9 +34,10 @@ TEST(HostNetworkTest, ThreeHostsReachEachOtherThroughTheBridgeFromTheirOwnAddres
         p.from, {"/proc/self/exe"}, {{"GW_TEST_ROLE", "probe"}, {"PROBE_ADDR", p.to}, {"PROBE_PORT", "9"}});
     ASSERT_TRUE(probe.ok()) << probe.status();
     EXPECT_EQ(HostNetwork::WaitAll({*probe}, absl::Now() + absl::Seconds(30)), std::vector<int>{0});
-    const std::string out = (*probe)->output();
-    EXPECT_EQ(Field(out, "connect"), "refused") << "host " << p.from << " -> " << p.to << ":\n" << out;
-    EXPECT_EQ(Field(out, "local"), p.to == "127.0.0.1" ? p.to : (*network)->address(p.from)) << out;
+    EXPECT_EQ((*probe)->Field("connect"), "refused") << "host " << p.from << " -> " << p.to << ":\n"
+                                                     << (*probe)->output();
+    EXPECT_EQ((*probe)->Field("local"), p.to == "127.0.0.1" ? p.to : (*network)->address(p.from))
+        << (*probe)->output();
   }
 }
 

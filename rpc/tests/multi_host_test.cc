@@ -5,8 +5,6 @@
 // Needs root and iproute2 (skipped otherwise; CI runs as root).
 #include <gtest/gtest.h>
 
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "host_network.h"
 
 namespace gw::rpc {
@@ -16,15 +14,6 @@ using testing::HostNetwork;
 using testing::HostProcess;
 
 constexpr absl::Duration kJobTimeout = absl::Seconds(60);
-
-// The value of the last line "key=value" in a worker's output ("" if none).
-std::string Field(const std::string& output, const std::string& key) {
-  std::string value;
-  for (absl::string_view line : absl::StrSplit(output, '\n')) {
-    if (absl::ConsumePrefix(&line, key + "=")) value = std::string(line);
-  }
-  return value;
-}
 
 std::unique_ptr<HostNetwork> MakeNetwork(int hosts) {
   absl::StatusOr<std::unique_ptr<HostNetwork>> network = HostNetwork::Create(hosts);
@@ -59,23 +48,23 @@ TEST_P(HostPairTest, ALargeTensorGoesToTheOtherWorkerAndBack) {
   }
   const std::vector<int> codes = HostNetwork::WaitAll(workers, absl::Now() + kJobTimeout);
   for (int rank = 0; rank < 2; ++rank) {
-    const std::string out = workers[static_cast<size_t>(rank)]->output();
+    const HostProcess& w = *workers[static_cast<size_t>(rank)];
+    const HostProcess& peer = *workers[static_cast<size_t>(1 - rank)];
     const std::string host = network->address(rank == 0 ? 0 : c.second_host);
-    EXPECT_EQ(codes[static_cast<size_t>(rank)], 0) << "rank " << rank << ":\n" << out;
+    EXPECT_EQ(codes[static_cast<size_t>(rank)], 0) << "rank " << rank << ":\n" << w.output();
     // Each announced an address of its own host, and the other dials exactly that.
-    EXPECT_EQ(Field(out, "address").rfind(host + ":", 0), 0u) << "rank " << rank << ":\n" << out;
-    const std::string peer = workers[static_cast<size_t>(1 - rank)]->output();
-    EXPECT_EQ(Field(peer, "peer_address"), Field(out, "address")) << peer;
+    EXPECT_EQ(w.Field("address").rfind(host + ":", 0), 0u) << "rank " << rank << ":\n" << w.output();
+    EXPECT_EQ(peer.Field("peer_address"), w.Field("address")) << peer.output();
     if (c.same_host) {
       // The control: on one host the tensor and its echo go through shared memory.
-      EXPECT_EQ(Field(out, "shared_memory_connections"), "1") << "rank " << rank << ":\n" << out;
-      EXPECT_EQ(Field(out, "shared_memory_tensors"), "1") << "rank " << rank << ":\n" << out;
+      EXPECT_NE(w.Field("shared_memory_connections"), "0") << "rank " << rank << ":\n" << w.output();
+      EXPECT_EQ(w.Field("shared_memory_tensors"), "1") << "rank " << rank << ":\n" << w.output();
     } else {
-      EXPECT_EQ(Field(out, "shared_memory_connections"), "0") << "rank " << rank << ":\n" << out;
-      EXPECT_EQ(Field(out, "shared_memory_tensors"), "0") << "rank " << rank << ":\n" << out;
+      EXPECT_EQ(w.Field("shared_memory_connections"), "0") << "rank " << rank << ":\n" << w.output();
+      EXPECT_EQ(w.Field("shared_memory_tensors"), "0") << "rank " << rank << ":\n" << w.output();
     }
   }
-  EXPECT_EQ(Field(workers[1]->output(), "echo"), "ok") << workers[1]->output();
+  EXPECT_EQ(workers[1]->Field("echo"), "ok") << workers[1]->output();
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -102,22 +91,25 @@ TEST(MultiHostTest, FromEnvPicksTheAddressThatReachesMasterAddrOrSaysWhatToSet) 
                 {"MASTER_PORT", "29500"}});
     absl::StatusOr<HostProcess*> p = network->Start(1, {"/proc/self/exe"}, env);
     EXPECT_TRUE(p.ok()) << p.status();
-    if (!p.ok()) return std::string();
-    HostNetwork::WaitAll({*p}, absl::Now() + kJobTimeout);
-    return (*p)->output();
+    if (p.ok()) HostNetwork::WaitAll({*p}, absl::Now() + kJobTimeout);
+    return p.ok() ? *p : nullptr;
   };
-  std::string out = options(network->address(0));
-  EXPECT_EQ(Field(out, "listen"), network->address(1)) << out;
-  EXPECT_EQ(Field(out, "advertise"), "") << out;
+  const HostProcess* out = options(network->address(0));
+  ASSERT_NE(out, nullptr);
+  EXPECT_EQ(out->Field("listen"), network->address(1)) << out->output();
+  EXPECT_EQ(out->Field("advertise"), "") << out->output();
   out = options("127.0.0.1");  // a local job stays on loopback
-  EXPECT_EQ(Field(out, "listen"), "127.0.0.1") << out;
+  ASSERT_NE(out, nullptr);
+  EXPECT_EQ(out->Field("listen"), "127.0.0.1") << out->output();
   out = options("198.51.100.1");  // no route from this host
-  EXPECT_NE(Field(out, "error").find("MASTER_ADDR=198.51.100.1"), std::string::npos) << out;
-  EXPECT_NE(Field(out, "error").find("GRADWIRE_LISTEN"), std::string::npos) << out;
-  EXPECT_NE(Field(out, "error").find("GRADWIRE_ADVERTISE"), std::string::npos) << out;
+  ASSERT_NE(out, nullptr);
+  for (const char* says : {"MASTER_ADDR=198.51.100.1", "GRADWIRE_LISTEN", "GRADWIRE_ADVERTISE"}) {
+    EXPECT_NE(out->Field("error").find(says), std::string::npos) << out->output();
+  }
   out = options("198.51.100.1", {{"GRADWIRE_ADVERTISE", "203.0.113.9"}});  // told: no route needed
-  EXPECT_EQ(Field(out, "listen"), "0.0.0.0") << out;
-  EXPECT_EQ(Field(out, "advertise"), "203.0.113.9") << out;
+  ASSERT_NE(out, nullptr);
+  EXPECT_EQ(out->Field("listen"), "0.0.0.0") << out->output();
+  EXPECT_EQ(out->Field("advertise"), "203.0.113.9") << out->output();
 }
 
 }  // namespace

@@ -93,6 +93,23 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeBackend(const std::string& name, 
   return MakeTransport(name, options);
 }
 
+// A raw TCP socket connected to `address` on loopback: a peer that sends bytes of its
+// choosing. -1 if it cannot connect.
+int DialRaw(const std::string& address) {
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) return -1;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -247,15 +264,8 @@ TEST_P(TransportTest, PeerCloseIsReportedAndLaterSendsFail) {
 
 TEST_P(TransportTest, GarbageFromARawSocketClosesOnlyThatConnection) {
   // A raw client sends bytes that are not a frame.
-  const size_t colon = address_.rfind(':');
-  int port = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(address_.substr(colon + 1), &port));
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int fd = DialRaw(address_);
+  ASSERT_GE(fd, 0);
   const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n................";
   ASSERT_GT(::send(fd, junk, sizeof(junk), 0), 0);
   // grpc: gRPC's HTTP/2 layer rejects the bytes before the transport sees them, so no
@@ -353,68 +363,11 @@ TEST(ShmTransportTest, AFullArenaFallsBackToCrossMemoryAttachAndNothingIsOverwri
   server->Shutdown();
 }
 
-// shm: a peer that sends arena descriptors without an arena the receiver mapped (here a
-// raw socket speaking the wrapper protocol) is cut off, as any malformed input.
-TEST(ShmTransportTest, ArenaDescriptorsFromAPeerWithoutAMappedArenaCloseTheConnection) {
-  auto server = *MakeTransport("shm");
-  Inbox inbox;
-  auto address = server->Listen("127.0.0.1", /*advertise_host=*/"", inbox.Callbacks());
-  ASSERT_TRUE(address.ok());
-  int port = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(address->substr(address->rfind(':') + 1), &port));
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  auto put = [](std::string& out, auto v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  // Hello from "pid 1" on another host, claiming an arena it has no way to share.
-  std::string hello = "H";
-  put(hello, uint64_t{1});
-  put(hello, uint64_t{0});
-  put(hello, uint64_t{0});
-  put(hello, uint32_t{5});
-  hello += "other";
-  put(hello, int32_t{3});
-  put(hello, uint64_t{1} << 20);
-  put(hello, uint64_t{42});
-  // Data whose only tensor is "in the arena" at a plausible offset.
-  std::string data = "D";
-  put(data, uint64_t{0});      // token
-  put(data, uint32_t{1});      // one remote tensor
-  put(data, uint32_t{0});      // index
-  put(data, uint8_t{1});       // route: arena
-  put(data, uint8_t{0});       // float32
-  put(data, uint8_t{1});       // one dim
-  put(data, int64_t{1000});
-  put(data, uint64_t{4096 + 64});
-  data += "payload";
-  for (const std::string& header : {hello, data}) {
-    absl::StatusOr<EncodedFrame> frame = EncodeFrame(Message{header, {}});
-    ASSERT_TRUE(frame.ok());
-    ASSERT_EQ(::send(fd, frame->prefix.data(), frame->prefix.size(), 0), static_cast<ssize_t>(frame->prefix.size()));
-  }
-  absl::Status s = inbox.WaitClose();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find("arena"), std::string::npos) << s;
-  EXPECT_TRUE(inbox.messages().empty());
-  ::close(fd);
-  server->Shutdown();
-}
-
 // A raw TCP client of `address` (loopback) that speaks the shm wrapper protocol.
 class RawShmPeer {
  public:
-  explicit RawShmPeer(const std::string& address) {
-    int port = 0;
-    EXPECT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port));
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  explicit RawShmPeer(const std::string& address) : fd_(DialRaw(address)) {
+    EXPECT_GE(fd_, 0) << address;
     timeval timeout{20, 0};  // a guard against a hang: every read below is answered
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   }
@@ -440,7 +393,7 @@ class RawShmPeer {
   }
 
  private:
-  int fd_ = -1;
+  const int fd_;
   FrameDecoder decoder_;
 };
 
@@ -449,20 +402,61 @@ void Put(std::string& out, T v) {
   out.append(reinterpret_cast<const char*>(&v), sizeof(v));
 }
 
-// The shm hello of a peer that is this very process (so its cookie can be read), as it
-// would be sent from the given boot and network namespace (0: the field left out).
-std::string HelloFromThisProcess(const uint64_t* cookie, const std::string& boot_id, uint64_t net_namespace) {
+// An shm hello ('H'), field by field.
+struct HelloFields {
+  uint64_t pid = 0;
+  uint64_t cookie_address = 0;
+  uint64_t cookie = 0;
+  std::string boot_id;
+  int32_t arena_fd = -1;
+  uint64_t arena_bytes = 0;
+  uint64_t arena_cookie = 0;
+  uint64_t net_namespace = 0;  // 0: left out, as an older build does
+};
+
+std::string Hello(const HelloFields& f) {
   std::string hello = "H";
-  Put(hello, static_cast<uint64_t>(::getpid()));
-  Put(hello, reinterpret_cast<uint64_t>(cookie));
-  Put(hello, *cookie);
-  Put(hello, static_cast<uint32_t>(boot_id.size()));
-  hello += boot_id;
-  Put(hello, int32_t{-1});  // no arena: large tensors would come by cross-memory attach
-  Put(hello, uint64_t{0});
-  Put(hello, uint64_t{0});
-  if (net_namespace != 0) Put(hello, net_namespace);
+  Put(hello, f.pid);
+  Put(hello, f.cookie_address);
+  Put(hello, f.cookie);
+  Put(hello, static_cast<uint32_t>(f.boot_id.size()));
+  hello += f.boot_id;
+  Put(hello, f.arena_fd);
+  Put(hello, f.arena_bytes);
+  Put(hello, f.arena_cookie);
+  if (f.net_namespace != 0) Put(hello, f.net_namespace);
   return hello;
+}
+
+// shm: a peer that sends arena descriptors without an arena the receiver mapped (here a
+// raw socket speaking the wrapper protocol) is cut off, as any malformed input.
+TEST(ShmTransportTest, ArenaDescriptorsFromAPeerWithoutAMappedArenaCloseTheConnection) {
+  auto server = *MakeTransport("shm");
+  Inbox inbox;
+  auto address = server->Listen("127.0.0.1", /*advertise_host=*/"", inbox.Callbacks());
+  ASSERT_TRUE(address.ok());
+  RawShmPeer peer(*address);
+  // Hello from "pid 1" on another host, claiming an arena it has no way to share.
+  const std::string hello =
+      Hello({.pid = 1, .boot_id = "other", .arena_fd = 3, .arena_bytes = uint64_t{1} << 20, .arena_cookie = 42});
+  // Data whose only tensor is "in the arena" at a plausible offset.
+  std::string data = "D";
+  Put(data, uint64_t{0});      // token
+  Put(data, uint32_t{1});      // one remote tensor
+  Put(data, uint32_t{0});      // index
+  Put(data, uint8_t{1});       // route: arena
+  Put(data, uint8_t{0});       // float32
+  Put(data, uint8_t{1});       // one dim
+  Put(data, int64_t{1000});
+  Put(data, uint64_t{4096 + 64});
+  data += "payload";
+  peer.Send(hello);
+  peer.Send(data);
+  absl::Status s = inbox.WaitClose();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("arena"), std::string::npos) << s;
+  EXPECT_TRUE(inbox.messages().empty());
+  server->Shutdown();
 }
 
 // shm: shared memory only between processes on one boot *and* in one network namespace
@@ -495,7 +489,14 @@ TEST(ShmTransportTest, SharedMemoryOnlyWithAPeerOfTheSameBootAndNetworkNamespace
     auto address = server->Listen("127.0.0.1", /*advertise_host=*/"", inbox.Callbacks());
     ASSERT_TRUE(address.ok());
     RawShmPeer peer(*address);
-    peer.Send(HelloFromThisProcess(&cookie, c.boot_id, c.net_namespace));
+    // The hello of a peer that is this very process (so its cookie can be read), as it
+    // would come from that boot and namespace; no arena (large tensors would come by
+    // cross-memory attach).
+    peer.Send(Hello({.pid = static_cast<uint64_t>(::getpid()),
+                     .cookie_address = reinterpret_cast<uint64_t>(&cookie),
+                     .cookie = cookie,
+                     .boot_id = c.boot_id,
+                     .net_namespace = c.net_namespace}));
     std::string data = "D";
     Put(data, uint64_t{0});  // no token
     Put(data, uint32_t{0});  // no remote tensors
