@@ -62,11 +62,11 @@ absl::Status ChooseAddresses(const std::string& master_addr, AgentOptions* o) {
   if (internal::IsLoopbackHost(master_addr)) return absl::OkStatus();  // 127.0.0.1, as local jobs always did
   absl::StatusOr<std::string> local = internal::LocalAddressToward(master_addr);
   if (!local.ok()) {
-    return absl::Status(local.status().code(),
-                        absl::StrCat("AgentOptions::FromEnv: cannot tell which address of this host the other "
-                                     "workers reach, from MASTER_ADDR=", master_addr, ": ", local.status().message(),
-                                     "; check MASTER_ADDR, or set GRADWIRE_LISTEN (the address to bind, e.g. "
-                                     "0.0.0.0) and GRADWIRE_ADVERTISE (the address the other workers dial)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("AgentOptions::FromEnv: cannot tell which address of this host the other workers reach, from "
+                     "MASTER_ADDR=", master_addr, ": ", local.status().message(),
+                     "; check MASTER_ADDR, or set GRADWIRE_LISTEN (the address to bind, e.g. 0.0.0.0) and "
+                     "GRADWIRE_ADVERTISE (the address the other workers dial)"));
   }
   // A MASTER_ADDR that names this host through loopback (e.g. its name in /etc/hosts).
   o->listen_host = internal::IsLoopbackHost(*local) ? "127.0.0.1" : *local;
