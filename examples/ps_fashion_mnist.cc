@@ -8,6 +8,7 @@
 //                                         [--lr=0.05] [--momentum=0.9] [--min_accuracy=0.85]
 //                                         [--stop_at=0.85] [--report] [--checkpoint_dir=DIR]
 //                                         [--checkpoint_every_s=S] [--reconnect_timeout_s=S]
+//                                         [--show_network]
 //
 // Trainer 0 shows the progress and the final test accuracy; exit status 1 when it ends
 // below --min_accuracy, 2 when the data or the group cannot be set up.

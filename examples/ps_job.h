@@ -30,12 +30,30 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "servers: write checkpoints here and 
 ABSL_FLAG(double, checkpoint_every_s, 0, "servers: seconds between periodic checkpoints (0: none)");
 ABSL_FLAG(double, reconnect_timeout_s, 60,
           "trainers: how long to wait for a server that died to come back (restarted from its checkpoint)");
+ABSL_FLAG(bool, show_network, false,
+          "every process prints the address it announced to the others and, at the end, how many of its "
+          "connections and tensors went through shared memory (only between processes on one host)");
 
 namespace gw::examples {
 
 inline int Fail(const char* what, const absl::Status& s) {
   std::fprintf(stderr, "error: %s: %s\n", what, std::string(s.message()).c_str());
   return 2;
+}
+
+// --show_network: once joined, the address this process announced.
+inline void ShowAddress(const rpc::Agent& agent) {
+  if (!absl::GetFlag(FLAGS_show_network)) return;
+  std::printf("%s: announced %s\n", agent.self().name.c_str(), agent.self().address.c_str());
+}
+
+// --show_network: after shutdown, what went through shared memory.
+inline void ShowSharedMemory(const rpc::Agent& agent) {
+  if (!absl::GetFlag(FLAGS_show_network)) return;
+  const rpc::TransportStats stats = agent.transport_stats();
+  std::printf("%s: shared memory: connections=%lld tensors=%lld\n", agent.self().name.c_str(),
+              static_cast<long long>(stats.shared_memory_connections),
+              static_cast<long long>(stats.shared_memory_tensors));
 }
 
 inline int Serve(rpc::AgentOptions options) {
@@ -58,10 +76,12 @@ inline int Serve(rpc::AgentOptions options) {
   });
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
   if (!installed.ok()) return Fail("cannot start the parameter server", installed);
+  ShowAddress(**agent);
   std::printf("%s: serving parameters%s\n", (*agent)->self().name.c_str(),
               restored > 0 ? absl::StrCat(" (", restored, " tables restored from its checkpoint)").c_str() : "");
   // Serves until every worker has reached shutdown (the trainers, when they are done).
   absl::Status s = (*agent)->Shutdown();
+  ShowSharedMemory(**agent);
   return s.ok() ? 0 : Fail("shutdown", s);
 }
 
@@ -93,6 +113,7 @@ inline int StartTrainer(const rpc::AgentOptions& options, int servers, TrainerSe
   if (!test.ok()) return Fail("test data", test.status());
   auto agent = rpc::Agent::Start(options);
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
+  ShowAddress(**agent);
   setup->train = *std::move(train);
   setup->test = *std::move(test);
   setup->agent = *agent;
@@ -106,6 +127,7 @@ inline int StartTrainer(const rpc::AgentOptions& options, int servers, TrainerSe
 // accuracy below `required`.
 inline int Finish(rpc::Agent& agent, bool show, double test_acc, double required) {
   if (absl::Status s = agent.Shutdown(); !s.ok()) return Fail("shutdown", s);
+  ShowSharedMemory(agent);
   if (show && test_acc < required) {
     std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc, required);
     return 1;

@@ -19,6 +19,7 @@
 #include "codec.h"
 #include "dispatcher.h"
 #include "gradwire/rpc/errors.h"
+#include "host_address.h"
 #include "peers.h"
 #include "rendezvous.h"
 #include "rref_context.h"
@@ -49,6 +50,29 @@ bool IsShutdownControl(const std::string& function) {
          function == internal::RRefDelete::kFunction;
 }
 
+// FromEnv's addresses: GRADWIRE_LISTEN / GRADWIRE_ADVERTISE, else loopback for a local
+// job, else the address of the interface that reaches MASTER_ADDR.
+absl::Status ChooseAddresses(const std::string& master_addr, AgentOptions* o) {
+  const std::string listen = Env("GRADWIRE_LISTEN"), advertise = Env("GRADWIRE_ADVERTISE");
+  if (!listen.empty() || !advertise.empty()) {
+    o->advertise_host = advertise;
+    o->listen_host = !listen.empty() ? listen : advertise.find(':') != std::string::npos ? "::" : "0.0.0.0";
+    return absl::OkStatus();
+  }
+  if (internal::IsLoopbackHost(master_addr)) return absl::OkStatus();  // 127.0.0.1, as local jobs always did
+  absl::StatusOr<std::string> local = internal::LocalAddressToward(master_addr);
+  if (!local.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AgentOptions::FromEnv: cannot tell which address of this host the other workers reach, from "
+                     "MASTER_ADDR=", master_addr, ": ", local.status().message(),
+                     "; check MASTER_ADDR, or set GRADWIRE_LISTEN (the address to bind, e.g. 0.0.0.0) and "
+                     "GRADWIRE_ADVERTISE (the address the other workers dial)"));
+  }
+  // A MASTER_ADDR that names this host through loopback (e.g. its name in /etc/hosts).
+  o->listen_host = internal::IsLoopbackHost(*local) ? "127.0.0.1" : *local;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
@@ -65,7 +89,12 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
     return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: bad RANK=", rank,
                                                    " / WORLD_SIZE=", world));
   }
-  o.rendezvous = absl::StrCat(addr, ":", port);
+  int port_number = 0;
+  if (!absl::SimpleAtoi(port, &port_number) || port_number < 0 || port_number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: bad MASTER_PORT=", port));
+  }
+  o.rendezvous = internal::JoinHostPort(addr, port_number);
+  if (absl::Status s = ChooseAddresses(addr, &o); !s.ok()) return s;
   o.name = Env("GRADWIRE_WORKER_NAME");
   if (std::string t = Env("GRADWIRE_TRANSPORT"); !t.empty()) o.transport = t;
   if (std::string r = Env("GRADWIRE_RUN_ID"); !r.empty()) o.run_id = r;
@@ -131,8 +160,15 @@ class Agent::Impl {
     rrefs_ = std::make_shared<internal::RRefContext>(std::move(hooks));
     if (absl::Status s = rrefs_->RegisterFunctions(); !s.ok()) return s;
 
-    auto address = transport_->Listen(options_.listen_host, peers_->callbacks());
-    if (!address.ok()) return address.status();
+    absl::StatusOr<std::string> advertise = AdvertiseHost();
+    if (!advertise.ok()) return advertise.status();
+    auto address = transport_->Listen(options_.listen_host, *advertise, peers_->callbacks());
+    if (!address.ok()) {
+      return absl::Status(address.status().code(),
+                          absl::StrCat(options_.name, ": ", address.status().message(),
+                                       " (AgentOptions::listen_host, from GRADWIRE_LISTEN: use an address of this host, "
+                                       "or 0.0.0.0 for all of them)"));
+    }
     self_ = {options_.name, options_.rank, *address, static_cast<int64_t>(::getpid())};
     // Functions are registered before this worker is announced: no peer can call it
     // before its handlers exist.
@@ -285,6 +321,7 @@ class Agent::Impl {
   }
   RRefPtr OwnRaw(Value value, std::string type) { return rrefs_->Own(std::move(value), std::move(type)); }
   RRefStats rref_stats() const { return rrefs_->Stats(); }
+  TransportStats transport_stats() const { return transport_ ? transport_->stats() : TransportStats{}; }
   bool AwaitRRefs(const std::function<bool(const RRefStats&)>& until, absl::Time deadline) const {
     return rrefs_->AwaitStats(until, deadline);
   }
@@ -299,6 +336,22 @@ class Agent::Impl {
   CallInfo Info(const std::string& caller, const std::string& function) const {
     auto it = by_name_.find(caller);
     return CallInfo{caller, function, it == by_name_.end() ? -1 : it->second};
+  }
+
+  // The host this worker announces (AgentOptions::advertise_host).
+  absl::StatusOr<std::string> AdvertiseHost() const {
+    if (!options_.advertise_host.empty()) return options_.advertise_host;
+    if (!internal::IsWildcardHost(options_.listen_host)) return options_.listen_host;
+    absl::StatusOr<internal::HostPort> store = internal::SplitHostPort(options_.rendezvous);
+    if (!store.ok()) return store.status();
+    absl::StatusOr<std::string> local = internal::LocalAddressToward(store->host);
+    if (!local.ok()) {
+      return absl::Status(local.status().code(),
+                          absl::StrCat(options_.name, ": listening on ", options_.listen_host,
+                                       ", but which address should the other workers dial? ", local.status().message(),
+                                       "; set AgentOptions::advertise_host (GRADWIRE_ADVERTISE)"));
+    }
+    return *local;
   }
 
   std::string WorkerNames() const {
@@ -510,6 +563,7 @@ RRefPtr Agent::RemoteRaw(const std::string& to, const std::string& function, Val
 }
 RRefPtr Agent::OwnRaw(Value value, std::string type) { return impl_->OwnRaw(std::move(value), std::move(type)); }
 RRefStats Agent::rref_stats() const { return impl_->rref_stats(); }
+TransportStats Agent::transport_stats() const { return impl_->transport_stats(); }
 bool Agent::AwaitRRefs(const std::function<bool(const RRefStats&)>& until, absl::Time deadline) const {
   return impl_->AwaitRRefs(until, deadline);
 }

@@ -186,6 +186,7 @@ TEST(AgentOptionsTest, FromEnvNeedsTheTorchrunVariables) {
   ::setenv("WORLD_SIZE", "3", 1);
   ::setenv("MASTER_ADDR", "10.0.0.1", 1);
   ::setenv("MASTER_PORT", "1234", 1);
+  ::setenv("GRADWIRE_ADVERTISE", "10.0.0.7", 1);  // no route lookup: this machine's routes do not matter
   auto o = AgentOptions::FromEnv();
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->rank, 1);
@@ -193,7 +194,87 @@ TEST(AgentOptionsTest, FromEnvNeedsTheTorchrunVariables) {
   EXPECT_EQ(o->rendezvous, "10.0.0.1:1234");
   ::setenv("RANK", "3", 1);
   EXPECT_FALSE(AgentOptions::FromEnv().ok());
-  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  ::setenv("RANK", "1", 1);
+  ::setenv("MASTER_PORT", "12x", 1);
+  EXPECT_EQ(AgentOptions::FromEnv().status().code(), absl::StatusCode::kInvalidArgument);
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_ADVERTISE"}) ::unsetenv(v);
+}
+
+// Which address a worker binds and announces (the defaults across hosts, found through
+// routes, are tested in multi_host_test.cc, where the hosts are network namespaces).
+TEST(AgentOptionsTest, FromEnvPicksTheListenAndAdvertisedHosts) {
+  struct Case {
+    const char* master_addr;
+    const char* listen;     // GRADWIRE_LISTEN, nullptr: unset
+    const char* advertise;  // GRADWIRE_ADVERTISE
+    const char* want_listen;
+    const char* want_advertise;
+  };
+  const Case cases[] = {
+      {"127.0.0.1", nullptr, nullptr, "127.0.0.1", ""},      // a local job, as always
+      {"localhost", nullptr, nullptr, "127.0.0.1", ""},
+      {"::1", nullptr, nullptr, "127.0.0.1", ""},
+      {"10.0.0.1", "0.0.0.0", nullptr, "0.0.0.0", ""},        // advertised: found at Start
+      {"10.0.0.1", "10.0.0.5", nullptr, "10.0.0.5", ""},
+      {"10.0.0.1", nullptr, "10.0.0.7", "0.0.0.0", "10.0.0.7"},  // perhaps not ours (NAT)
+      {"fd00::1", nullptr, "fd00::7", "::", "fd00::7"},
+      {"10.0.0.1", "10.0.0.5", "node-5", "10.0.0.5", "node-5"},
+  };
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_PORT", "1234", 1);
+  for (const Case& c : cases) {
+    ::setenv("MASTER_ADDR", c.master_addr, 1);
+    for (auto [var, value] : {std::pair{"GRADWIRE_LISTEN", c.listen}, std::pair{"GRADWIRE_ADVERTISE", c.advertise}}) {
+      if (value != nullptr) {
+        ::setenv(var, value, 1);
+      } else {
+        ::unsetenv(var);
+      }
+    }
+    absl::StatusOr<AgentOptions> o = AgentOptions::FromEnv();
+    ASSERT_TRUE(o.ok()) << c.master_addr << ": " << o.status();
+    EXPECT_EQ(o->listen_host, c.want_listen) << c.master_addr;
+    EXPECT_EQ(o->advertise_host, c.want_advertise) << c.master_addr;
+  }
+  EXPECT_EQ(AgentOptions::FromEnv()->rendezvous, "10.0.0.1:1234");
+  ::setenv("MASTER_ADDR", "fd00::1", 1);
+  EXPECT_EQ(AgentOptions::FromEnv()->rendezvous, "[fd00::1]:1234");
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_LISTEN", "GRADWIRE_ADVERTISE"}) {
+    ::unsetenv(v);
+  }
+}
+
+// Listening on every interface, a worker announces the address that reaches the
+// rendezvous host (here loopback), or the one it is told to.
+TEST(AgentTest, AWorkerListeningOnAWildcardAdvertisesADialableAddress) {
+  AgentOptions wildcard;
+  wildcard.listen_host = "0.0.0.0";
+  auto group = AgentGroup::Start(2, RegisterTestFunctions, wildcard);
+  ASSERT_NE(group, nullptr);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ((*group)[r].self().address.rfind("127.0.0.1:", 0), 0u) << (*group)[r].self().address;
+  EXPECT_EQ(*(*group)[0].Sync<std::string>("worker1", "whoami"), "worker1");
+  EXPECT_TRUE(group->ShutdownAll().ok());
+
+  wildcard.advertise_host = "localhost";
+  group = AgentGroup::Start(2, RegisterTestFunctions, wildcard);
+  ASSERT_NE(group, nullptr);
+  EXPECT_EQ((*group)[1].self().address.rfind("localhost:", 0), 0u) << (*group)[1].self().address;
+  EXPECT_EQ(*(*group)[0].Sync<std::string>("worker1", "whoami"), "worker1");
+  EXPECT_TRUE(group->ShutdownAll().ok());
+}
+
+TEST(AgentTest, AListenHostThatIsNotOursSaysWhichSettingToChange) {
+  for (const char* transport : {"shm", "grpc"}) {
+    AgentOptions o;
+    o.rendezvous = "127.0.0.1:0";
+    o.transport = transport;
+    o.listen_host = "198.51.100.1";  // TEST-NET-2: never an address of this machine
+    absl::StatusOr<std::shared_ptr<Agent>> agent = Agent::Start(o);
+    ASSERT_FALSE(agent.ok()) << transport;
+    EXPECT_NE(agent.status().message().find("198.51.100.1"), std::string::npos) << agent.status();
+    EXPECT_NE(agent.status().message().find("GRADWIRE_LISTEN"), std::string::npos) << agent.status();
+  }
 }
 
 }  // namespace

@@ -1,12 +1,17 @@
 // main() of the rpc test binary: either the GoogleTest runner, or (GW_TEST_ROLE set) a
 // child worker process started by a multi-process test.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "gradwire/rpc/rref.h"
@@ -107,6 +112,79 @@ int RunRole(const std::string& role) {
     }
     (void)(*agent)->store().Set("ready/" + (*agent)->self().name, "1");
     return (*agent)->Shutdown(/*graceful=*/true).ok() ? 0 : 4;
+  }
+  if (role == "probe") {
+    // Connects to PROBE_ADDR:PROBE_PORT (host_network_test.cc): prints the local address
+    // the route picks (a connected UDP socket's) and how the TCP connect ended
+    // ("refused" proves a round trip).
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(std::atoi(std::getenv("PROBE_PORT"))));
+    if (::inet_pton(AF_INET, std::getenv("PROBE_ADDR"), &to.sin_addr) != 1) return 2;
+    const int udp = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_in self{};
+    socklen_t len = sizeof(self);
+    char local[INET_ADDRSTRLEN] = "?";
+    if (::connect(udp, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0 &&
+        ::getsockname(udp, reinterpret_cast<sockaddr*>(&self), &len) == 0) {
+      ::inet_ntop(AF_INET, &self.sin_addr, local, sizeof(local));
+    }
+    ::close(udp);
+    const int tcp = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int rc = ::connect(tcp, reinterpret_cast<sockaddr*>(&to), sizeof(to));
+    const int err = errno;
+    ::close(tcp);
+    std::printf("local=%s\nconnect=%s\n", local, rc == 0 ? "ok" : err == ECONNREFUSED ? "refused" : std::strerror(err));
+    return 0;
+  }
+  if (role == "options") {
+    // Prints the addresses AgentOptions::FromEnv picks (multi_host_test.cc).
+    absl::StatusOr<AgentOptions> options = AgentOptions::FromEnv();
+    if (!options.ok()) {
+      std::printf("error=%s\n", std::string(options.status().message()).c_str());
+      return 3;
+    }
+    std::printf("listen=%s\nadvertise=%s\n", options->listen_host.c_str(), options->advertise_host.c_str());
+    return 0;
+  }
+  if (role == "host_pair") {
+    // One of two workers on (perhaps) different hosts (multi_host_test.cc): rank 1 sends
+    // rank 0 a large tensor and checks the echo. Both print the address they announced,
+    // the one they dial for the other, and what went through shared memory.
+    auto options = AgentOptions::FromEnv();
+    if (!options.ok()) {
+      std::printf("error=%s\n", std::string(options.status().message()).c_str());
+      return 2;
+    }
+    options->start_timeout = absl::Seconds(30);
+    auto agent = Agent::Start(*options, RegisterTestFunctions);
+    if (!agent.ok()) {
+      std::printf("error=%s\n", std::string(agent.status().message()).c_str());
+      return 3;
+    }
+    const int peer = 1 - (*agent)->self().rank;
+    std::printf("address=%s\npeer_address=%s\n", (*agent)->self().address.c_str(),
+                (*agent)->workers()[static_cast<size_t>(peer)].address.c_str());
+    int code = 0;
+    if ((*agent)->self().rank == 1) {
+      Generator gen(7);
+      const Tensor big = Tensor::Randn({1 << 20}, gen);  // 4 MiB: shared memory if allowed
+      // A first call completes the shm handshake: its reply comes after the peer's 'K'.
+      (void)(*agent)->Sync<int64_t>("worker0", "noop");
+      absl::StatusOr<Tensor> echo = (*agent)->Sync<Tensor>("worker0", "echo", big);
+      const bool same = echo.ok() && kernels::MaxAbsDiff(*echo, big) == 0.0;
+      std::printf("echo=%s\n", same ? "ok" : (echo.ok() ? "different" : std::string(echo.status().message()).c_str()));
+      code = same ? 0 : 4;
+    }
+    if (absl::Status s = (*agent)->Shutdown(/*graceful=*/true); !s.ok()) {
+      std::printf("error=%s\n", std::string(s.message()).c_str());
+      code = 5;
+    }
+    const TransportStats stats = (*agent)->transport_stats();
+    std::printf("shared_memory_connections=%lld\nshared_memory_tensors=%lld\n",
+                static_cast<long long>(stats.shared_memory_connections),
+                static_cast<long long>(stats.shared_memory_tensors));
+    return code;
   }
   std::fprintf(stderr, "unknown GW_TEST_ROLE %s\n", role.c_str());
   return 2;

@@ -39,7 +39,11 @@ class Counter {
 // a tensor in place).
 void RegisterTestFunctions(Agent& agent);
 
-// Runs the role named by GW_TEST_ROLE; returns the process exit code.
+// Runs the role named by GW_TEST_ROLE; returns the process exit code. Roles: "worker"
+// (serves the test functions until the group shuts down), "options" (prints the
+// addresses AgentOptions::FromEnv picks), "host_pair" (rank 1 of two sends rank 0 a large
+// tensor; both print their addresses and shared-memory stats), "probe" (a TCP connect to
+// PROBE_ADDR:PROBE_PORT, printing the local address and the outcome).
 int RunRole(const std::string& role);
 
 int CountThreads();

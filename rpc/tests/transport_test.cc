@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <fstream>
 
 #include <thread>
 
@@ -90,12 +93,29 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeBackend(const std::string& name, 
   return MakeTransport(name, options);
 }
 
+// A raw TCP socket connected to `address` on loopback: a peer that sends bytes of its
+// choosing. -1 if it cannot connect.
+int DialRaw(const std::string& address) {
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) return -1;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     server_ = *MakeBackend(GetParam());
     client_ = *MakeBackend(GetParam());
-    auto addr = server_->Listen("127.0.0.1", server_inbox_.Callbacks());
+    auto addr = server_->Listen("127.0.0.1", /*advertise_host=*/"", server_inbox_.Callbacks());
     ASSERT_TRUE(addr.ok()) << addr.status();
     address_ = *addr;
   }
@@ -244,15 +264,8 @@ TEST_P(TransportTest, PeerCloseIsReportedAndLaterSendsFail) {
 
 TEST_P(TransportTest, GarbageFromARawSocketClosesOnlyThatConnection) {
   // A raw client sends bytes that are not a frame.
-  const size_t colon = address_.rfind(':');
-  int port = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(address_.substr(colon + 1), &port));
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int fd = DialRaw(address_);
+  ASSERT_GE(fd, 0);
   const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n................";
   ASSERT_GT(::send(fd, junk, sizeof(junk), 0), 0);
   // grpc: gRPC's HTTP/2 layer rejects the bytes before the transport sees them, so no
@@ -277,6 +290,25 @@ TEST_P(TransportTest, ConnectToNothingFailsByTheDeadline) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_FALSE(MakeTransport("carrier-pigeon").ok());
+}
+
+// Bound to every interface, a transport returns the host it is told to advertise, and
+// peers reach it there.
+TEST_P(TransportTest, ListensOnAWildcardAddressAndReturnsTheAdvertisedHost) {
+  auto wildcard = MakeBackend(GetParam());
+  ASSERT_TRUE(wildcard.ok());
+  Inbox inbox;
+  auto address = (*wildcard)->Listen("0.0.0.0", "127.0.0.1", inbox.Callbacks());
+  ASSERT_TRUE(address.ok()) << address.status();
+  EXPECT_EQ(address->rfind("127.0.0.1:", 0), 0u) << *address;
+  EXPECT_NE(*address, "127.0.0.1:0");
+  auto conn = client_->Connect(*address, client_inbox_.Callbacks(), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  (*conn)->Send(Message{"via the wildcard", {Tensor::Full({1 << 17}, 3.0)}});
+  ASSERT_TRUE(inbox.WaitMessages(1));
+  EXPECT_EQ(inbox.messages()[0].header, "via the wildcard");
+  (*conn)->Close(absl::CancelledError("done"));
+  (*wildcard)->Shutdown();
 }
 
 TEST_P(TransportTest, TensorsModifiedAfterSendArriveWholeNeverTorn) {
@@ -309,7 +341,7 @@ TEST(ShmTransportTest, AFullArenaFallsBackToCrossMemoryAttachAndNothingIsOverwri
   auto server = *MakeTransport("shm", small);
   auto client = *MakeTransport("shm", small);
   Inbox inbox, unused;
-  auto address = server->Listen("127.0.0.1", inbox.Callbacks());
+  auto address = server->Listen("127.0.0.1", /*advertise_host=*/"", inbox.Callbacks());
   ASSERT_TRUE(address.ok());
   auto conn = client->Connect(*address, unused.Callbacks(), absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(conn.ok());
@@ -331,54 +363,180 @@ TEST(ShmTransportTest, AFullArenaFallsBackToCrossMemoryAttachAndNothingIsOverwri
   server->Shutdown();
 }
 
+// A raw TCP client of `address` (loopback) that speaks the shm wrapper protocol.
+class RawShmPeer {
+ public:
+  explicit RawShmPeer(const std::string& address) : fd_(DialRaw(address)) {
+    EXPECT_GE(fd_, 0) << address;
+    timeval timeout{20, 0};  // a guard against a hang: every read below is answered
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  }
+  ~RawShmPeer() { ::close(fd_); }
+
+  void Send(const std::string& header) {
+    absl::StatusOr<EncodedFrame> frame = EncodeFrame(Message{header, {}});
+    ASSERT_TRUE(frame.ok());
+    ASSERT_EQ(::send(fd_, frame->prefix.data(), frame->prefix.size(), 0), static_cast<ssize_t>(frame->prefix.size()));
+  }
+  // The type bytes of the frames received until one of type `last` (inclusive).
+  std::string ReadUntil(char last) {
+    std::string types;
+    while (true) {
+      absl::Span<char> buffer = decoder_.NextBuffer();
+      const ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), 0);
+      if (n <= 0 || !decoder_.Advance(static_cast<size_t>(n)).ok()) return types + "<closed>";
+      if (!decoder_.HasMessage()) continue;
+      const Message m = decoder_.TakeMessage();
+      types += m.header.empty() ? '?' : m.header[0];
+      if (!m.header.empty() && m.header[0] == last) return types;
+    }
+  }
+
+ private:
+  const int fd_;
+  FrameDecoder decoder_;
+};
+
+template <typename T>
+void Put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+// An shm hello ('H'), field by field.
+struct HelloFields {
+  uint64_t pid = 0;
+  uint64_t cookie_address = 0;
+  uint64_t cookie = 0;
+  std::string boot_id;
+  int32_t arena_fd = -1;
+  uint64_t arena_bytes = 0;
+  uint64_t arena_cookie = 0;
+  uint64_t net_namespace = 0;  // 0: left out, as an older build does
+};
+
+std::string Hello(const HelloFields& f) {
+  std::string hello = "H";
+  Put(hello, f.pid);
+  Put(hello, f.cookie_address);
+  Put(hello, f.cookie);
+  Put(hello, static_cast<uint32_t>(f.boot_id.size()));
+  hello += f.boot_id;
+  Put(hello, f.arena_fd);
+  Put(hello, f.arena_bytes);
+  Put(hello, f.arena_cookie);
+  if (f.net_namespace != 0) Put(hello, f.net_namespace);
+  return hello;
+}
+
 // shm: a peer that sends arena descriptors without an arena the receiver mapped (here a
 // raw socket speaking the wrapper protocol) is cut off, as any malformed input.
 TEST(ShmTransportTest, ArenaDescriptorsFromAPeerWithoutAMappedArenaCloseTheConnection) {
   auto server = *MakeTransport("shm");
   Inbox inbox;
-  auto address = server->Listen("127.0.0.1", inbox.Callbacks());
+  auto address = server->Listen("127.0.0.1", /*advertise_host=*/"", inbox.Callbacks());
   ASSERT_TRUE(address.ok());
-  int port = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(address->substr(address->rfind(':') + 1), &port));
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  auto put = [](std::string& out, auto v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  RawShmPeer peer(*address);
   // Hello from "pid 1" on another host, claiming an arena it has no way to share.
-  std::string hello = "H";
-  put(hello, uint64_t{1});
-  put(hello, uint64_t{0});
-  put(hello, uint64_t{0});
-  put(hello, uint32_t{5});
-  hello += "other";
-  put(hello, int32_t{3});
-  put(hello, uint64_t{1} << 20);
-  put(hello, uint64_t{42});
+  const std::string hello =
+      Hello({.pid = 1, .boot_id = "other", .arena_fd = 3, .arena_bytes = uint64_t{1} << 20, .arena_cookie = 42});
   // Data whose only tensor is "in the arena" at a plausible offset.
   std::string data = "D";
-  put(data, uint64_t{0});      // token
-  put(data, uint32_t{1});      // one remote tensor
-  put(data, uint32_t{0});      // index
-  put(data, uint8_t{1});       // route: arena
-  put(data, uint8_t{0});       // float32
-  put(data, uint8_t{1});       // one dim
-  put(data, int64_t{1000});
-  put(data, uint64_t{4096 + 64});
+  Put(data, uint64_t{0});      // token
+  Put(data, uint32_t{1});      // one remote tensor
+  Put(data, uint32_t{0});      // index
+  Put(data, uint8_t{1});       // route: arena
+  Put(data, uint8_t{0});       // float32
+  Put(data, uint8_t{1});       // one dim
+  Put(data, int64_t{1000});
+  Put(data, uint64_t{4096 + 64});
   data += "payload";
-  for (const std::string& header : {hello, data}) {
-    absl::StatusOr<EncodedFrame> frame = EncodeFrame(Message{header, {}});
-    ASSERT_TRUE(frame.ok());
-    ASSERT_EQ(::send(fd, frame->prefix.data(), frame->prefix.size(), 0), static_cast<ssize_t>(frame->prefix.size()));
-  }
+  peer.Send(hello);
+  peer.Send(data);
   absl::Status s = inbox.WaitClose();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("arena"), std::string::npos) << s;
   EXPECT_TRUE(inbox.messages().empty());
-  ::close(fd);
   server->Shutdown();
+}
+
+// shm: shared memory only between processes on one boot *and* in one network namespace
+// (processes in different namespaces stand for different hosts, though they could read
+// each other's memory): a hello that differs from a genuine same-host one in the
+// namespace alone, or that does not name its namespace, gets no 'K' (large tensors stay
+// on TCP). The genuine one shows the check passes otherwise.
+TEST(ShmTransportTest, SharedMemoryOnlyWithAPeerOfTheSameBootAndNetworkNamespace) {
+  std::string boot_id;
+  std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot_id);
+  struct stat ns {};
+  ASSERT_EQ(::stat("/proc/self/ns/net", &ns), 0);
+  const uint64_t net_namespace = ns.st_ino;
+  const uint64_t cookie = 0x5eed5eed12345678;
+  struct Case {
+    const char* what;
+    std::string boot_id;
+    uint64_t net_namespace;
+    bool shares_memory;
+  };
+  const Case cases[] = {
+      {"the same boot and namespace", boot_id, net_namespace, true},
+      {"another network namespace", boot_id, net_namespace + 1, false},
+      {"no network namespace", boot_id, 0, false},
+      {"another boot", boot_id + "x", net_namespace, false},
+  };
+  for (const Case& c : cases) {
+    auto server = *MakeTransport("shm");
+    Inbox inbox;
+    auto address = server->Listen("127.0.0.1", /*advertise_host=*/"", inbox.Callbacks());
+    ASSERT_TRUE(address.ok());
+    RawShmPeer peer(*address);
+    // The hello of a peer that is this very process (so its cookie can be read), as it
+    // would come from that boot and namespace; no arena (large tensors would come by
+    // cross-memory attach).
+    peer.Send(Hello({.pid = static_cast<uint64_t>(::getpid()),
+                     .cookie_address = reinterpret_cast<uint64_t>(&cookie),
+                     .cookie = cookie,
+                     .boot_id = c.boot_id,
+                     .net_namespace = c.net_namespace}));
+    std::string data = "D";
+    Put(data, uint64_t{0});  // no token
+    Put(data, uint32_t{0});  // no remote tensors
+    peer.Send(data + "ping");
+    ASSERT_TRUE(inbox.WaitMessages(1)) << c.what;
+    EXPECT_EQ(inbox.messages()[0].header, "ping");
+    // The server answers a hello (and sends 'K' if it will share memory) before it
+    // delivers the next message, so the reply comes after either.
+    inbox.last_conn()->Send(Message{"pong", {}});
+    EXPECT_EQ(peer.ReadUntil('D'), c.shares_memory ? "HKD" : "HD") << c.what;
+    server->Shutdown();
+  }
+}
+
+// shm: stats() counts what went through shared memory; tcp's stay zero.
+TEST(ShmTransportTest, StatsCountConnectionsAndTensorsThroughSharedMemory) {
+  for (const char* name : {"shm", "shm-cma", "tcp"}) {
+    auto server = *MakeBackend(name);
+    auto client = *MakeBackend(name);
+    Inbox inbox, replies;
+    auto address = server->Listen("127.0.0.1", /*advertise_host=*/"", inbox.Callbacks());
+    ASSERT_TRUE(address.ok());
+    auto conn = client->Connect(*address, replies.Callbacks(), absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(conn.ok());
+    // The server's reply goes out after it handled the client's hello and sent its 'K';
+    // the client's next sends go out after it handled the server's.
+    (*conn)->Send(Message{"hello", {}});
+    ASSERT_TRUE(inbox.WaitMessages(1));
+    inbox.last_conn()->Send(Message{"hello back", {}});
+    ASSERT_TRUE(replies.WaitMessages(1));
+    (*conn)->Send(Message{"big", {Tensor::Full({1 << 20}, 1.0), Tensor::Full({4}, 2.0)}});
+    ASSERT_TRUE(inbox.WaitMessages(2));
+    const TransportStats stats = client->stats();
+    const bool shm = std::string(name) != "tcp";
+    EXPECT_EQ(stats.shared_memory_connections, shm ? 1 : 0) << name;
+    EXPECT_EQ(stats.shared_memory_tensors, shm ? 1 : 0) << name;
+    (*conn)->Close(absl::CancelledError("done"));
+    client->Shutdown();
+    server->Shutdown();
+  }
 }
 
 }  // namespace

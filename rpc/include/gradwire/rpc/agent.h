@@ -47,6 +47,13 @@
 //     its new address in the store; calls to it fail with UNAVAILABLE while it is down
 //     and reach the new process once it has joined (the agent re-reads the address when
 //     dialling fails). workers() keeps the addresses seen at Start.
+//   - Addresses: the transport binds AgentOptions::listen_host and the agent announces
+//     advertise_host (or, when empty, the listen host; when that is a wildcard such as
+//     0.0.0.0, the address of this host's interface that reaches the rendezvous host) in
+//     the store: every peer must be able to dial it. A job whose workers run on several
+//     hosts needs addresses other than loopback (FromEnv picks them: see there).
+//     transport_stats() says how much went through shared memory, which is used only
+//     between processes that share this host's memory and network namespace.
 //   - Remote/Own create remote references (rref.h); rref_stats() counts them and
 //     AwaitRRefs waits (on events, not by polling) until they satisfy a condition.
 //   - Thread-safe: Register, calls and Shutdown may be used from any thread.
@@ -99,7 +106,11 @@ struct AgentOptions {
   // "shm" (default): tcp, plus cross-memory attach for large tensors between processes
   // on the same host, negotiated per connection; "tcp"; or "grpc".
   std::string transport = "shm";
+  // The address the transport binds: one of this host's, or a wildcard (0.0.0.0, ::).
   std::string listen_host = "127.0.0.1";
+  // The host peers dial, announced in the store. Empty: listen_host, or when that is a
+  // wildcard, the address of the interface that reaches the rendezvous host.
+  std::string advertise_host;
   absl::Duration start_timeout = absl::Seconds(60);
   absl::Duration default_timeout = absl::Seconds(60);
   absl::Duration shutdown_timeout = absl::Seconds(30);
@@ -114,7 +125,17 @@ struct AgentOptions {
 
   // From the environment, as set by `gradwire launch` or torchrun: RANK, WORLD_SIZE,
   // MASTER_ADDR, MASTER_PORT (required); GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT,
-  // GRADWIRE_RUN_ID (optional).
+  // GRADWIRE_RUN_ID (optional). Addresses (as torchrun and NCCL let users pick an
+  // interface):
+  //   GRADWIRE_LISTEN     listen_host (an address of this host, or 0.0.0.0 / ::);
+  //   GRADWIRE_ADVERTISE  advertise_host (when only it is set, the agent listens on the
+  //                       wildcard address of its family: the advertised address may be
+  //                       one this host does not own, e.g. behind NAT).
+  // Neither set: when MASTER_ADDR is loopback (127.x, localhost, ::1) the agent listens
+  // on and advertises 127.0.0.1, as a local job always did; otherwise both are the
+  // address of this host's interface that routes to MASTER_ADDR (found without sending
+  // anything). INVALID_ARGUMENT when a variable is missing or malformed, or when
+  // MASTER_ADDR cannot be resolved or reached (the message says which variable to set).
   static absl::StatusOr<AgentOptions> FromEnv();
 };
 
@@ -439,6 +460,8 @@ class Agent {
                     CallOptions options, std::string type);
   RRefPtr OwnRaw(Value value, std::string type);
   RRefStats rref_stats() const;
+  // What this agent's transport sent through shared memory (transport.h).
+  TransportStats transport_stats() const;
   // Waits until `until(rref_stats())` holds (re-checked whenever the RRef tables change)
   // or the deadline passes; returns whether it holds.
   bool AwaitRRefs(const std::function<bool(const RRefStats&)>& until, absl::Time deadline) const;

@@ -26,6 +26,13 @@
 //     every pending send then fails with that reason.
 //   - A malformed frame closes only that connection, with a DATA_LOSS reason naming the
 //     peer; the process and its other connections carry on.
+//   - Listen(host, advertise_host) binds `host` (an address of this host, or a wildcard:
+//     0.0.0.0 / ::) on a port the OS picks and returns "advertise_host:port" (the host as
+//     given, IPv6 literals bracketed; empty advertise_host: `host`), the address peers
+//     dial. The transport does not check that peers can reach it: choosing the advertised
+//     host is the caller's business (the agent's: AgentOptions::advertise_host).
+//   - stats() counts what went through shared memory (shm; zero for tcp and grpc), so
+//     tests and diagnostics can tell which path a job took.
 //   - Shutdown() closes the listener and every connection and joins the I/O threads.
 //     REQUIRES: Connections do not outlive the Transport that made them.
 //     Thread-safe.
@@ -80,19 +87,31 @@ struct TransportOptions {
   size_t shm_arena_bytes = size_t{1} << 30;
 };
 
+// Totals since the transport was made (Transport::stats()).
+struct TransportStats {
+  // Connections on which the peer proved it shares this process's memory (same boot,
+  // same network namespace, our cookie read), so that large tensors may go through
+  // shared memory to it.
+  int64_t shared_memory_connections = 0;
+  // Tensors sent through the shared-memory arena or by cross-memory attach.
+  int64_t shared_memory_tensors = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual std::string name() const = 0;
-  // Starts accepting on `host` (port chosen by the OS); returns the dialable address.
-  // Accepted connections report through `callbacks`.
-  virtual absl::StatusOr<std::string> Listen(const std::string& host,
+  // Starts accepting on `host` (port chosen by the OS); returns the address peers dial,
+  // "advertise_host:port" (empty advertise_host: `host`). Accepted connections report
+  // through `callbacks`.
+  virtual absl::StatusOr<std::string> Listen(const std::string& host, const std::string& advertise_host,
                                              ConnectionCallbacks callbacks) = 0;
   // Dials `address`, retrying until `deadline` while the peer is not yet listening.
   virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address,
                                                               ConnectionCallbacks callbacks,
                                                               absl::Time deadline) = 0;
   virtual void Shutdown() = 0;
+  virtual TransportStats stats() const { return {}; }
 };
 
 // Transports by name: "tcp", "shm", "grpc".

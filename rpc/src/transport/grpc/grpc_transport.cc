@@ -16,6 +16,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "gradwire/proto/transport.grpc.pb.h"
+#include "host_address.h"
 
 namespace gw::rpc {
 namespace {
@@ -343,18 +344,15 @@ class GrpcTransport final : public Transport {
 
   std::string name() const override { return "grpc"; }
 
-  absl::StatusOr<std::string> Listen(const std::string& host,
+  absl::StatusOr<std::string> Listen(const std::string& host, const std::string& advertise_host,
                                      ConnectionCallbacks callbacks) override {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::FailedPreconditionError("grpc transport is shut down");
     if (server_) return absl::FailedPreconditionError("grpc transport is already listening");
-    const std::string h = absl::StrContains(host, ':') && !absl::StartsWith(host, "[")
-                              ? absl::StrCat("[", host, "]")
-                              : host;
     accept_callbacks_ = std::move(callbacks);
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(absl::StrCat(h, ":0"), grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(internal::JoinHostPort(host, 0), grpc::InsecureServerCredentials(), &port);
     builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
     builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes);
     builder.RegisterService(&service_);
@@ -363,7 +361,7 @@ class GrpcTransport final : public Transport {
       server_.reset();
       return absl::UnavailableError(absl::StrCat("cannot listen on ", host, " (grpc transport)"));
     }
-    return absl::StrCat(h, ":", port);
+    return internal::JoinHostPort(advertise_host.empty() ? host : advertise_host, port);
   }
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address,

@@ -1,5 +1,6 @@
 #include "transport/shm/shm_transport.h"
 
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -26,12 +27,33 @@ using internal::ShmArena;
 
 constexpr uint8_t kMaxDims = 16;
 
-std::string BootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id;
-}
+// Where a process runs, as its hello tells: processes may share memory only on the same
+// boot of one kernel and in the same network namespace. Processes in different network
+// namespaces stand for different hosts (containers; the tests' simulated hosts), even
+// where the kernel would let them read each other's memory: their tensors go over TCP.
+struct HostIdentity {
+  std::string boot_id;
+  uint64_t net_namespace = 0;  // inode of /proc/self/ns/net; 0: unknown
+
+  static HostIdentity OfThisProcess() {
+    HostIdentity id;
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::getline(in, id.boot_id);
+    struct stat ns {};
+    if (::stat("/proc/self/ns/net", &ns) == 0) id.net_namespace = static_cast<uint64_t>(ns.st_ino);
+    return id;
+  }
+  // An unknown namespace (ours unreadable, or a peer that does not say) is never the same.
+  bool SameHostAs(const HostIdentity& other) const {
+    return !boot_id.empty() && net_namespace != 0 && boot_id == other.boot_id && net_namespace == other.net_namespace;
+  }
+};
+
+// What the shm transport sent through shared memory (TransportStats).
+struct SharedMemoryCounters {
+  std::atomic<int64_t> connections{0};
+  std::atomic<int64_t> tensors{0};
+};
 
 // Little-endian field writer and a bounds-checked reader for the wrapper headers.
 class Writer {
@@ -208,12 +230,14 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
     std::vector<RemoteTensor> remote;
     const uint8_t can = peer_can_.load(std::memory_order_acquire);
     ShmArena* arena = transport_arena();
+    int64_t shared = 0;
     for (size_t i = 0; i < message.tensors.size(); ++i) {
       const Tensor& t = message.tensors[i];
       const size_t bytes = t.defined() ? t.nbytes() : 0;
       if ((can & kMappedArena) && arena != nullptr && bytes >= kArenaThreshold && t.dim() <= kMaxDims) {
         if (std::optional<uint64_t> offset = arena->Put(kernels::Contiguous(t), peer_key_, id_)) {
           remote.push_back({static_cast<uint32_t>(i), Route::kArena, t.dtype(), t.sizes(), *offset});
+          ++shared;
           continue;
         }
       }
@@ -221,10 +245,12 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
         cma_tensors.push_back(kernels::Contiguous(t));
         remote.push_back({static_cast<uint32_t>(i), Route::kCma, t.dtype(), t.sizes(),
                           reinterpret_cast<uint64_t>(cma_tensors.back().raw_data())});
+        ++shared;
       } else {
         inline_tensors.push_back(t);
       }
     }
+    if (shared > 0) counters().tensors.fetch_add(shared, std::memory_order_relaxed);
     Writer w('D');
     *token = 0;
     if (!cma_tensors.empty()) {
@@ -272,6 +298,7 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
   void DeliverReady();
 
   ShmArena* transport_arena() const;
+  SharedMemoryCounters& counters() const;
 
   ShmTransport* const transport_;
   const ConnectionCallbacks user_;
@@ -297,7 +324,7 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
 class ShmTransport final : public Transport {
  public:
   explicit ShmTransport(TransportOptions options)
-      : tcp_(MakeTcpTransport(options)), boot_id_(BootId()), pid_(::getpid()) {
+      : tcp_(MakeTcpTransport(options)), identity_(HostIdentity::OfThisProcess()), pid_(::getpid()) {
     std::random_device rd;
     cookie_ = (static_cast<uint64_t>(rd()) << 32) | rd();
     if (options.shm_arena_bytes > 0) {
@@ -311,9 +338,10 @@ class ShmTransport final : public Transport {
 
   std::string name() const override { return "shm"; }
 
-  absl::StatusOr<std::string> Listen(const std::string& host, ConnectionCallbacks callbacks) override {
+  absl::StatusOr<std::string> Listen(const std::string& host, const std::string& advertise_host,
+                                     ConnectionCallbacks callbacks) override {
     accept_callbacks_ = std::move(callbacks);
-    return tcp_->Listen(host, {[this](const std::shared_ptr<Connection>& inner, Message m) {
+    return tcp_->Listen(host, advertise_host, {[this](const std::shared_ptr<Connection>& inner, Message m) {
                                  Wrapper(inner, /*create=*/true)->OnMessage(std::move(m));
                                },
                                [this](const std::shared_ptr<Connection>& inner, const absl::Status& s) {
@@ -353,11 +381,16 @@ class ShmTransport final : public Transport {
   }
 
   void Shutdown() override { tcp_->Shutdown(); }
+  TransportStats stats() const override {
+    return {.shared_memory_connections = counters_.connections.load(std::memory_order_relaxed),
+            .shared_memory_tensors = counters_.tensors.load(std::memory_order_relaxed)};
+  }
 
-  const std::string& boot_id() const { return boot_id_; }
+  const HostIdentity& identity() const { return identity_; }
   pid_t pid() const { return pid_; }
   const uint64_t* cookie() const { return &cookie_; }
   ShmArena* arena() const { return arena_.get(); }
+  SharedMemoryCounters& counters() const { return counters_; }
 
  private:
   std::shared_ptr<ShmConnection> Wrapper(const std::shared_ptr<Connection>& inner, bool create) {
@@ -376,10 +409,11 @@ class ShmTransport final : public Transport {
   }
 
   std::unique_ptr<Transport> tcp_;
-  const std::string boot_id_;
+  const HostIdentity identity_;
   const pid_t pid_;
   uint64_t cookie_;
   std::unique_ptr<ShmArena> arena_;  // outgoing large tensors; null if unavailable
+  mutable SharedMemoryCounters counters_;
   std::atomic<uint64_t> next_connection_{1};
   ConnectionCallbacks accept_callbacks_;
   absl::Mutex mu_;
@@ -387,6 +421,7 @@ class ShmTransport final : public Transport {
 };
 
 ShmArena* ShmConnection::transport_arena() const { return transport_->arena(); }
+SharedMemoryCounters& ShmConnection::counters() const { return transport_->counters(); }
 
 void ShmConnection::SendHello() {
   hello_sent_ = true;
@@ -395,10 +430,11 @@ void ShmConnection::SendHello() {
   w.Put<uint64_t>(static_cast<uint64_t>(transport_->pid()))
       .Put<uint64_t>(reinterpret_cast<uint64_t>(transport_->cookie()))
       .Put<uint64_t>(*transport_->cookie())
-      .Bytes(transport_->boot_id())
+      .Bytes(transport_->identity().boot_id)
       .Put<int32_t>(arena != nullptr ? arena->fd() : -1)
       .Put<uint64_t>(arena != nullptr ? arena->capacity() : 0)
-      .Put<uint64_t>(arena != nullptr ? arena->cookie() : 0);
+      .Put<uint64_t>(arena != nullptr ? arena->cookie() : 0)
+      .Put<uint64_t>(transport_->identity().net_namespace);
   Inner()->Send(Message{w.Take(), {}});
 }
 
@@ -411,7 +447,10 @@ void ShmConnection::OnMessage(Message m) {
     case 'K': {
       uint8_t can = kCanRead;  // a peer without flags (an older build) could only read
       (void)r.Get(&can);
-      peer_can_.store(can & (kCanRead | kMappedArena), std::memory_order_release);
+      can &= kCanRead | kMappedArena;
+      if (can != 0 && peer_can_.exchange(can, std::memory_order_acq_rel) == 0) {
+        counters().connections.fetch_add(1, std::memory_order_relaxed);
+      }
       return;
     }
     case 'D': return OnData(r, std::move(m.tensors));
@@ -425,15 +464,17 @@ void ShmConnection::OnMessage(Message m) {
 void ShmConnection::OnHello(Reader& r) {
   uint64_t pid, cookie_address, cookie, arena_bytes = 0, arena_cookie = 0;
   int32_t arena_fd = -1;
-  std::string boot_id;
-  if (!r.Get(&pid) || !r.Get(&cookie_address) || !r.Get(&cookie) || !r.Bytes(&boot_id) || pid == 0 ||
+  HostIdentity peer;
+  if (!r.Get(&pid) || !r.Get(&cookie_address) || !r.Get(&cookie) || !r.Bytes(&peer.boot_id) || pid == 0 ||
       pid > (uint64_t{1} << 31)) {
     return Fail("malformed hello");
   }
   // The arena fields are optional: a peer without them (an older build) has no arena.
   if (r.Get(&arena_fd) && !(r.Get(&arena_bytes) && r.Get(&arena_cookie))) return Fail("malformed hello");
+  // So is the network namespace; a peer that does not send it never shares memory.
+  (void)r.Get(&peer.net_namespace);
   peer_key_ = static_cast<pid_t>(pid);
-  if (boot_id != transport_->boot_id()) return;  // another host (or container): TCP only
+  if (!transport_->identity().SameHostAs(peer)) return;  // another host, container or namespace: TCP only
   uint8_t can = 0;
   uint64_t seen = 0;
   if (CmaRead(static_cast<pid_t>(pid), cookie_address, &seen, sizeof(seen)).ok() && seen == cookie) {

@@ -4,12 +4,18 @@
 //
 // Protocol, on top of a TCP connection (each message's header starts with a type byte):
 //   'H' hello      both sides, first: pid, boot id, the address + value of a random
-//                  cookie in the sender's memory, and its arena (fd, size, cookie).
+//                  cookie in the sender's memory, its arena (fd, size, cookie), and its
+//                  network namespace (the inode of /proc/self/ns/net).
 //   'K' can        flags: kCanRead "I read your cookie with process_vm_readv: send me
 //                  large tensors by address"; kMappedArena "I mapped your arena (through
-//                  /proc/<pid>/fd) and found its cookie: put large tensors there". Until
-//                  then (or if never: other host, no permission) every tensor goes
-//                  inline over TCP.
+//                  /proc/<pid>/fd) and found its cookie: put large tensors there". Sent
+//                  only when boot id and network namespace equal the receiver's and a
+//                  check passed: processes in different network namespaces stand for
+//                  different hosts (containers, the tests' simulated hosts) even where
+//                  they could read each other's memory. Until then (or if never: other
+//                  host or namespace, no permission) every tensor goes inline over TCP.
+//                  Transport::stats() counts the connections a 'K' opened and the
+//                  tensors sent through shared memory.
 //   'D' data       the wrapped message: tensors of kArenaThreshold bytes or more are
 //                  copied into the sender's arena and replaced by (index, dtype, sizes,
 //                  offset) descriptors; the receiver wraps the block without copying and

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "host_address.h"
 
 namespace gw::rpc {
 namespace {
@@ -31,31 +31,24 @@ constexpr size_t kCoalesceBytes = 16 << 10;  // larger frames are written at onc
 constexpr absl::Duration kSendTimeout = absl::Seconds(60);
 
 absl::StatusOr<tcp::endpoint> ParseAddress(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  uint32_t port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
-      port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("bad address '", address, "' (expected host:port)"));
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  absl::StatusOr<internal::HostPort> hp = internal::SplitHostPort(address);
+  if (!hp.ok()) return hp.status();
   boost::system::error_code ec;
-  asio::ip::address ip = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  asio::ip::address ip = asio::ip::make_address(hp->host == "localhost" ? "127.0.0.1" : hp->host, ec);
   if (ec) {
     asio::io_context io;
     tcp::resolver resolver(io);
-    auto results = resolver.resolve(host, std::to_string(port), ec);
+    auto results = resolver.resolve(hp->host, std::to_string(hp->port), ec);
     if (ec || results.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot resolve host '", host, "': ", ec.message()));
+      return absl::InvalidArgumentError(absl::StrCat("cannot resolve host '", hp->host, "': ", ec.message()));
     }
     return results.begin()->endpoint();
   }
-  return tcp::endpoint(ip, static_cast<uint16_t>(port));
+  return tcp::endpoint(ip, static_cast<uint16_t>(hp->port));
 }
 
 std::string EndpointString(const tcp::endpoint& ep) {
-  return ep.address().is_v6() ? absl::StrCat("[", ep.address().to_string(), "]:", ep.port())
-                              : absl::StrCat(ep.address().to_string(), ":", ep.port());
+  return internal::JoinHostPort(ep.address().to_string(), ep.port());
 }
 
 class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
@@ -414,8 +407,9 @@ class TcpTransport final : public Transport {
 
   std::string name() const override { return "tcp"; }
 
-  absl::StatusOr<std::string> Listen(const std::string& host, ConnectionCallbacks callbacks) override {
-    absl::StatusOr<tcp::endpoint> ep = ParseAddress(host + ":0");
+  absl::StatusOr<std::string> Listen(const std::string& host, const std::string& advertise_host,
+                                     ConnectionCallbacks callbacks) override {
+    absl::StatusOr<tcp::endpoint> ep = ParseAddress(internal::JoinHostPort(host, 0));
     if (!ep.ok()) return ep.status();
     boost::system::error_code ec;
     acceptor_.open(ep->protocol(), ec);
@@ -425,7 +419,7 @@ class TcpTransport final : public Transport {
     if (ec) return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ": ", ec.message()));
     accept_callbacks_ = std::move(callbacks);
     Accept();
-    return EndpointString(acceptor_.local_endpoint());
+    return internal::JoinHostPort(advertise_host.empty() ? host : advertise_host, acceptor_.local_endpoint().port());
   }
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address,
