@@ -33,7 +33,7 @@ class DispatcherTest : public ::testing::Test {
     server_ = *MakeTransport("tcp");
     client_ = *MakeTransport("tcp");
     auto address = server_->Listen(
-        "127.0.0.1",
+        "127.0.0.1", "127.0.0.1",
         {[this](const std::shared_ptr<Connection>& c, Message m) {
            absl::StatusOr<Envelope> e = DecodeEnvelope(std::move(m));
            ASSERT_TRUE(e.ok());

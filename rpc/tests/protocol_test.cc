@@ -151,7 +151,7 @@ TEST(ProtocolTest, CallsToAPeerOfAnotherVersionFailAtConnectTimeNamingBothVersio
   auto store = StoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(store.ok());
   RawPeer old;
-  auto fake_address = old.transport().Listen("127.0.0.1", old.Callbacks());
+  auto fake_address = old.transport().Listen("127.0.0.1", "127.0.0.1", old.Callbacks());
   ASSERT_TRUE(fake_address.ok());
   auto client = ConnectStore((*store)->address(), absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(client.ok());
