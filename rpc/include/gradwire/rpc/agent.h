@@ -114,7 +114,9 @@ struct AgentOptions {
 
   // From the environment, as set by `gradwire launch` or torchrun: RANK, WORLD_SIZE,
   // MASTER_ADDR, MASTER_PORT (required); GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT,
-  // GRADWIRE_RUN_ID (optional).
+  // GRADWIRE_RUN_ID (optional); GRADWIRE_FAULTS (optional: faults to inject, as
+  // ParseFaults reads them, into transport_options.faults; every worker needs it).
+  // The agent names itself to its transport (TransportOptions::self_name).
   static absl::StatusOr<AgentOptions> FromEnv();
 };
 
