@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
@@ -30,6 +31,12 @@ std::shared_ptr<FaultInjector> Injector(absl::string_view spec) {
   absl::StatusOr<FaultSpec> parsed = ParseFaults(spec);
   EXPECT_TRUE(parsed.ok()) << parsed.status();
   return std::make_shared<FaultInjector>(parsed.ok() ? *std::move(parsed) : FaultSpec{});
+}
+
+// Expects a close reason with `code` whose message contains each of `fragments`.
+void ExpectClose(const absl::Status& s, absl::StatusCode code, std::initializer_list<absl::string_view> fragments) {
+  EXPECT_EQ(s.code(), code) << s;
+  for (absl::string_view f : fragments) EXPECT_TRUE(absl::StrContains(s.message(), f)) << "no '" << f << "' in " << s;
 }
 
 // Every on_sent of a test: how often each one ran and its last status. Shared with the
@@ -240,15 +247,13 @@ TEST(FaultTransportTest, CloseAfterClosesBothSidesWithItsReasonAndFailsPendingSe
   auto log = std::make_shared<SendLog>();
   for (int i = 0; i < kMessages; ++i) conn->Send(Message{std::to_string(i), {Tensor::Full({2}, i)}}, log->Callback(i));
 
+  // Each side names the other (the dialer by its address alone if it closed before the
+  // acceptor's hello came).
   const absl::Status here = e.client_inbox.WaitClose(kWait);
-  EXPECT_EQ(here.code(), absl::StatusCode::kUnavailable) << here;
-  EXPECT_TRUE(absl::StrContains(here.message(), "connection closed by fault injection after 10 frames")) << here;
-  // Names the peer (by address: the dialer closed before the acceptor's hello came).
-  EXPECT_TRUE(absl::StrContains(here.message(), "(peer 127.0.0.1:")) << here;
-  const absl::Status there = e.server_inbox.WaitClose(kWait);
-  EXPECT_EQ(there.code(), absl::StatusCode::kUnavailable) << there;
-  EXPECT_TRUE(absl::StrContains(there.message(), "trainer0")) << there;
-  EXPECT_TRUE(absl::StrContains(there.message(), "fault injection after 10 frames")) << there;
+  ExpectClose(here, absl::StatusCode::kUnavailable,
+              {"connection closed by fault injection after 10 frames", "(peer ", "127.0.0.1:"});
+  ExpectClose(e.server_inbox.WaitClose(kWait), absl::StatusCode::kUnavailable,
+              {"trainer0 at 127.0.0.1:", "closed the connection: connection closed by fault injection after 10"});
   EXPECT_TRUE(conn->closed());
 
   ASSERT_TRUE(log->WaitReported(kMessages));
@@ -280,13 +285,10 @@ TEST(FaultTransportTest, CorruptionIsDetectedNamingThePeerAndNeverDelivered) {
     std::shared_ptr<Connection> conn = e.Dial(e.client_inbox);
     Generator gen(seed);
     conn->Send(Message{"payload", {Tensor::Randn({1000}, gen), Tensor::Full({3}, 1.0, DType::kInt64)}});
-    const absl::Status detected = e.server_inbox.WaitClose(kWait);
-    EXPECT_EQ(detected.code(), absl::StatusCode::kDataLoss) << detected;
-    EXPECT_TRUE(absl::StrContains(detected.message(), "trainer0 at 127.0.0.1:")) << detected;
-    EXPECT_TRUE(absl::StrContains(detected.message(), "checksum")) << detected;
-    const absl::Status told = e.client_inbox.WaitClose(kWait);
-    EXPECT_EQ(told.code(), absl::StatusCode::kUnavailable) << told;
-    EXPECT_TRUE(absl::StrContains(told.message(), "ps0")) << told;
+    ExpectClose(e.server_inbox.WaitClose(kWait), absl::StatusCode::kDataLoss,
+                {"a frame from trainer0 at 127.0.0.1:", "failed its checksum"});
+    ExpectClose(e.client_inbox.WaitClose(kWait), absl::StatusCode::kUnavailable,
+                {"ps0 at 127.0.0.1:", "failed its checksum"});
     EXPECT_TRUE(e.server_inbox.messages().empty());
     EXPECT_EQ(e.faults->stats().corruptions_detected, 1u);
   }
@@ -309,8 +311,10 @@ TEST(FaultTransportTest, RareCorruptionClosesTheConnectionAndEverythingDelivered
     ASSERT_EQ(got[i].tensors[0].ToVector<float>(), std::vector<float>(64, static_cast<float>(i)));
   }
   const FaultStats stats = e.faults->stats();
-  EXPECT_GE(stats.corrupted, 1u) << stats.ToString();
-  EXPECT_EQ(stats.corruptions_detected, 1u) << stats.ToString();
+  // Each end may catch one (a data frame one way, an ack the other) before the goodbyes
+  // cross.
+  EXPECT_GE(stats.corruptions_detected, 1u) << stats.ToString();
+  EXPECT_LE(stats.corruptions_detected, std::min<uint64_t>(stats.corrupted, 2)) << stats.ToString();
 }
 
 // ------------------------------------------------------------------ partitions
@@ -324,23 +328,17 @@ TEST(FaultTransportTest, PartitionClosesAndRefusesConnectionsUntilHealed) {
   e.faults->Partition({"trainer0"}, {"ps0"});
   // Each side closes naming the other (its own decision, or the other's goodbye if that
   // came first).
-  const absl::Status here = e.client_inbox.WaitClose(kWait);
-  EXPECT_EQ(here.code(), absl::StatusCode::kUnavailable) << here;
-  EXPECT_TRUE(absl::StrContains(here.message(), "ps0 at 127.0.0.1:")) << here;
-  EXPECT_TRUE(absl::StrContains(here.message(), "partitioned by fault injection")) << here;
-  const absl::Status there = e.server_inbox.WaitClose(kWait);
-  EXPECT_EQ(there.code(), absl::StatusCode::kUnavailable) << there;
-  EXPECT_TRUE(absl::StrContains(there.message(), "trainer0 at 127.0.0.1:")) << there;
-  EXPECT_TRUE(absl::StrContains(there.message(), "partitioned by fault injection")) << there;
+  ExpectClose(e.client_inbox.WaitClose(kWait), absl::StatusCode::kUnavailable,
+              {"ps0 at 127.0.0.1:", "partitioned by fault injection"});
+  ExpectClose(e.server_inbox.WaitClose(kWait), absl::StatusCode::kUnavailable,
+              {"trainer0 at 127.0.0.1:", "partitioned by fault injection"});
 
   // A new connection is closed right after the hellos; what was sent on it never arrives.
   Inbox refused;
   std::shared_ptr<Connection> during = e.Dial(refused);
   auto log = std::make_shared<SendLog>();
   during->Send(Message{"during", {}}, log->Callback(0));
-  const absl::Status refusal = refused.WaitClose(kWait);
-  EXPECT_EQ(refusal.code(), absl::StatusCode::kUnavailable) << refusal;
-  EXPECT_TRUE(absl::StrContains(refusal.message(), "partitioned by fault injection")) << refusal;
+  ExpectClose(refused.WaitClose(kWait), absl::StatusCode::kUnavailable, {"partitioned by fault injection"});
   ASSERT_TRUE(log->WaitReported(1));
   EXPECT_FALSE(log->last()[0].ok());
   EXPECT_EQ(e.server_inbox.messages().size(), 1u);
@@ -359,8 +357,7 @@ TEST(FaultTransportTest, PartitionInThePlanRefusesFromTheStart) {
   Endpoints e("partition:trainer0/ps0+ps1");
   std::shared_ptr<Connection> conn = e.Dial(e.client_inbox);
   conn->Send(Message{"never", {}});
-  const absl::Status s = e.client_inbox.WaitClose(kWait);
-  EXPECT_TRUE(absl::StrContains(s.message(), "partitioned by fault injection")) << s;
+  ExpectClose(e.client_inbox.WaitClose(kWait), absl::StatusCode::kUnavailable, {"partitioned by fault injection"});
   EXPECT_TRUE(e.server_inbox.messages().empty());
 }
 
@@ -446,26 +443,36 @@ TEST(FaultAgentTest, CallsUnderCloseAfterSucceedAfterRedialOrFailNamingThePeer) 
   base.shutdown_timeout = absl::Seconds(5);
   auto group = AgentGroup::Start(2, RegisterTestFunctions, base);
   ASSERT_NE(group, nullptr);
-  constexpr int kCalls = 300;
   int ok = 0, unavailable = 0;
-  for (int k = 0; k < kCalls; ++k) {
-    absl::StatusOr<Tensor> r = (*group)[0].Sync<Tensor>("worker1", "add", Tensor::Full({4}, k), Tensor::Ones({4}),
-                                                        CallOptions{.timeout = absl::Seconds(10)});
+  auto check = [&](int k, const absl::StatusOr<Tensor>& r) {
     if (r.ok()) {
       ++ok;
-      ASSERT_EQ(r->ToVector<float>(), std::vector<float>(4, static_cast<float>(k + 1))) << "call " << k;
-      continue;
+      EXPECT_EQ(r->ToVector<float>(), std::vector<float>(4, static_cast<float>(k + 1))) << "call " << k;
+      return;
     }
-    ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << "call " << k << ": " << r.status();
-    EXPECT_TRUE(absl::StrContains(r.status().message(), "worker1")) << r.status();
     ++unavailable;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << "call " << k << ": " << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "worker1")) << r.status();
+  };
+  auto call = [&](int k) {
+    return (*group)[0].Async<Tensor>("worker1", "add", Tensor::Full({4}, k), Tensor::Ones({4}),
+                                     CallOptions{.timeout = absl::Seconds(10)});
+  };
+  // One call at a time: a connection closes between two calls, the next one dials again.
+  for (int k = 0; k < 100; ++k) check(k, call(k).Get(absl::Seconds(30)));
+  const int sequential_failures = unavailable;
+  // Ten at a time: the calls in flight when a connection closes fail, the others go on
+  // (after a redial).
+  for (int round = 0; round < 20; ++round) {
+    std::vector<Future<Tensor>> futures;
+    for (int i = 0; i < 10; ++i) futures.push_back(call(100 + round * 10 + i));
+    for (int i = 0; i < 10; ++i) check(100 + round * 10 + i, futures[i].Get(absl::Seconds(30)));
   }
   const FaultStats stats = base.transport_options.faults->stats();
-  // A connection carries about 20 calls (a request and a reply each) before it closes;
-  // at most the call in flight then fails, and the next one dials again.
-  EXPECT_GE(stats.connections_closed, static_cast<uint64_t>(kCalls / 20 / 2)) << stats.ToString();
-  EXPECT_LE(unavailable, static_cast<int>(stats.connections_closed)) << stats.ToString();
-  EXPECT_GE(ok, kCalls * 8 / 10) << unavailable << " failed; " << stats.ToString();
+  EXPECT_GE(stats.connections_closed, 10u) << stats.ToString();
+  EXPECT_LE(sequential_failures, static_cast<int>(stats.connections_closed)) << stats.ToString();
+  EXPECT_GT(unavailable, 0) << "no call was in flight at a close; " << stats.ToString();
+  EXPECT_GE(ok, 300 * 7 / 10) << unavailable << " failed; " << stats.ToString();
   (void)group->ShutdownAll();  // may meet a connection closing: bounded by shutdown_timeout
 }
 

@@ -160,9 +160,13 @@ class FaultConnection final : public Connection, public std::enable_shared_from_
     absl::MutexLock lock(&mu_);
     return inner_ ? inner_->peer() : "unknown peer";
   }
+  // True once on_close is reported, as with tcp. While a goodbye waits for the peer (an
+  // RTT, at most 200 ms) the connection still counts as open and sends made then fail at
+  // on_close: a caller does not replace it before its close was handled (the agent fails
+  // a peer's calls only on the close of its current connection).
   bool closed() const override {
     absl::MutexLock lock(&mu_);
-    return closing_;
+    return closed_;
   }
 
   // Inner connection events (its I/O strand).
@@ -247,6 +251,7 @@ class FaultConnection final : public Connection, public std::enable_shared_from_
   // Sending side.
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Unacked> unacked_ ABSL_GUARDED_BY(mu_);
+  std::vector<OnSent> closing_sends_ ABSL_GUARDED_BY(mu_);  // sent while closing: fail at on_close
   absl::Time retransmit_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // next scan
   bool has_rtt_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration srtt_ ABSL_GUARDED_BY(mu_);
@@ -291,34 +296,13 @@ class FaultTransport final : public Transport {
 
   absl::StatusOr<std::string> Listen(const std::string& host, ConnectionCallbacks callbacks) override {
     accept_callbacks_ = std::move(callbacks);
-    return inner_->Listen(host, {[this](const std::shared_ptr<Connection>& inner, Message m) {
-                                   Accepted(inner)->OnMessage(inner, std::move(m));
-                                 },
-                                 [this](const std::shared_ptr<Connection>& inner, const absl::Status& s) {
-                                   // Also for a connection that never sent a valid frame.
-                                   Accepted(inner)->OnClose(s);
-                                   Forget(inner.get());
-                                 },
-                                 [this](const std::shared_ptr<Connection>& inner) { Accepted(inner)->OnFlush(); }});
+    return inner_->Listen(host, Forwarding(/*dialed=*/{}));
   }
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const std::string& address, ConnectionCallbacks callbacks,
                                                       absl::Time deadline) override {
     auto conn = std::make_shared<FaultConnection>(this, std::move(callbacks), /*dialer=*/true);
-    std::weak_ptr<FaultConnection> weak = conn;
-    absl::StatusOr<std::shared_ptr<Connection>> inner = inner_->Connect(
-        address,
-        {[weak](const std::shared_ptr<Connection>& c, Message m) {
-           if (auto w = weak.lock()) w->OnMessage(c, std::move(m));
-         },
-         [this, weak](const std::shared_ptr<Connection>& c, const absl::Status& s) {
-           if (auto w = weak.lock()) w->OnClose(s);
-           Forget(c.get());
-         },
-         [weak](const std::shared_ptr<Connection>&) {
-           if (auto w = weak.lock()) w->OnFlush();
-         }},
-        deadline);
+    absl::StatusOr<std::shared_ptr<Connection>> inner = inner_->Connect(address, Forwarding(conn), deadline);
     if (!inner.ok()) return inner.status();
     conn->Attach(*inner);
     {
@@ -334,8 +318,9 @@ class FaultTransport final : public Transport {
     faults_->RemoveObserver(observer_);
     inner_->Shutdown();
     timers_.Shutdown();  // timers still pending run now and find their connections closed
+    absl::flat_hash_map<Connection*, std::shared_ptr<FaultConnection>> gone;
     absl::MutexLock lock(&mu_);
-    connections_.clear();
+    gone.swap(connections_);  // released after the lock
   }
 
   FaultInjector& faults() const { return *faults_; }
@@ -345,7 +330,25 @@ class FaultTransport final : public Transport {
   bool shutting_down() const { return shutting_down_.load(std::memory_order_acquire); }
 
  private:
-  // The wrapper of an accepted inner connection, made on its first event.
+  // Callbacks that forward an inner connection's events to its wrapper: `dialed` (held
+  // weakly: the wrapper owns the inner connection), or if none the wrapper of an accepted
+  // connection, made on its first event (also when that is its close).
+  ConnectionCallbacks Forwarding(std::weak_ptr<FaultConnection> dialed) {
+    const bool accepted = dialed.expired();
+    auto wrapper = [this, dialed = std::move(dialed), accepted](const std::shared_ptr<Connection>& inner) {
+      return accepted ? Accepted(inner) : dialed.lock();
+    };
+    return {[wrapper](const std::shared_ptr<Connection>& inner, Message m) {
+              if (auto w = wrapper(inner)) w->OnMessage(inner, std::move(m));
+            },
+            [this, wrapper](const std::shared_ptr<Connection>& inner, const absl::Status& s) {
+              if (auto w = wrapper(inner)) w->OnClose(s);
+              Forget(inner.get());
+            },
+            [wrapper](const std::shared_ptr<Connection>& inner) {
+              if (auto w = wrapper(inner)) w->OnFlush();
+            }};
+  }
   std::shared_ptr<FaultConnection> Accepted(const std::shared_ptr<Connection>& inner) {
     absl::MutexLock lock(&mu_);
     std::shared_ptr<FaultConnection>& w = connections_[inner.get()];
@@ -421,8 +424,12 @@ std::optional<absl::Status> FaultConnection::Submit(Message message, OnSent on_s
   std::optional<absl::Status> fault;
   {
     absl::MutexLock lock(&mu_);
-    if (closing_) {
+    if (closed_) {
       refused = close_reason_;
+    } else if (closing_) {
+      // The close is under way (a goodbye waits for the peer): fail with it when it is
+      // reported, so that a caller sees the connection closed, not a burst of failures.
+      if (on_sent) closing_sends_.push_back(std::move(on_sent));
     } else {
       const absl::Time now = absl::Now();
       const uint64_t seq = next_seq_++;
@@ -433,8 +440,8 @@ std::optional<absl::Status> FaultConnection::Submit(Message message, OnSent on_s
       if (unacked_.empty()) retransmit_at_ = now + plan->rto;
       unacked_[seq] = Unacked{frame, std::move(on_sent), now, 0, bytes};
       faults_.Count(&FaultStats::frames_sent);
+      fault = CarriedLocked(*plan, now);  // first: a stall it starts holds this frame too
       LinkPushLocked(std::move(frame), *plan, now);
-      fault = CarriedLocked(*plan, now);
     }
   }
   if (!refused.ok() && on_sent) on_sent(refused);
@@ -820,6 +827,7 @@ void FaultConnection::SendAckIfOwed() {
 
 void FaultConnection::OnClose(const absl::Status& inner_reason) {
   std::map<uint64_t, Unacked> failed;
+  std::vector<OnSent> refused;
   absl::Status reason;
   {
     absl::MutexLock lock(&mu_);
@@ -829,6 +837,7 @@ void FaultConnection::OnClose(const absl::Status& inner_reason) {
     closing_ = true;
     reason = close_reason_;
     failed.swap(unacked_);
+    refused.swap(closing_sends_);
     reorder_buffer_.clear();
     DropLinkLocked();
     out_.clear();
@@ -837,6 +846,7 @@ void FaultConnection::OnClose(const absl::Status& inner_reason) {
   for (auto& [seq, u] : failed) {
     if (u.on_sent) u.on_sent(reason);
   }
+  for (OnSent& cb : refused) cb(reason);
   if (user_.on_close) user_.on_close(shared_from_this(), reason);
 }
 
