@@ -190,8 +190,11 @@ TEST(ParseFaultsTest, RejectsBadItemsNamingThemAndListingTheValidForms) {
 
 // ------------------------------------------------------------------ recoverable faults
 
-TEST(FaultTransportTest, RecoverableFaultsDeliverEveryMessageOnceInOrderBothWays) {
-  Endpoints e("drop:0.2,duplicate:0.2,reorder:8,delay:0ms-3ms,seed:1");
+// Over every backend: the decorator only needs the inner transport's contract.
+class RecoverableFaultsTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RecoverableFaultsTest, DeliverEveryMessageOnceInOrderBothWays) {
+  Endpoints e("drop:0.2,duplicate:0.2,reorder:8,delay:0ms-3ms,seed:1", GetParam());
   std::shared_ptr<Connection> conn = e.Dial(e.client_inbox);
   constexpr int kMessages = 400;
   auto log = std::make_shared<SendLog>();
@@ -237,6 +240,8 @@ TEST(FaultTransportTest, RecoverableFaultsDeliverEveryMessageOnceInOrderBothWays
   EXPECT_EQ(stats.connections_closed, 0u) << stats.ToString();
   EXPECT_FALSE(conn->closed());
 }
+
+INSTANTIATE_TEST_SUITE_P(Inner, RecoverableFaultsTest, ::testing::Values("tcp", "shm", "grpc"));
 
 // ------------------------------------------------------------------ close_after
 

@@ -147,8 +147,8 @@ class FaultConnection final : public Connection, public std::enable_shared_from_
   void SendMany(std::vector<Message> messages) override {
     std::optional<absl::Status> fault;
     for (Message& m : messages) {
-      std::optional<absl::Status> f = Submit(std::move(m), nullptr);
-      if (!fault) fault = std::move(f);
+      // After the last frame close_after allows, the rest is lost with the connection.
+      if (fault = Submit(std::move(m), nullptr); fault) break;
     }
     Kick();
     if (fault) FaultClose(*fault);
