@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <deque>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -71,7 +72,10 @@ class SendLog : public std::enable_shared_from_this<SendLog> {
   std::map<int, absl::Status> last_ ABSL_GUARDED_BY(mu_);
 };
 
-// A server ("ps0", listening) and a client ("trainer0") transport sharing one injector.
+// A server ("ps0", listening) and a client ("trainer0") transport sharing one injector,
+// and the inboxes of their connections. Destruction shuts the transports down first (no
+// callback after that), then drops the inboxes with the connections they hold, then the
+// transports: connections never outlive their transport.
 struct Endpoints {
   explicit Endpoints(absl::string_view spec, const std::string& inner = "tcp")
       : faults(Injector(spec)), server(Make(inner, "ps0")), client(Make(inner, "trainer0")) {
@@ -92,6 +96,7 @@ struct Endpoints {
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? *std::move(t) : nullptr;
   }
+  Inbox& NewInbox() { return more_inboxes.emplace_back(); }
   std::shared_ptr<Connection> Dial(Inbox& inbox) {
     auto c = client->Connect(address, inbox.Callbacks(), absl::Now() + absl::Seconds(10));
     EXPECT_TRUE(c.ok()) << c.status();
@@ -103,10 +108,11 @@ struct Endpoints {
     return ok;
   }
 
-  Inbox server_inbox, client_inbox;  // outlive the transports
   std::shared_ptr<FaultInjector> faults;
   std::unique_ptr<Transport> server, client;
   std::string address;
+  Inbox server_inbox, client_inbox;
+  std::deque<Inbox> more_inboxes;
 };
 
 // ------------------------------------------------------------------ the plan's syntax
@@ -339,7 +345,7 @@ TEST(FaultTransportTest, PartitionClosesAndRefusesConnectionsUntilHealed) {
               {"trainer0 at 127.0.0.1:", "partitioned by fault injection"});
 
   // A new connection is closed right after the hellos; what was sent on it never arrives.
-  Inbox refused;
+  Inbox& refused = e.NewInbox();
   std::shared_ptr<Connection> during = e.Dial(refused);
   auto log = std::make_shared<SendLog>();
   during->Send(Message{"during", {}}, log->Callback(0));
@@ -349,7 +355,7 @@ TEST(FaultTransportTest, PartitionClosesAndRefusesConnectionsUntilHealed) {
   EXPECT_EQ(e.server_inbox.messages().size(), 1u);
 
   e.faults->Heal();
-  Inbox healed;
+  Inbox& healed = e.NewInbox();
   std::shared_ptr<Connection> after = e.Dial(healed);
   after->Send(Message{"after", {}});
   ASSERT_TRUE(e.server_inbox.WaitMessages(2));
@@ -399,7 +405,7 @@ TEST(FaultTransportTest, StallAfterNFramesResumesByItselfAndUnstallEndsAnInfinit
 
   const uint64_t stalled_before = e.faults->stats().stalled;
   e.faults->Set(*ParseFaults("stall:inf,stall_after:1,seed:6"));
-  Inbox second;
+  Inbox& second = e.NewInbox();
   std::shared_ptr<Connection> stuck = e.Dial(second);
   for (int i = 0; i < 3; ++i) stuck->Send(Message{absl::StrCat("s", i), {}});
   ASSERT_TRUE(e.server_inbox.WaitMessages(7));  // the first frame passes
