@@ -651,7 +651,7 @@ std::optional<absl::Status> FaultConnection::CarriedLocked(const FaultSpec& plan
   }
   if (plan.close_after > 0 && carried_ >= plan.close_after) {
     return absl::UnavailableError(absl::StrCat("connection closed by fault injection after ", carried_,
-                                               " frames (peer ", DescribeLocked(), ")"));
+                                               carried_ == 1 ? " frame" : " frames", " (peer ", DescribeLocked(), ")"));
   }
   return std::nullopt;
 }
