@@ -19,6 +19,7 @@
 #include "codec.h"
 #include "dispatcher.h"
 #include "gradwire/rpc/errors.h"
+#include "gradwire/rpc/faults.h"
 #include "host_address.h"
 #include "peers.h"
 #include "rendezvous.h"
@@ -98,6 +99,14 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
   o.name = Env("GRADWIRE_WORKER_NAME");
   if (std::string t = Env("GRADWIRE_TRANSPORT"); !t.empty()) o.transport = t;
   if (std::string r = Env("GRADWIRE_RUN_ID"); !r.empty()) o.run_id = r;
+  if (std::string f = Env("GRADWIRE_FAULTS"); !f.empty()) {
+    absl::StatusOr<FaultSpec> faults = ParseFaults(f);
+    if (!faults.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AgentOptions::FromEnv: GRADWIRE_FAULTS=", f, ": ", faults.status().message()));
+    }
+    o.transport_options.faults = std::make_shared<FaultInjector>(*std::move(faults));
+  }
   return o;
 }
 
@@ -125,6 +134,7 @@ class Agent::Impl {
     rendezvous_ = std::move(*rendezvous);
     options_.rendezvous = rendezvous_->store_address();
 
+    if (options_.transport_options.self_name.empty()) options_.transport_options.self_name = options_.name;
     auto transport = MakeTransport(options_.transport, options_.transport_options);
     if (!transport.ok()) return transport.status();
     transport_ = std::move(*transport);

@@ -13,82 +13,28 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "gradwire/rpc/faults.h"
 #include "gradwire/tensor/kernels.h"
+#include "inbox.h"
 
 namespace gw::rpc {
 namespace {
 
-// Collects what one side of a connection receives.
-class Inbox {
- public:
-  ConnectionCallbacks Callbacks() {
-    return {[this](const std::shared_ptr<Connection>& c, Message m) {
-              absl::MutexLock lock(&mu_);
-              last_conn_ = c;
-              messages_.push_back(std::move(m));
-            },
-            [this](const std::shared_ptr<Connection>&, const absl::Status& s) {
-              absl::MutexLock lock(&mu_);
-              unflushed_at_close_ = messages_.size() - flushed_;
-              closes_.push_back(s);
-            },
-            [this](const std::shared_ptr<Connection>&) {
-              absl::MutexLock lock(&mu_);
-              if (messages_.size() == flushed_) ++empty_flushes_;  // nothing since the last one
-              flushed_ = messages_.size();
-            }};
-  }
-  // Waits until on_flush has run after the n-th message.
-  bool WaitFlushed(size_t n, absl::Duration timeout = absl::Seconds(20)) {
-    absl::MutexLock lock(&mu_);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return flushed_ >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
-  }
-  int empty_flushes() {
-    absl::MutexLock lock(&mu_);
-    return empty_flushes_;
-  }
-  size_t unflushed_at_close() {
-    absl::MutexLock lock(&mu_);
-    return unflushed_at_close_;
-  }
-  bool WaitMessages(size_t n, absl::Duration timeout = absl::Seconds(20)) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return messages_.size() >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
-  }
-  absl::Status WaitClose(absl::Duration timeout = absl::Seconds(20)) {
-    absl::MutexLock lock(&mu_);
-    auto closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !closes_.empty(); };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&closed), timeout)) return absl::DeadlineExceededError("no close");
-    return closes_[0];
-  }
-  std::vector<Message> messages() {
-    absl::MutexLock lock(&mu_);
-    return messages_;
-  }
-  std::shared_ptr<Connection> last_conn() {
-    absl::MutexLock lock(&mu_);
-    return last_conn_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<Message> messages_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Status> closes_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<Connection> last_conn_ ABSL_GUARDED_BY(mu_);
-  size_t flushed_ ABSL_GUARDED_BY(mu_) = 0;  // messages delivered before the last on_flush
-  int empty_flushes_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t unflushed_at_close_ ABSL_GUARDED_BY(mu_) = 0;
-};
+using testing::Inbox;
 
 // "shm-cma" is shm with its arena turned off: large tensors by cross-memory attach.
+// "fault" is tcp under every recoverable fault (faults.h), which its link protocol hides.
 absl::StatusOr<std::unique_ptr<Transport>> MakeBackend(const std::string& name, TransportOptions options = {}) {
   if (name == "shm-cma") {
     options.shm_arena_bytes = 0;
     return MakeTransport("shm", options);
+  }
+  if (name == "fault") {
+    absl::StatusOr<FaultSpec> faults = ParseFaults("drop:0.05,duplicate:0.05,reorder:4,delay:0ms-2ms,seed:7");
+    if (!faults.ok()) return faults.status();
+    options.faults = std::make_shared<FaultInjector>(*std::move(faults));
+    return MakeTransport("tcp", options);
   }
   return MakeTransport(name, options);
 }
@@ -330,7 +276,7 @@ TEST_P(TransportTest, TensorsModifiedAfterSendArriveWholeNeverTorn) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::Values("tcp", "shm", "grpc", "shm-cma"));
+INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::Values("tcp", "shm", "grpc", "shm-cma", "fault"));
 
 // shm: a receiver that keeps everything fills the sender's arena; later tensors take the
 // cross-memory-attach path, and every one arrives intact (the arena's blocks are never

@@ -125,8 +125,10 @@ struct AgentOptions {
 
   // From the environment, as set by `gradwire launch` or torchrun: RANK, WORLD_SIZE,
   // MASTER_ADDR, MASTER_PORT (required); GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT,
-  // GRADWIRE_RUN_ID (optional). Addresses (as torchrun and NCCL let users pick an
-  // interface):
+  // GRADWIRE_RUN_ID (optional); GRADWIRE_FAULTS (optional: faults to inject, as
+  // ParseFaults reads them, into transport_options.faults; every worker needs it; the
+  // agent names itself to its transport, TransportOptions::self_name). Addresses (as
+  // torchrun and NCCL let users pick an interface):
   //   GRADWIRE_LISTEN     listen_host (an address of this host, or 0.0.0.0 / ::);
   //   GRADWIRE_ADVERTISE  advertise_host (when only it is set, the agent listens on the
   //                       wildcard address of its family: the advertised address may be

@@ -36,6 +36,10 @@
 //   - Shutdown() closes the listener and every connection and joins the I/O threads.
 //     REQUIRES: Connections do not outlive the Transport that made them.
 //     Thread-safe.
+//   - TransportOptions::faults wraps the backend in the fault-injecting decorator
+//     (faults.h; rpc/src/transport/fault/): a link protocol of its own under the same
+//     contract, with on_sent reporting OK once the peer's decorator acknowledged the
+//     message. Without it nothing is wrapped.
 #ifndef GRADWIRE_RPC_TRANSPORT_H_
 #define GRADWIRE_RPC_TRANSPORT_H_
 
@@ -52,6 +56,7 @@
 namespace gw::rpc {
 
 class Connection;
+class FaultInjector;
 
 struct ConnectionCallbacks {
   std::function<void(const std::shared_ptr<Connection>&, Message)> on_message;
@@ -85,6 +90,10 @@ struct TransportOptions {
   // memory is used only as far as tensors in flight ever reached). 0 disables it (large
   // tensors then go by cross-memory attach).
   size_t shm_arena_bytes = size_t{1} << 30;
+  // Faults to inject (faults.h), shared with whoever controls them; null: none.
+  std::shared_ptr<FaultInjector> faults;
+  // This worker's name, which the fault decorator tells its peers (for partitions).
+  std::string self_name;
 };
 
 // Totals since the transport was made (Transport::stats()).
@@ -114,7 +123,8 @@ class Transport {
   virtual TransportStats stats() const { return {}; }
 };
 
-// Transports by name: "tcp", "shm", "grpc".
+// Transports by name: "tcp", "shm", "grpc"; wrapped in the fault decorator when
+// options.faults is set.
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& name,
                                                          TransportOptions options = {});
 
