@@ -483,6 +483,8 @@ void RRefContext::Confirm(GlobalId fork, absl::Status status, bool in_flight) {
       // confirmed one once its children are settled (DELETE is idempotent).
       u.maybe_registered = status.code() == absl::StatusCode::kDeadlineExceeded;
     }
+    for (auto& send : u.after_registration) out.actions.push_back(std::move(send));
+    u.after_registration.clear();
     // Confirmed or failed, the parent may now let go of its own fork.
     if (u.accept_to >= 0) {
       QueueAccept(u.accept_to, u.accept_parent_fork, fork, out);
@@ -666,7 +668,13 @@ Future<Value> RRefContext::Fetch(const RRefDescriptor& d, bool is_owner, CallOpt
   if (is_owner) return ValueOf(d.rref_id);
   if (absl::Status s = UsableFork(d); !s.ok()) return Failed(s);
   Promise<Value> promise(Exec());
-  hooks_.agent->Send(WorkerName(d.owner), RRefFetch{d.rref_id}, options, Completion(d, promise));
+  WhenRegistered(d, [ctx = shared_from_this(), d, options, promise] {
+    if (ctx->closed()) {
+      promise.Set(ctx->ShutDown());
+      return;
+    }
+    ctx->hooks_.agent->Send(ctx->WorkerName(d.owner), RRefFetch{d.rref_id}, options, ctx->Completion(d, promise));
+  });
   return promise.future();
 }
 
@@ -679,8 +687,14 @@ Future<Value> RRefContext::Call(const RRefDescriptor& d, bool is_owner, const st
   }
   if (absl::Status s = UsableFork(d); !s.ok()) return Failed(s);
   Promise<Value> promise(Exec());
-  hooks_.agent->Send(WorkerName(d.owner), RRefCall{d.rref_id, method, std::move(args)}, options,
-                     Completion(d, promise));
+  WhenRegistered(d, [ctx = shared_from_this(), d, method, args = std::move(args), options, promise]() mutable {
+    if (ctx->closed()) {
+      promise.Set(ctx->ShutDown());
+      return;
+    }
+    ctx->hooks_.agent->Send(ctx->WorkerName(d.owner), RRefCall{d.rref_id, method, std::move(args)}, options,
+                            ctx->Completion(d, promise));
+  });
   return promise.future();
 }
 
@@ -695,6 +709,18 @@ std::function<void(absl::StatusOr<Value>)> RRefContext::Completion(const RRefDes
     }
     promise.Set(std::move(r));
   };
+}
+
+void RRefContext::WhenRegistered(const RRefDescriptor& d, std::function<void()> send) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = users_.find(d.fork_id);
+    if (it != users_.end() && it->second.state == ForkState::kPending && it->second.accept_to >= 0) {
+      it->second.after_registration.push_back(std::move(send));
+      return;
+    }
+  }
+  send();
 }
 
 absl::Status RRefContext::UsableFork(const RRefDescriptor& d) {
@@ -851,6 +877,9 @@ void RRefContext::Close() {
       out.garbage.push_back(std::move(e));
     }
     owned_.clear();
+    for (auto& [_, u] : users_) {
+      for (auto& send : u.after_registration) out.actions.push_back(std::move(send));  // each fails: closed
+    }
     users_.clear();
     deletes_.clear();
   }

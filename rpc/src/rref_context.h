@@ -111,6 +111,10 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     absl::flat_hash_map<GlobalId, int> children;  // unconfirmed child forks -> rank sent to
     int accept_to = -1;                           // parent to tell once settled
     GlobalId accept_parent_fork;
+    // Requests through a fork received from another user wait until the owner has
+    // registered it (its FORK is acknowledged): they could otherwise overtake the FORK and
+    // the creator's REMOTE and reach an owner that does not know the RRef yet.
+    std::vector<std::function<void()>> after_registration;
     bool maybe_registered = false;                // failed by a timeout: the owner may know it
   };
   struct DeleteQueue {
@@ -131,6 +135,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
                      std::optional<Future<Value>> self_value);
   void Unfork(const RRefDescriptor& child, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UsableFork(const RRefDescriptor& d);
+  // Runs `send` now, or once the owner has registered the fork (or refused it).
+  void WhenRegistered(const RRefDescriptor& d, std::function<void()> send);
   std::function<void(absl::StatusOr<Value>)> Completion(const RRefDescriptor& d, Promise<Value> promise);
   Owned& OwnedEntry(GlobalId rref_id, const std::string& type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeFree(GlobalId rref_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
