@@ -200,6 +200,9 @@ RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList ar
     } else if (owner < 0 || owner >= hooks_.world_size) {
       u.state = ForkState::kFailed;
       u.error = absl::NotFoundError(absl::StrCat("Remote: no worker of rank ", owner));
+    } else if (gone_.contains(owner)) {
+      u.state = ForkState::kFailed;
+      u.error = GoneError(owner);
     } else {
       ++in_flight_;
       send = true;
@@ -247,6 +250,7 @@ absl::Status RRefContext::OnRemote(const CallInfo& info, RRefRemote m) {
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return ShutDown();
+    if (gone_.contains(from)) return GoneError(from);  // forks of it that came first failed then
     if (m.self_rref.valid()) {
       auto it = owned_.find(m.self_rref);
       if (it == owned_.end()) {
@@ -295,6 +299,20 @@ void RRefContext::FailUnfilled(GlobalId rref_id, const absl::Status& s) {
   promise->Set(s);
 }
 
+absl::Status RRefContext::GoneError(int rank) const {
+  return UnavailableError(WorkerName(rank), "it was declared dead when its connection closed");
+}
+
+void RRefContext::FailIfCreatorGone(GlobalId rref_id, Owned& e, Outbox& out) {
+  if (e.created || !gone_.contains(rref_id.rank())) return;
+  // Its creator is gone and its REMOTE has not arrived: it never will (or the value was
+  // freed when the creator's forks went, and this entry is only a late fork's).
+  e.created = true;
+  out.actions.push_back([p = e.promise, name = WorkerName(rref_id.rank())] {
+    p.Set(absl::UnavailableError(absl::StrCat("the worker that created this RRef, ", name, ", is gone")));
+  });
+}
+
 bool RRefContext::KnownOrForeign(GlobalId rref_id) const {
   // Ids carry their creator's rank: one of ours that is not in the table was freed.
   return owned_.contains(rref_id) || rref_id.rank() != hooks_.self_rank;
@@ -339,6 +357,7 @@ absl::Status RRefContext::PrepareOutgoing(Value* payload, int dest) {
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
+    if (gone_.contains(dest)) return GoneError(dest);
     status = Walk(payload, [&](RRefPtr& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       if (!r->attached()) return absl::InternalError("an RRef in transit was sent on without being adopted");
       const RRefDescriptor& d = r->descriptor();
@@ -412,6 +431,8 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
     status = Walk(payload, [&](RRefPtr& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       if (r->attached()) return absl::OkStatus();  // sent to ourselves through a local path
       const RRefDescriptor d = r->descriptor();
+      if (gone_.contains(from)) return GoneError(from);
+      if (gone_.contains(d.owner)) return GoneError(d.owner);
       if (d.owner >= world || d.parent >= world || d.parent != from || !d.fork_id.valid() ||
           d.parent_fork.valid() == (d.parent == d.owner)) {
         return absl::InvalidArgumentError(absl::StrCat("malformed RRef #", d.rref_id.ToString(), " from rank ", from));
@@ -426,6 +447,7 @@ absl::Status RRefContext::AdoptIncoming(Value* payload, int from) {
           return f->second;
         }
         Owned& e = OwnedEntry(d.rref_id, d.type);
+        FailIfCreatorGone(d.rref_id, e, out);
         ++e.local;
         if (d.parent == self) {
           e.forks.erase(d.fork_id);
@@ -585,14 +607,23 @@ absl::Status RRefContext::OnFork(const CallInfo& info, const RRefFork& m) {
   if (info.caller_rank < 0 || !m.rref.valid() || !m.fork.valid()) {
     return absl::InvalidArgumentError("RRefFork: malformed request (null id or unidentified caller)");
   }
-  absl::MutexLock lock(&mu_);
-  if (closed_) return ShutDown();
-  if (!KnownOrForeign(m.rref)) return absl::NotFoundError(absl::StrCat("RRef #", m.rref.ToString(), " was already freed"));
-  if (auto f = failed_creations_.find(m.rref); f != failed_creations_.end() && !owned_.contains(m.rref)) {
-    return f->second;
+  Outbox out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return ShutDown();
+    if (gone_.contains(info.caller_rank)) return GoneError(info.caller_rank);
+    if (!KnownOrForeign(m.rref)) {
+      return absl::NotFoundError(absl::StrCat("RRef #", m.rref.ToString(), " was already freed"));
+    }
+    if (auto f = failed_creations_.find(m.rref); f != failed_creations_.end() && !owned_.contains(m.rref)) {
+      return f->second;
+    }
+    // May come before the RRefRemote that creates the value (another worker sent it).
+    Owned& e = OwnedEntry(m.rref, "");
+    e.forks[m.fork] = info.caller_rank;
+    FailIfCreatorGone(m.rref, e, out);
   }
-  // May come before the RRefRemote that creates the value (another worker sent it).
-  OwnedEntry(m.rref, "").forks[m.fork] = info.caller_rank;
+  Run(out);
   return absl::OkStatus();
 }
 
@@ -777,14 +808,7 @@ void RRefContext::OnPeerGone(int rank) {
     for (auto& [id, e] : owned_) {
       absl::erase_if(e.forks, [rank](const auto& f) { return f.second == rank; });
       owned_ids.push_back(id);
-      if (!e.created && id.rank() == rank) {
-        // Its creator died before its REMOTE arrived: it never will.
-        e.created = true;
-        Promise<Value> p = e.promise;
-        out.actions.push_back([p, name = WorkerName(rank)] {
-          p.Set(absl::UnavailableError(absl::StrCat("the worker that created this RRef, ", name, ", is gone")));
-        });
-      }
+      FailIfCreatorGone(id, e, out);
     }
     for (auto& [fork, u] : users_) {
       absl::erase_if(u.children, [rank](const auto& c) { return c.second == rank; });
@@ -793,6 +817,8 @@ void RRefContext::OnPeerGone(int rank) {
         u.error = UnavailableError(absl::StrCat("RRef #", u.rref_id.ToString(), "'s owner ", WorkerName(rank)),
                                    "it is gone");
         u.children.clear();
+        for (auto& send : u.after_registration) out.actions.push_back(std::move(send));  // each fails: kFailed
+        u.after_registration.clear();
       }
       if (u.accept_to == rank) u.accept_to = -1;
       user_ids.push_back(fork);

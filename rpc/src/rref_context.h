@@ -155,6 +155,10 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // Records a failed creation and fails an entry that forks created first.
   void FailUnfilled(GlobalId rref_id, const absl::Status& s);
   bool KnownOrForeign(GlobalId rref_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UNAVAILABLE: `rank` was declared dead (OnPeerGone) and stays so for RRefs.
+  absl::Status GoneError(int rank) const;
+  // Fails a placeholder entry whose creator was declared gone (its value never comes).
+  void FailIfCreatorGone(GlobalId rref_id, Owned& e, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(Outbox& out);
   Future<Value> Failed(absl::Status s);
   absl::Status ShutDown() const;

@@ -9,6 +9,9 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace gw::rpc::testing {
 
 std::unique_ptr<AgentGroup> AgentGroup::Start(int n, Setup register_fn,
@@ -42,6 +45,27 @@ std::unique_ptr<AgentGroup> AgentGroup::Start(int n, Setup register_fn,
     group->agents_.push_back(*r);
   }
   return group;
+}
+
+absl::Status AgentGroup::AwaitRRefsReleased(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  auto empty = [](const RRefStats& s) { return s.owned == 0 && s.users == 0 && s.pending_control == 0; };
+  std::vector<std::string> busy;
+  for (const auto& agent : agents_) {
+    if (agent->AwaitRRefs(empty, deadline)) continue;
+    const RRefStats s = agent->rref_stats();
+    busy.push_back(absl::StrCat(agent->self().name, ": owned=", s.owned, " forks=", s.owner_forks,
+                                " local=", s.owner_local, " users=", s.users, " pending=", s.pending_control));
+  }
+  if (busy.empty()) return absl::OkStatus();
+  return absl::DeadlineExceededError(
+      absl::StrCat("RRef tables not empty after ", absl::FormatDuration(timeout), ": ", absl::StrJoin(busy, "; ")));
+}
+
+std::shared_ptr<FaultInjector> InjectFaults(absl::string_view spec) {
+  absl::StatusOr<FaultSpec> parsed = ParseFaults(spec);
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  return std::make_shared<FaultInjector>(parsed.ok() ? *std::move(parsed) : FaultSpec{});
 }
 
 AgentGroup::~AgentGroup() {

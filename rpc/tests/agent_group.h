@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/faults.h"
 
 namespace gw::rpc::testing {
 
@@ -26,6 +28,10 @@ class AgentGroup {
   int size() const { return static_cast<int>(agents_.size()); }
   // Graceful shutdown of every agent at once; returns the first error.
   absl::Status ShutdownAll();
+  // Waits (on the agents' RRef events) until no agent owns, uses or is still settling
+  // an RRef; the error names each agent that is not empty by the deadline, with its
+  // counts.
+  absl::Status AwaitRRefsReleased(absl::Duration timeout = absl::Seconds(20));
   const std::string& store_address() const { return store_address_; }
 
  private:
@@ -33,6 +39,11 @@ class AgentGroup {
   std::string store_address_;
   std::vector<std::shared_ptr<Agent>> agents_;
 };
+
+// A fault injector following `spec` (faults.h, e.g. "drop:0.05,close_after:40,seed:3")
+// for AgentOptions::transport_options.faults; a spec that does not parse fails the test
+// and injects nothing.
+std::shared_ptr<FaultInjector> InjectFaults(absl::string_view spec);
 
 // Runs this binary (/proc/self/exe) as a child with GW_TEST_ROLE=role and the given extra
 // environment; the child is killed when this process dies.

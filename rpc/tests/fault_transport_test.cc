@@ -23,16 +23,12 @@ namespace gw::rpc {
 namespace {
 
 using testing::AgentGroup;
+using testing::InjectFaults;
 using testing::Inbox;
 using testing::RegisterTestFunctions;
 
 constexpr absl::Duration kWait = absl::Seconds(20);
 
-std::shared_ptr<FaultInjector> Injector(absl::string_view spec) {
-  absl::StatusOr<FaultSpec> parsed = ParseFaults(spec);
-  EXPECT_TRUE(parsed.ok()) << parsed.status();
-  return std::make_shared<FaultInjector>(parsed.ok() ? *std::move(parsed) : FaultSpec{});
-}
 
 // Expects a close reason with `code` whose message contains each of `fragments`.
 void ExpectClose(const absl::Status& s, absl::StatusCode code, std::initializer_list<absl::string_view> fragments) {
@@ -78,7 +74,7 @@ class SendLog : public std::enable_shared_from_this<SendLog> {
 // transports: connections never outlive their transport.
 struct Endpoints {
   explicit Endpoints(absl::string_view spec, const std::string& inner = "tcp")
-      : faults(Injector(spec)), server(Make(inner, "ps0")), client(Make(inner, "trainer0")) {
+      : faults(InjectFaults(spec)), server(Make(inner, "ps0")), client(Make(inner, "trainer0")) {
     absl::StatusOr<std::string> listening = server->Listen("127.0.0.1", /*advertise_host=*/"", server_inbox.Callbacks());
     EXPECT_TRUE(listening.ok()) << listening.status();
     if (listening.ok()) address = *listening;
@@ -420,7 +416,7 @@ TEST(FaultTransportTest, StallAfterNFramesResumesByItselfAndUnstallEndsAnInfinit
 
 TEST(FaultAgentTest, AThousandCallsUnderLinkFaultsReturnExactResults) {
   AgentOptions base;
-  base.transport_options.faults = Injector("drop:0.05,delay:0ms-2ms,duplicate:0.05,reorder:4,seed:7");
+  base.transport_options.faults = InjectFaults("drop:0.05,delay:0ms-2ms,duplicate:0.05,reorder:4,seed:7");
   auto group = AgentGroup::Start(2, RegisterTestFunctions, base);
   ASSERT_NE(group, nullptr);
   constexpr int kRounds = 10, kPerRound = 100;
@@ -450,7 +446,7 @@ TEST(FaultAgentTest, AThousandCallsUnderLinkFaultsReturnExactResults) {
 
 TEST(FaultAgentTest, CallsUnderCloseAfterSucceedAfterRedialOrFailNamingThePeer) {
   AgentOptions base;
-  base.transport_options.faults = Injector("close_after:40,seed:8");
+  base.transport_options.faults = InjectFaults("close_after:40,seed:8");
   base.shutdown_timeout = absl::Seconds(5);
   auto group = AgentGroup::Start(2, RegisterTestFunctions, base);
   ASSERT_NE(group, nullptr);

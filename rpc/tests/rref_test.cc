@@ -6,6 +6,8 @@
 
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "gradwire/rpc/faults.h"
 #include "gradwire/tensor/kernels.h"
 #include "test_support.h"
 
@@ -13,33 +15,20 @@ namespace gw::rpc {
 namespace {
 
 using testing::AgentGroup;
+using testing::InjectFaults;
 
-std::unique_ptr<AgentGroup> StartGroup(int n) {
+std::unique_ptr<AgentGroup> StartGroup(int n, std::shared_ptr<FaultInjector> faults = nullptr) {
   AgentOptions o;
+  o.transport_options.faults = std::move(faults);
   o.rref_leak_check = AgentOptions::LeakCheck::kError;
   o.default_timeout = absl::Seconds(20);
   return AgentGroup::Start(n, testing::RegisterTestFunctions, o);
 }
 
-std::string Describe(const RRefStats& s) {
-  return absl::StrCat("owned=", s.owned, " forks=", s.owner_forks, " local=", s.owner_local, " users=", s.users,
-                      " pending=", s.pending_control);
-}
-
 // Every agent's tables drain to empty (the protocol finished and freed everything).
 void ExpectAllReleased(AgentGroup& g, absl::Duration timeout = absl::Seconds(20)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  for (int r = 0; r < g.size(); ++r) {
-    RRefStats s;
-    while (true) {
-      s = g[r].rref_stats();
-      if ((s.owned == 0 && s.users == 0 && s.pending_control == 0) || absl::Now() > deadline) break;
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    EXPECT_EQ(s.owned, 0) << "worker" << r << ": " << Describe(s);
-    EXPECT_EQ(s.users, 0) << "worker" << r << ": " << Describe(s);
-    EXPECT_EQ(s.pending_control, 0) << "worker" << r << ": " << Describe(s);
-  }
+  absl::Status s = g.AwaitRRefsReleased(timeout);
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(RRefTest, RemoteThenToHereCopiesTheValueAndTheOwnerFreesItAfterTheLastUser) {
@@ -316,6 +305,115 @@ TEST(RRefTest, RRefsInAReplyThatArrivesAfterTheTimeoutAreReleased) {
   absl::SleepFor(absl::Milliseconds(400));  // the reply arrives, its RRef is adopted and dropped
   ExpectAllReleased(*g);
   EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+// ------------------------------------------------------------------ under faults
+
+// Drops, delays, duplicates and reordering that the fault link recovers from change
+// nothing: every fork path gives the exact value and every table empties.
+TEST(RRefFaultTest, ForksUnderRecoverableLinkFaultsAreExactAndEveryTableEmpties) {
+  auto faults = InjectFaults("drop:0.03,delay:0ms-1ms,duplicate:0.03,reorder:4,seed:21");
+  auto g = StartGroup(3, faults);
+  ASSERT_NE(g, nullptr);
+  for (int owner = 0; owner < 3; ++owner) {
+    for (int first = 0; first < 3; ++first) {
+      for (int second = 0; second < 3; ++second) {
+        SCOPED_TRACE(absl::StrCat("owner ", owner, " first ", first, " second ", second));
+        const int third = (second + 1) % 3;
+        const double value = owner * 100 + first * 10 + second;
+        {
+          Agent& a = (*g)[first];
+          RRef<Tensor> r = first == owner ? a.Own(Tensor::Full({2}, value))
+                                          : a.Remote<Tensor>(absl::StrCat("worker", owner), "make_full",
+                                                             int64_t{2}, value);
+          const std::string second_name = absl::StrCat("worker", second);
+          absl::StatusOr<double> stashed = a.Sync<double>(second_name, "rref_stash", r);
+          ASSERT_TRUE(stashed.ok()) << stashed.status();
+          EXPECT_EQ(*stashed, 2 * value);
+          absl::StatusOr<double> forwarded =
+              a.Sync<double>(second_name, "rref_forward", r, absl::StrCat("worker", third));
+          ASSERT_TRUE(forwarded.ok()) << forwarded.status();
+          EXPECT_EQ(*forwarded, 2 * value);
+          RRef<std::shared_ptr<testing::Counter>> counter =
+              a.Remote<std::shared_ptr<testing::Counter>>(absl::StrCat("worker", owner), "make_counter", int64_t{7});
+          absl::StatusOr<int64_t> added = counter.Sync<int64_t>("counter_add", int64_t{5});
+          ASSERT_TRUE(added.ok()) << added.status();
+          EXPECT_EQ(*added, 12);
+        }
+        for (int w = 0; w < 3; ++w) ASSERT_TRUE((*g)[0].Sync<int64_t>(absl::StrCat("worker", w), "rref_clear").ok());
+        ExpectAllReleased(*g);
+      }
+    }
+  }
+  const FaultStats stats = faults->stats();
+  EXPECT_GT(stats.dropped, 0u) << stats.ToString();
+  EXPECT_GT(stats.retransmitted, 0u) << stats.ToString();
+  EXPECT_GT(stats.duplicates_discarded, 0u) << stats.ToString();
+  EXPECT_EQ(stats.connections_closed, 0u) << stats.ToString();
+  EXPECT_TRUE(g->ShutdownAll().ok());
+}
+
+// Connections that close every few frames: each operation succeeds with the exact value
+// or ends in time with an error that names a worker; once the faults stop, every table
+// empties (a closed connection counts as its peer's death, rref.h).
+TEST(RRefFaultTest, UnderClosingConnectionsEveryOperationEndsInTimeAndEveryTableEmpties) {
+  auto faults = InjectFaults("close_after:30,seed:22");
+  AgentOptions o;
+  o.transport_options.faults = faults;
+  o.default_timeout = absl::Seconds(5);
+  o.shutdown_timeout = absl::Seconds(5);
+  auto g = AgentGroup::Start(3, testing::RegisterTestFunctions, o);
+  ASSERT_NE(g, nullptr);
+  const absl::Duration kBound = absl::Seconds(10);  // the timeout, and as much again
+  int ok = 0, failed = 0;
+  auto check = [&](absl::string_view what, int k, absl::Time start, const absl::Status& s) {
+    EXPECT_LT(absl::Now() - start, kBound) << what << " " << k << " took too long: " << s;
+    if (s.ok()) {
+      ++ok;
+      return;
+    }
+    ++failed;
+    const absl::StatusCode code = s.code();
+    EXPECT_TRUE(code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded ||
+                code == absl::StatusCode::kNotFound || code == absl::StatusCode::kFailedPrecondition)
+        << what << " " << k << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "worker")) << what << " " << k << " names no worker: " << s;
+  };
+  for (int k = 0; k < 60; ++k) {
+    const int from = k % 3, owner = (k + 1) % 3, other = (k + 2) % 3;
+    Agent& a = (*g)[from];
+    absl::Time start = absl::Now();
+    RRef<Tensor> r = a.Remote<Tensor>(absl::StrCat("worker", owner), "make_full", int64_t{3}, double(k));
+    absl::StatusOr<Tensor> here = r.ToHere();
+    check("ToHere", k, start, here.status());
+    if (here.ok()) {
+      EXPECT_EQ(here->ToVector<float>(), std::vector<float>(3, static_cast<float>(k)));
+    }
+    start = absl::Now();
+    absl::StatusOr<double> stashed = a.Sync<double>(absl::StrCat("worker", other), "rref_stash", r, CallOptions{absl::Seconds(8)});
+    check("rref_stash", k, start, stashed.status());
+    if (stashed.ok()) {
+      EXPECT_EQ(*stashed, 3.0 * k);
+    }
+  }
+  EXPECT_GT(ok, 0);
+  const FaultStats stats = faults->stats();
+  EXPECT_GE(stats.connections_closed, 3u) << stats.ToString();
+  EXPECT_GT(failed, 0) << "no operation met a closing connection; " << stats.ToString();
+  // The faults stop; the stashes are dropped; nothing may stay behind.
+  faults->Set(FaultSpec{});
+  for (int w = 0; w < 3; ++w) {
+    // A connection that had reached its limit may still close once (then the call is
+    // made again on a fresh one).
+    absl::StatusOr<int64_t> cleared;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      cleared = (*g)[(w + 1) % 3].Sync<int64_t>(absl::StrCat("worker", w), "rref_clear");
+      if (cleared.status().code() != absl::StatusCode::kUnavailable) break;
+    }
+    EXPECT_TRUE(cleared.ok()) << cleared.status();
+  }
+  ExpectAllReleased(*g, absl::Seconds(30));
+  (void)g->ShutdownAll();  // may report peers declared dead by a close: bounded by shutdown_timeout
 }
 
 }  // namespace

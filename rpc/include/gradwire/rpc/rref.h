@@ -56,7 +56,11 @@
 //   owner learns of every user's deletion (guarantee 1) after it learned of the fork.
 //   Failures: when a worker is declared dead (its connections closed), its owner drops
 //   the forks that worker held, users drop forks owned by it (their calls fail with
-//   UNAVAILABLE naming it), and parents drop unconfirmed children sent to it.
+//   UNAVAILABLE naming it), and parents drop unconfirmed children sent to it. A worker
+//   declared dead stays dead for RRefs, even if it is alive and dials again (until
+//   membership can tell a restart from a dropped connection): RRefs it creates, sends or
+//   owns and forks meant for it are refused with UNAVAILABLE naming it, so no fork is
+//   registered that nobody would delete.
 //   At graceful shutdown every worker first drains its control messages; then each
 //   owner reports values still referenced by forks of other workers (leaks), as
 //   AgentOptions::rref_leak_check says.
