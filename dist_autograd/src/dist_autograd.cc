@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "context_state.h"
@@ -11,6 +12,7 @@
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/rpc/call_hooks.h"
 #include "gradwire/rpc/errors.h"
+#include "gradwire/rpc/retry.h"
 #include "gradwire/tensor/error.h"
 #include "gradwire/tensor/kernels.h"
 #include "messages.h"
@@ -146,11 +148,24 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     return ctx;
   }
 
-  std::shared_ptr<ContextState> GetOrCreate(GlobalId id) {
+  // The context `id`, joined on a message from `from`; refused when the sender or the
+  // context's creator was declared dead (nobody would release it here).
+  absl::StatusOr<std::shared_ptr<ContextState>> GetOrCreate(GlobalId id, int from) {
     absl::MutexLock lock(&mu_);
+    for (int rank : {from, id.rank()}) {
+      if (gone_.contains(rank)) {
+        return rpc::UnavailableError(Name(rank), "it was declared dead when its connection closed");
+      }
+    }
     auto& slot = contexts_[id];
     if (!slot) slot = std::make_shared<ContextState>(id);
     return slot;
+  }
+
+  bool AwaitContexts(const std::function<bool(size_t)>& until, absl::Time deadline) const {
+    absl::MutexLock lock(&mu_);
+    auto holds = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return until(contexts_.size()); };
+    return mu_.AwaitWithDeadline(absl::Condition(&holds), deadline);
   }
 
   size_t live() const {
@@ -183,7 +198,18 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     std::vector<Future<Ack>> acks;
     for (int p : peers) {
       if (p == except || p == self_) continue;
-      acks.push_back(agent_.Send(Name(p), ReleaseMessage{id}, rpc::CallOptions{kReleaseTimeout}));
+      // A release lost with a closed connection is sent again on the next one, unless
+      // the peer was declared dead (then it reclaimed the context itself).
+      rpc::RetryPolicy policy;
+      policy.deadline = kReleaseTimeout;
+      policy.retryable = [this, p](const absl::Status& s) {
+        if (!rpc::IsRetryable(s)) return false;
+        absl::MutexLock lock(&mu_);
+        return !gone_.contains(p);
+      };
+      acks.push_back(rpc::Retry<Ack>(agent_.executor(), agent_.timers(), std::move(policy), [this, p, id](int) {
+        return agent_.Send(Name(p), ReleaseMessage{id}, rpc::CallOptions{kReleaseTimeout});
+      }));
     }
     return AllOf(agent_.executor(), std::move(acks));
   }
@@ -216,9 +242,25 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   }
 
   void OnPeerGone(int rank) override {
-    // Contexts whose creator died are reclaimed.
-    absl::MutexLock lock(&mu_);
-    absl::erase_if(contexts_, [rank](const auto& c) { return c.second->creator == rank; });
+    // Contexts whose creator died, and those joined here that exchanged messages with the
+    // dead worker (their release may have had to come through it), are reclaimed and
+    // released to the other workers they reached. The worker stays dead for contexts:
+    // GetOrCreate refuses it.
+    std::vector<std::shared_ptr<ContextState>> joined;
+    {
+      absl::MutexLock lock(&mu_);
+      gone_.insert(rank);
+      for (const auto& [_, ctx] : contexts_) {
+        if (ctx->creator != self_) joined.push_back(ctx);
+      }
+    }
+    std::vector<GlobalId> reclaimed;
+    for (const auto& ctx : joined) {
+      absl::MutexLock lock(&ctx->mu);
+      if (ctx->creator == rank || ctx->peers.contains(rank)) reclaimed.push_back(ctx->id);
+    }
+    // Released onwards too: workers that joined through this one hear of it.
+    for (GlobalId id : reclaimed) (void)Release(id, /*except=*/rank);
   }
 
   // ---------------------------------------------------------------- backward
@@ -329,7 +371,9 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
         return absl::InvalidArgumentError("distributed-autograd annotation marks a non-floating tensor");
       }
     }
-    std::shared_ptr<ContextState> ctx = GetOrCreate(m->context);
+    absl::StatusOr<std::shared_ptr<ContextState>> joined = GetOrCreate(m->context, from);
+    if (!joined.ok()) return joined.status();
+    std::shared_ptr<ContextState> ctx = *std::move(joined);
     {
       absl::MutexLock lock(&ctx->mu);
       ctx->peers.insert(from);
@@ -458,11 +502,18 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
 
   Future<Ack> Failed(absl::Status s) { return MakeReadyFuture<Ack>(agent_.executor(), std::move(s)); }
 
+  // Backward messages reach only workers that joined the context by a call of it.
+  absl::Status UnknownContext(GlobalId id) const {
+    return absl::NotFoundError(absl::StrCat(Name(self_), " does not know context ", id.ToString(),
+                                            " (it was released, or reclaimed when a worker it used was declared dead)"));
+  }
+
   // ---------------------------------------------------------------- handlers
 
   Future<Ack> OnDiscover(const DiscoverMessage& m) {
     if (!m.context.valid() || m.pass < 1) return Failed(absl::InvalidArgumentError("DiscoverMessage: null context or pass"));
-    auto ctx = GetOrCreate(m.context);
+    auto ctx = Find(m.context);
+    if (!ctx) return Failed(UnknownContext(m.context));
     const absl::Time deadline = absl::Now() + absl::Milliseconds(m.budget_ms);
     absl::flat_hash_map<int, std::vector<GlobalId>> recvs;
     {
@@ -489,7 +540,8 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     if (!m.context.valid() || m.pass < 1 || (m.mode != Mode::kSmart && m.mode != Mode::kFast)) {
       return Failed(absl::InvalidArgumentError("GradMessage: null context, bad pass or unknown mode"));
     }
-    auto ctx = GetOrCreate(m.context);
+    auto ctx = Find(m.context);
+    if (!ctx) return Failed(UnknownContext(m.context));
     const absl::Time deadline = absl::Now() + absl::Milliseconds(m.budget_ms);
     auto waiter = std::make_shared<ContextState::Waiter>(agent_.executor());
     {
@@ -526,6 +578,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   const int self_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<GlobalId, std::shared_ptr<ContextState>> contexts_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int> gone_ ABSL_GUARDED_BY(mu_);  // declared dead (OnPeerGone): for good
 
   friend class Context;
   absl::Status Explain(ContextState& ctx, Mode mode, const absl::Status& s, const char* phase) {
@@ -571,6 +624,9 @@ absl::StatusOr<std::shared_ptr<DistAutograd>> DistAutograd::Install(rpc::Agent& 
 DistAutograd::DistAutograd(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DistAutograd::~DistAutograd() = default;
 size_t DistAutograd::live_contexts() const { return impl_->live(); }
+bool DistAutograd::AwaitContexts(const std::function<bool(size_t live)>& until, absl::Time deadline) const {
+  return impl_->AwaitContexts(until, deadline);
+}
 
 std::vector<std::pair<Tensor, Tensor>> DistAutograd::GradientsOf(GlobalId context_id) const {
   std::shared_ptr<ContextState> ctx = impl_->Find(context_id);

@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "agent_group.h"
 #include "gradwire/autograd/engine.h"
 #include "gradwire/autograd/function.h"
@@ -29,13 +30,14 @@ struct World {
   absl::Mutex mu;
   std::vector<Tensor> stashed;
 
-  explicit World(int n) : engines(static_cast<size_t>(n)) {
+  explicit World(int n, std::shared_ptr<rpc::FaultInjector> faults = nullptr) : engines(static_cast<size_t>(n)) {
     for (int r = 0; r < n; ++r) {
       Generator gen(static_cast<uint64_t>(100 + r));
       weights.push_back(MulScalar(Tensor::Randn({4, 4}, gen, DType::kFloat64), 0.5).set_requires_grad(true));
     }
     rpc::AgentOptions o;
     o.default_timeout = absl::Seconds(30);
+    o.transport_options.faults = std::move(faults);
     group = rpc::testing::AgentGroup::Start(n, [this](Agent& a) { return Register(a); }, o);
   }
   ~World() {
@@ -321,11 +323,82 @@ TEST(DistAutogradTest, ContextsOfADeadCreatorAreReclaimed) {
     ASSERT_TRUE(w.agent(0).Sync<Tensor>("worker1", "stage", x).ok());
     EXPECT_EQ(w.engine(1).live_contexts(), 1u);
     ASSERT_TRUE(w.agent(0).Shutdown(/*graceful=*/false).ok());  // the creator is gone
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (w.engine(1).live_contexts() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-    EXPECT_EQ(w.engine(1).live_contexts(), 0u);
+    EXPECT_TRUE(w.engine(1).AwaitContexts([](size_t live) { return live == 0; }, absl::Now() + absl::Seconds(10)))
+        << w.engine(1).live_contexts() << " context(s) left";
   }  // releasing it afterwards fails fast and harmlessly
   w.group.reset();
+}
+
+// ------------------------------------------------------------------ under faults
+
+// The chain of ChainAcrossThreeWorkersMatchesLocalGradients, `rounds` times; returns how
+// many rounds gave exact gradients. A round that fails must fail in time, naming a worker.
+int RunChains(World& w, int rounds, absl::Duration call_timeout) {
+  Tensor x = Input();
+  std::vector<Tensor> lw{w.LocalWeight(0), w.LocalWeight(1), w.LocalWeight(2)};
+  Tensor lx = kernels::Clone(x).set_requires_grad(true);
+  Tensor ly = Tanh(MatMul(Tanh(MatMul(Tanh(MatMul(lx, lw[0])), lw[1])), lw[2]));
+  autograd::Backward({Sum(Mul(ly, ly))});
+  int exact = 0;
+  for (int round = 0; round < rounds; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    const absl::Time start = absl::Now();
+    absl::Status s;
+    {
+      Context ctx(w.engine(0));
+      absl::StatusOr<Tensor> y2 = w.agent(0).Sync<Tensor>("worker1", "stage_then", Tanh(MatMul(x, w.weights[0])),
+                                                          std::string("worker2"), rpc::CallOptions{call_timeout});
+      s = y2.status();
+      if (s.ok()) s = ctx.Backward({Sum(Mul(*y2, *y2))}, BackwardOptions{.timeout = call_timeout});
+      if (s.ok()) {
+        ++exact;
+        ExpectClose(ctx.GradOf(x), lx.grad(), "x");
+        ExpectClose(ctx.GradOf(w.weights[0]), lw[0].grad(), "w0");
+        ExpectClose(w.engine(1).GradOf(ctx.id(), w.weights[1]), lw[1].grad(), "w1");
+        ExpectClose(w.engine(2).GradOf(ctx.id(), w.weights[2]), lw[2].grad(), "w2");
+      }
+    }  // released
+    EXPECT_LT(absl::Now() - start, 2 * call_timeout + absl::Seconds(12)) << s;  // forward, backward, release
+    if (!s.ok()) {
+      EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded ||
+                  s.code() == absl::StatusCode::kNotFound)
+          << s;
+      EXPECT_TRUE(absl::StrContains(s.message(), "worker")) << "names no worker: " << s;
+    }
+  }
+  return exact;
+}
+
+void ExpectNoContextsLeft(World& w) {
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(w.engine(r).AwaitContexts([](size_t live) { return live == 0; }, absl::Now() + absl::Seconds(20)))
+        << "worker" << r << " keeps " << w.engine(r).live_contexts() << " context(s)";
+  }
+}
+
+TEST(DistAutogradFaultTest, BackwardUnderRecoverableLinkFaultsIsExact) {
+  auto faults = rpc::testing::InjectFaults("drop:0.05,delay:0ms-1ms,duplicate:0.05,reorder:4,seed:31");
+  World w(3, faults);
+  ASSERT_NE(w.group, nullptr);
+  EXPECT_EQ(RunChains(w, 20, absl::Seconds(20)), 20);
+  ExpectNoContextsLeft(w);
+  const rpc::FaultStats stats = faults->stats();
+  EXPECT_GT(stats.retransmitted, 0u) << stats.ToString();
+  EXPECT_GT(stats.duplicates_discarded, 0u) << stats.ToString();
+  EXPECT_EQ(stats.connections_closed, 0u) << stats.ToString();
+}
+
+TEST(DistAutogradFaultTest, UnderClosingConnectionsEveryPassEndsInTimeAndNoContextIsLeft) {
+  auto faults = rpc::testing::InjectFaults("close_after:25,seed:32");
+  World w(3, faults);
+  ASSERT_NE(w.group, nullptr);
+  const int exact = RunChains(w, 40, absl::Seconds(5));
+  const rpc::FaultStats stats = faults->stats();
+  EXPECT_GT(exact, 0) << stats.ToString();
+  EXPECT_LT(exact, 40) << "no pass met a closing connection; " << stats.ToString();
+  EXPECT_GE(stats.connections_closed, 3u) << stats.ToString();
+  faults->Set(rpc::FaultSpec{});
+  ExpectNoContextsLeft(w);
 }
 
 }  // namespace

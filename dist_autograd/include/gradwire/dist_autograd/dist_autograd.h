@@ -91,6 +91,9 @@ class DistAutograd {
 
   // Contexts known on this worker (created here or joined by a call).
   size_t live_contexts() const;
+  // Waits until `until(live_contexts())` holds (re-checked whenever contexts come or go)
+  // or the deadline passes; returns whether it holds.
+  bool AwaitContexts(const std::function<bool(size_t live)>& until, absl::Time deadline) const;
   // The leaf gradients this worker holds for a context (created here or elsewhere), e.g.
   // for an optimizer step on the parameters it owns.
   std::vector<std::pair<Tensor, Tensor>> GradientsOf(rpc::GlobalId context_id) const;
