@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include "absl/strings/match.h"
+
 #include "agent_group.h"
 #include "gradwire/autograd/engine.h"
 #include "gradwire/autograd/functions.h"
@@ -46,13 +48,22 @@ TEST(ShardingTest, SparseIdsSpreadEvenly) {
 struct Deployment {
   std::vector<std::shared_ptr<ParameterServer>> servers{3};
   std::unique_ptr<rpc::testing::AgentGroup> group;
-  Deployment() {
-    group = rpc::testing::AgentGroup::Start(5, [this](rpc::Agent& a) {
-      if (a.self().rank < 3) servers[static_cast<size_t>(a.self().rank)] = *ParameterServer::Install(a);
-    });
+  explicit Deployment(std::shared_ptr<rpc::FaultInjector> faults = nullptr) {
+    rpc::AgentOptions o;
+    o.transport_options.faults = std::move(faults);
+    o.shutdown_timeout = absl::Seconds(5);
+    group = rpc::testing::AgentGroup::Start(
+        5,
+        [this](rpc::Agent& a) {
+          if (a.self().rank < 3) servers[static_cast<size_t>(a.self().rank)] = *ParameterServer::Install(a);
+        },
+        o);
   }
   Client MakeClient(int trainer, absl::Duration timeout = absl::Seconds(20)) {
-    return Client((*group)[3 + trainer], {"worker0", "worker1", "worker2"}, trainer, 2, timeout);
+    return MakeClient(trainer, ClientOptions{.sync_timeout = timeout});
+  }
+  Client MakeClient(int trainer, ClientOptions options) {
+    return Client((*group)[3 + trainer], {"worker0", "worker1", "worker2"}, trainer, 2, options);
   }
 };
 
@@ -255,6 +266,115 @@ TEST(ParameterServerTest, TheSameStepThroughPushPullAndThroughDistributedAutogra
   w_shards->clear();
   b_shards->clear();
   EXPECT_TRUE(g->ShutdownAll().ok()) << "no RRef is left referenced";
+}
+
+// ------------------------------------------------------------------ under faults
+
+// Two synchronous trainers push integer gradients (trainer t at step k: k + t + 1 on
+// every key) for `steps` steps through PushPull; the table must follow the fault-free
+// result exactly: init - lr * mean, once per step. Returns false if a step failed.
+bool TrainInLockstep(Deployment& d, ClientOptions options, int steps, int* failed_step, absl::Status* failure) {
+  Client c0 = d.MakeClient(0, options), c1 = d.MakeClient(1, options);
+  const Tensor init = Tensor::Full({3, 7}, 100.0);  // 21 keys over 3 servers
+  for (Client* c : {&c0, &c1}) {
+    if (absl::Status s = c->CreateDense("w", init, optim::Sgd{.lr = 1.0}, Consistency::kSync); !s.ok()) {
+      *failure = s;
+      *failed_step = -1;
+      return false;
+    }
+  }
+  float expected = 100.0f;
+  for (int step = 0; step < steps; ++step) {
+    Future<Tensor> n0 = c0.PushPull("w", step, Tensor::Full({3, 7}, step + 1.0));
+    Future<Tensor> n1 = c1.PushPull("w", step, Tensor::Full({3, 7}, step + 2.0));
+    expected -= static_cast<float>(step) + 1.5f;  // the mean of the two pushes
+    for (Future<Tensor>* f : {&n0, &n1}) {
+      absl::StatusOr<Tensor> v = f->Get(absl::Seconds(60));
+      if (!v.ok()) {
+        *failure = v.status();
+        *failed_step = step;
+        return false;
+      }
+      EXPECT_EQ(v->ToVector<float>(), std::vector<float>(21, expected)) << "step " << step;
+    }
+  }
+  return true;
+}
+
+TEST(ParameterServerFaultTest, SynchronousTrainingUnderRecoverableLinkFaultsIsExact) {
+  auto faults = rpc::testing::InjectFaults("drop:0.05,delay:0ms-1ms,duplicate:0.05,reorder:4,seed:41");
+  Deployment d(faults);
+  ASSERT_NE(d.group, nullptr);
+  int failed_step = 0;
+  absl::Status failure;
+  EXPECT_TRUE(TrainInLockstep(d, ClientOptions{.sync_timeout = absl::Seconds(20)}, 30, &failed_step, &failure))
+      << "step " << failed_step << ": " << failure;
+  const rpc::FaultStats stats = faults->stats();
+  EXPECT_GT(stats.retransmitted, 0u) << stats.ToString();
+  EXPECT_GT(stats.duplicates_discarded, 0u) << stats.ToString();
+  EXPECT_EQ(stats.connections_closed, 0u) << stats.ToString();
+  EXPECT_TRUE(d.group->ShutdownAll().ok());
+}
+
+// Connections that close every few frames: with reconnection, every step completes and
+// the table is exactly the fault-free one, so no acknowledged update was lost (and none
+// applied twice: a retried push of a step is counted once).
+TEST(ParameterServerFaultTest, SynchronousTrainingUnderClosingConnectionsLosesNoUpdate) {
+  auto faults = rpc::testing::InjectFaults("close_after:30,seed:42");
+  Deployment d(faults);
+  ASSERT_NE(d.group, nullptr);
+  int failed_step = 0;
+  absl::Status failure;
+  EXPECT_TRUE(TrainInLockstep(d,
+                              ClientOptions{.sync_timeout = absl::Seconds(20),
+                                            .reconnect_timeout = absl::Seconds(20)},
+                              30, &failed_step, &failure))
+      << "step " << failed_step << ": " << failure;
+  const rpc::FaultStats stats = faults->stats();
+  EXPECT_GE(stats.connections_closed, 5u) << stats.ToString();
+  faults->Set(rpc::FaultSpec{});
+  (void)d.group->ShutdownAll();  // bounded by shutdown_timeout
+}
+
+// Without reconnection, a step that meets a closing connection fails at once, naming
+// the server it could not reach; steps before it were applied exactly.
+TEST(ParameterServerFaultTest, WithoutReconnectionAClosedConnectionFailsTheStepNamingTheServer) {
+  auto faults = rpc::testing::InjectFaults("close_after:30,seed:43");
+  Deployment d(faults);
+  ASSERT_NE(d.group, nullptr);
+  int failed_step = 0;
+  absl::Status failure;
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(TrainInLockstep(d, ClientOptions{.sync_timeout = absl::Seconds(5)}, 30, &failed_step, &failure));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_TRUE(failure.code() == absl::StatusCode::kUnavailable || failure.code() == absl::StatusCode::kDeadlineExceeded)
+      << failure;
+  EXPECT_TRUE(absl::StrContains(failure.message(), "worker")) << "names no worker: " << failure;
+  faults->Set(rpc::FaultSpec{});
+  (void)d.group->ShutdownAll();
+}
+
+// Asynchronous pushes under closing connections, with reconnection: every acknowledged
+// push is in the table (asynchronous tables apply a retried push again, so at least
+// once: client.h).
+TEST(ParameterServerFaultTest, AsynchronousPushesUnderClosingConnectionsAreAllApplied) {
+  auto faults = rpc::testing::InjectFaults("close_after:20,seed:44");
+  Deployment d(faults);
+  ASSERT_NE(d.group, nullptr);
+  Client c0 = d.MakeClient(0, ClientOptions{.sync_timeout = absl::Seconds(20), .reconnect_timeout = absl::Seconds(20)});
+  ASSERT_TRUE(c0.CreateDense("a", Tensor::Zeros({9}), optim::Sgd{.lr = 1.0}, Consistency::kAsync).ok());
+  int acknowledged = 0;
+  for (int k = 0; k < 60; ++k) {
+    absl::StatusOr<bool> pushed = c0.Push("a", k, Tensor::Ones({9})).Get(absl::Seconds(60));
+    EXPECT_TRUE(pushed.ok()) << "push " << k << ": " << pushed.status();
+    if (pushed.ok()) ++acknowledged;
+  }
+  faults->Set(rpc::FaultSpec{});
+  absl::StatusOr<Tensor> v = c0.Pull("a", 60).Get(absl::Seconds(60));
+  ASSERT_TRUE(v.ok()) << v.status();
+  for (float x : v->ToVector<float>()) EXPECT_LE(x, -static_cast<float>(acknowledged)) << "an acknowledged push was lost";
+  EXPECT_GE(faults->stats().connections_closed, 5u) << faults->stats().ToString();
+  (void)d.group->ShutdownAll();
 }
 
 }  // namespace

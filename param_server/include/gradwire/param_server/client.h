@@ -36,7 +36,8 @@
 //     TimerQueue, no thread sleeps) until the server is back or the timeout passes; a
 //     retried pull first sends this trainer's last push of that table to that server
 //     again (a restarted server may have lost it), and the server counts each (trainer,
-//     clock) once under kSync and kBoundedStaleness (server.h). The agent re-reads a
+//     clock) once under kSync and kBoundedStaleness (server.h); a kAsync table applies a
+//     retried push again (at least once: no acknowledged push is lost). The agent re-reads a
 //     restarted server's address from the store. Other errors are not retried.
 //   - The agent must outlive the Client, and the Client the futures it returned.
 //   - Errors name the server; futures complete on transport or pool threads.
