@@ -402,7 +402,9 @@ class Agent::Impl {
     if (env.has_rrefs) {
       // RRefs in the payload become references held here (rref.h protocol).
       if (absl::Status s = rrefs_->AdoptIncoming(&env.payload, from); !s.ok()) {
-        dispatcher_->Refuse(conn, env.id, absl::InvalidArgumentError(absl::StrCat(env.function, ": ", s.message())));
+        // Its own code: malformed (INVALID_ARGUMENT), freed (NOT_FOUND), a dead worker's
+        // (UNAVAILABLE), or we are shutting down.
+        dispatcher_->Refuse(conn, env.id, absl::Status(s.code(), absl::StrCat(env.function, ": ", s.message())));
         return;
       }
     }

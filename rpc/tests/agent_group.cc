@@ -68,6 +68,14 @@ std::shared_ptr<FaultInjector> InjectFaults(absl::string_view spec) {
   return std::make_shared<FaultInjector>(parsed.ok() ? *std::move(parsed) : FaultSpec{});
 }
 
+void ExpectRepairedWithoutCloses(const FaultInjector& faults) {
+  const FaultStats stats = faults.stats();
+  EXPECT_GT(stats.dropped, 0u) << stats.ToString();
+  EXPECT_GT(stats.retransmitted, 0u) << stats.ToString();
+  EXPECT_GT(stats.duplicates_discarded, 0u) << stats.ToString();
+  EXPECT_EQ(stats.connections_closed, 0u) << stats.ToString();
+}
+
 AgentGroup::~AgentGroup() {
   agents_.clear();
   if (store_) store_->Shutdown();

@@ -44,6 +44,9 @@ class AgentGroup {
 // for AgentOptions::transport_options.faults; a spec that does not parse fails the test
 // and injects nothing.
 std::shared_ptr<FaultInjector> InjectFaults(absl::string_view spec);
+// Expects the faults of a drop/duplicate plan to have happened and been repaired by the
+// link (retransmissions, discarded duplicates) without closing any connection.
+void ExpectRepairedWithoutCloses(const FaultInjector& faults);
 
 // Runs this binary (/proc/self/exe) as a child with GW_TEST_ROLE=role and the given extra
 // environment; the child is killed when this process dies.
