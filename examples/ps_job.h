@@ -47,8 +47,13 @@ inline void ShowAddress(const rpc::Agent& agent) {
   std::printf("%s: announced %s\n", agent.self().name.c_str(), agent.self().address.c_str());
 }
 
-// --show_network: after shutdown, what went through shared memory.
-inline void ShowSharedMemory(const rpc::Agent& agent) {
+// After shutdown: with --show_network, what went through shared memory; under
+// GRADWIRE_FAULTS, what the fault injector did to this process's connections.
+inline void ShowAfterShutdown(const rpc::Agent& agent) {
+  if (const auto& faults = agent.options().transport_options.faults) {
+    std::printf("%s: faults (%s): %s\n", agent.self().name.c_str(), faults->spec().ToString().c_str(),
+                faults->stats().ToString().c_str());
+  }
   if (!absl::GetFlag(FLAGS_show_network)) return;
   const rpc::TransportStats stats = agent.transport_stats();
   std::printf("%s: shared memory: connections=%lld tensors=%lld\n", agent.self().name.c_str(),
@@ -81,7 +86,7 @@ inline int Serve(rpc::AgentOptions options) {
               restored > 0 ? absl::StrCat(" (", restored, " tables restored from its checkpoint)").c_str() : "");
   // Serves until every worker has reached shutdown (the trainers, when they are done).
   absl::Status s = (*agent)->Shutdown();
-  ShowSharedMemory(**agent);
+  ShowAfterShutdown(**agent);
   return s.ok() ? 0 : Fail("shutdown", s);
 }
 
@@ -127,7 +132,7 @@ inline int StartTrainer(const rpc::AgentOptions& options, int servers, TrainerSe
 // accuracy below `required`.
 inline int Finish(rpc::Agent& agent, bool show, double test_acc, double required) {
   if (absl::Status s = agent.Shutdown(); !s.ok()) return Fail("shutdown", s);
-  ShowSharedMemory(agent);
+  ShowAfterShutdown(agent);
   if (show && test_acc < required) {
     std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc, required);
     return 1;

@@ -18,6 +18,7 @@
 #include "gradwire/data/loader.h"          // DataLoader
 #include "gradwire/data/progress.h"        // ProgressBar
 #include "gradwire/rpc/agent.h"            // Agent, AgentOptions, CallOptions, Future, RRef
+#include "gradwire/rpc/faults.h"           // FaultInjector, FaultSpec (fault injection)
 #include "gradwire/dist_nn/remote_module.h"  // RemoteModule, RegisterModuleFactory
 #include "gradwire/dist_autograd/dist_autograd.h"  // DistAutograd, Context (distributed backward)
 #include "gradwire/worker/launcher.h"      // Launch (gradwire launch)
