@@ -168,11 +168,11 @@ TEST(AgentTest, StartStopHundredTimesLeaksNoThreadsOrSockets) {
     ASSERT_EQ(*(*group)[0].Sync<int64_t>("worker1", "noop"), 0);
     ASSERT_TRUE(group->ShutdownAll().ok());
   };
-  once();  // let gRPC start its process-wide threads
-  absl::SleepFor(absl::Milliseconds(200));
+  once();  // gRPC starts its process-wide threads
+  once();
   const int threads = testing::CountThreads(), fds = testing::CountOpenFds();
   for (int i = 0; i < 100; ++i) once();
-  absl::SleepFor(absl::Milliseconds(500));
+  // Shutdown joins every thread and closes every socket an agent made.
   EXPECT_LE(testing::CountThreads(), threads + 2);
   EXPECT_LE(testing::CountOpenFds(), fds + 2);
 }

@@ -65,6 +65,13 @@ class Inbox {
     absl::MutexLock lock(&mu_);
     return last_conn_;
   }
+  // Forgets the messages and flushes seen so far (not the connection or the closes).
+  void Clear() {
+    absl::MutexLock lock(&mu_);
+    messages_.clear();
+    flushed_ = 0;
+    empty_flushes_ = 0;
+  }
 
  private:
   absl::Mutex mu_;
@@ -75,6 +82,19 @@ class Inbox {
   int empty_flushes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t unflushed_at_close_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// Sends "ping" over `conn` (dialled with `client`'s callbacks) and waits until the side
+// that `server` collects has answered "pong": by then each side has processed what the
+// other sent before, a transport's own handshake included. Both inboxes are cleared.
+inline bool RoundTrip(Connection& conn, Inbox& server, Inbox& client, absl::Duration timeout = absl::Seconds(20)) {
+  conn.Send(Message{"ping", {}});
+  if (!server.WaitMessages(1, timeout)) return false;
+  server.last_conn()->Send(Message{"pong", {}});
+  if (!client.WaitMessages(1, timeout)) return false;
+  server.Clear();
+  client.Clear();
+  return true;
+}
 
 }  // namespace gw::rpc::testing
 

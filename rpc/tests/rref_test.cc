@@ -252,7 +252,8 @@ TEST(RRefTest, ShuttingDownWhileACallWaitsForAValueStillBeingCreatedDoesNotHang)
   ASSERT_NE(g, nullptr);
   RRef<int64_t> slow = (*g)[0].Remote<int64_t>("worker1", "sleep_ms", int64_t{300});
   Future<int64_t> waiting = slow.Async<int64_t>("sleep_ms");  // method on the pending value
-  absl::SleepFor(absl::Milliseconds(50));
+  // The REMOTE has arrived (the call follows it on the same connection).
+  ASSERT_TRUE((*g)[1].AwaitRRefs([](const RRefStats& s) { return s.owned > 0; }, absl::Now() + absl::Seconds(10)));
   const absl::Time start = absl::Now();
   EXPECT_TRUE((*g)[1].Shutdown(/*graceful=*/false).ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -302,7 +303,15 @@ TEST(RRefTest, RRefsInAReplyThatArrivesAfterTheTimeoutAreReleased) {
   absl::StatusOr<RRef<Tensor>> late = (*g)[0].Sync<RRef<Tensor>>(
       "worker1", "rref_own_after", Tensor::Ones({3}), int64_t{300}, CallOptions{absl::Milliseconds(50)});
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
-  absl::SleepFor(absl::Milliseconds(400));  // the reply arrives, its RRef is adopted and dropped
+  // The owner creates the value after the caller gave up; the reply's RRef is adopted and
+  // dropped, and the owner frees it.
+  bool created = false;
+  EXPECT_TRUE((*g)[1].AwaitRRefs(
+      [&created](const RRefStats& s) {
+        created = created || s.owned > 0;
+        return created && s.owned == 0 && s.owner_forks == 0;
+      },
+      absl::Now() + absl::Seconds(20)));
   ExpectAllReleased(*g);
   EXPECT_TRUE(g->ShutdownAll().ok());
 }

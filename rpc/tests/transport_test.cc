@@ -261,7 +261,7 @@ TEST_P(TransportTest, TensorsModifiedAfterSendArriveWholeNeverTorn) {
   // With shm-cma the receiver copies large tensors out of the sender's memory after Send
   // returned; a sender that overwrites the tensor meanwhile must not produce a mix.
   conn_ = Dial();
-  absl::SleepFor(absl::Milliseconds(50));  // let the shm handshake finish
+  ASSERT_TRUE(testing::RoundTrip(*conn_, server_inbox_, client_inbox_));  // the shm handshake is done
   constexpr int kMessages = 20;
   for (int i = 0; i < kMessages; ++i) {
     Tensor t = Tensor::Full({1 << 20}, 1.0);  // 4 MiB
@@ -291,7 +291,7 @@ TEST(ShmTransportTest, AFullArenaFallsBackToCrossMemoryAttachAndNothingIsOverwri
   ASSERT_TRUE(address.ok());
   auto conn = client->Connect(*address, unused.Callbacks(), absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(conn.ok());
-  absl::SleepFor(absl::Milliseconds(50));  // let the shm handshake finish
+  ASSERT_TRUE(testing::RoundTrip(**conn, inbox, unused));  // the shm handshake is done
   constexpr int kMessages = 12;  // 2 MiB each: three fit in the arena
   for (int round = 0; round < 2; ++round) {
     for (int i = 0; i < kMessages; ++i) {
