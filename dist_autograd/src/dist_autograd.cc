@@ -154,7 +154,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     absl::MutexLock lock(&mu_);
     for (int rank : {from, id.rank()}) {
       if (gone_.contains(rank)) {
-        return rpc::UnavailableError(Name(rank), "it was declared dead when its connection closed");
+        return rpc::DeclaredDeadError(Name(rank));
       }
     }
     auto& slot = contexts_[id];

@@ -10,6 +10,10 @@ absl::Status ShuttingDownError(absl::string_view worker, absl::string_view what)
                                            : absl::StrCat(worker, " is shutting down: ", what));
 }
 
+absl::Status DeclaredDeadError(absl::string_view peer) {
+  return UnavailableError(peer, "it was declared dead when its connection closed");
+}
+
 absl::Status UnavailableError(absl::string_view peer, absl::string_view detail) {
   return absl::UnavailableError(absl::StrCat(peer, " is unavailable: ", detail));
 }

@@ -300,7 +300,7 @@ void RRefContext::FailUnfilled(GlobalId rref_id, const absl::Status& s) {
 }
 
 absl::Status RRefContext::GoneError(int rank) const {
-  return UnavailableError(WorkerName(rank), "it was declared dead when its connection closed");
+  return DeclaredDeadError(WorkerName(rank));
 }
 
 void RRefContext::FailIfCreatorGone(GlobalId rref_id, Owned& e, Outbox& out) {
@@ -697,16 +697,7 @@ Future<Value> RRefContext::OnCall(const CallInfo& info, RRefCall m) {
 Future<Value> RRefContext::Fetch(const RRefDescriptor& d, bool is_owner, CallOptions options) {
   if (closed()) return Failed(ShutDown());
   if (is_owner) return ValueOf(d.rref_id);
-  if (absl::Status s = UsableFork(d); !s.ok()) return Failed(s);
-  Promise<Value> promise(Exec());
-  WhenRegistered(d, [ctx = shared_from_this(), d, options, promise] {
-    if (ctx->closed()) {
-      promise.Set(ctx->ShutDown());
-      return;
-    }
-    ctx->hooks_.agent->Send(ctx->WorkerName(d.owner), RRefFetch{d.rref_id}, options, ctx->Completion(d, promise));
-  });
-  return promise.future();
+  return SendThroughFork(d, RRefFetch{d.rref_id}, options);
 }
 
 Future<Value> RRefContext::Call(const RRefDescriptor& d, bool is_owner, const std::string& method, ValueList args,
@@ -716,16 +707,36 @@ Future<Value> RRefContext::Call(const RRefDescriptor& d, bool is_owner, const st
     return OnCall(CallInfo{WorkerName(hooks_.self_rank), method, hooks_.self_rank},
                   RRefCall{d.rref_id, method, std::move(args)});
   }
-  if (absl::Status s = UsableFork(d); !s.ok()) return Failed(s);
+  return SendThroughFork(d, RRefCall{d.rref_id, method, std::move(args)}, options);
+}
+
+template <typename M>
+Future<Value> RRefContext::SendThroughFork(const RRefDescriptor& d, M message, CallOptions options) {
   Promise<Value> promise(Exec());
-  WhenRegistered(d, [ctx = shared_from_this(), d, method, args = std::move(args), options, promise]() mutable {
+  std::function<void()> send = [ctx = shared_from_this(), d, message = std::move(message), options, promise]() mutable {
     if (ctx->closed()) {
       promise.Set(ctx->ShutDown());
       return;
     }
-    ctx->hooks_.agent->Send(ctx->WorkerName(d.owner), RRefCall{d.rref_id, method, std::move(args)}, options,
-                            ctx->Completion(d, promise));
-  });
+    ctx->hooks_.agent->Send(ctx->WorkerName(d.owner), std::move(message), options, ctx->Completion(d, promise));
+  };
+  absl::Status failed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = users_.find(d.fork_id);
+    if (closed_) {
+      failed = ShutDown();
+    } else if (it != users_.end() && it->second.state == ForkState::kFailed) {
+      failed = it->second.error;
+    } else if (it != users_.end() && it->second.state == ForkState::kPending && it->second.accept_to >= 0) {
+      // Received from another user: the request could overtake the fork's FORK and the
+      // creator's REMOTE and reach an owner that does not know the RRef yet.
+      it->second.after_registration.push_back(std::move(send));
+      return promise.future();
+    }
+  }
+  if (!failed.ok()) return Failed(failed);
+  send();
   return promise.future();
 }
 
@@ -740,18 +751,6 @@ std::function<void(absl::StatusOr<Value>)> RRefContext::Completion(const RRefDes
     }
     promise.Set(std::move(r));
   };
-}
-
-void RRefContext::WhenRegistered(const RRefDescriptor& d, std::function<void()> send) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = users_.find(d.fork_id);
-    if (it != users_.end() && it->second.state == ForkState::kPending && it->second.accept_to >= 0) {
-      it->second.after_registration.push_back(std::move(send));
-      return;
-    }
-  }
-  send();
 }
 
 absl::Status RRefContext::UsableFork(const RRefDescriptor& d) {

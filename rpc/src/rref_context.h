@@ -135,8 +135,10 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
                      std::optional<Future<Value>> self_value);
   void Unfork(const RRefDescriptor& child, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UsableFork(const RRefDescriptor& d);
-  // Runs `send` now, or once the owner has registered the fork (or refused it).
-  void WhenRegistered(const RRefDescriptor& d, std::function<void()> send);
+  // A FETCH or CALL through the user fork `d`: fails with the fork's error, or is sent
+  // now, or once the owner has registered the fork (UserFork::after_registration).
+  template <typename M>
+  Future<Value> SendThroughFork(const RRefDescriptor& d, M message, CallOptions options);
   std::function<void(absl::StatusOr<Value>)> Completion(const RRefDescriptor& d, Promise<Value> promise);
   Owned& OwnedEntry(GlobalId rref_id, const std::string& type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeFree(GlobalId rref_id, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

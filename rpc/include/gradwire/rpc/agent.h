@@ -28,6 +28,9 @@
 //     UNAVAILABLE        the peer is dead, unreachable, or shutting down; always names it
 //                        ("<peer> is unavailable: ..." or "call to <peer>.<function>
 //                        failed: ..."). The only error a retry can fix (IsRetryable).
+//                        A connection that closes while the agent runs declares its peer
+//                        dead: plain calls dial again, but RRefs and autograd contexts
+//                        refuse that peer from then on (DeclaredDeadError).
 //     DEADLINE_EXCEEDED  the call (or operation) did not finish in time; names the peer.
 //     NOT_FOUND          no such worker, or the callee has no such function (names both).
 //     INVALID_ARGUMENT   an argument or the result has the wrong type or count, or the

@@ -8,6 +8,9 @@
 //   - UnavailableError: UNAVAILABLE, "<peer> is unavailable: <detail>". A dead or
 //     unreachable peer, always named. A peer that refuses work because *it* is shutting
 //     down answers UNAVAILABLE too: from the caller's side that peer is going away.
+//   - DeclaredDeadError: UNAVAILABLE, the same, for a peer this agent declared dead when
+//     a connection to it closed; the stateful layers (RRefs, autograd contexts) refuse it
+//     from then on (agent.h).
 //   - IsRetryable: only what a retry can fix, UNAVAILABLE (a dropped connection is
 //     redialled, a restarted worker announces its new address). Never a handler's own
 //     error, never DEADLINE_EXCEEDED (the time is spent), never CANCELLED.
@@ -29,6 +32,7 @@ namespace gw::rpc {
 
 absl::Status ShuttingDownError(absl::string_view worker, absl::string_view what = "");
 absl::Status UnavailableError(absl::string_view peer, absl::string_view detail);
+absl::Status DeclaredDeadError(absl::string_view peer);
 inline bool IsRetryable(const absl::Status& s) { return s.code() == absl::StatusCode::kUnavailable; }
 
 // REQUIRES: called inside a catch block (it rethrows the current exception to classify it).
