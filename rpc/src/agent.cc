@@ -441,14 +441,7 @@ class Agent::Impl {
 
   absl::StatusOr<Message> EncodeReply(int to, uint64_t id, const absl::StatusOr<Value>& result,
                                       const CallHooks::Scope& scope) {
-    Envelope env;
-    env.kind = Kind::kResponse;
-    env.id = id;
-    if (result.ok()) {
-      env.payload = *result;
-    } else {
-      env.status = result.status();
-    }
+    Envelope env = internal::ReplyEnvelope(id, result);
     if (absl::Status s = rrefs_->PrepareOutgoing(&env.payload, to); !s.ok()) {
       env.payload = Value();
       env.status = s;

@@ -124,6 +124,18 @@ absl::StatusOr<Value> FromProto(const pb::Value& v, const std::vector<Tensor>& t
 
 }  // namespace
 
+Envelope ReplyEnvelope(uint64_t id, const absl::StatusOr<Value>& result) {
+  Envelope e;
+  e.kind = Kind::kResponse;
+  e.id = id;
+  if (result.ok()) {
+    e.payload = *result;
+  } else {
+    e.status = result.status();
+  }
+  return e;
+}
+
 absl::StatusOr<Message> EncodeEnvelope(const Envelope& e) {
   pb::Envelope env;
   env.set_id(e.id);

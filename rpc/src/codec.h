@@ -25,6 +25,9 @@ struct Envelope {
   bool has_rrefs = false;  // decoding met an RRef (the agent must adopt it)
 };
 
+// The reply to call `id`: its value, or its error.
+Envelope ReplyEnvelope(uint64_t id, const absl::StatusOr<Value>& result);
+
 absl::StatusOr<Message> EncodeEnvelope(const Envelope& envelope);
 // Validates tensor indices, nesting depth and enum values; never trusts the peer.
 absl::StatusOr<Envelope> DecodeEnvelope(Message message);

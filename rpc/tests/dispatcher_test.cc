@@ -20,15 +20,7 @@ class DispatcherTest : public ::testing::Test {
         "server", pool_,
         Dispatcher::Peers{[](const Connection*) { return 3; }, [](int rank) { return absl::StrCat("peer", rank); },
                           [](int, uint64_t id, const absl::StatusOr<Value>& result, const CallHooks::Scope&) {
-                            Envelope e;
-                            e.kind = Kind::kResponse;
-                            e.id = id;
-                            if (result.ok()) {
-                              e.payload = *result;
-                            } else {
-                              e.status = result.status();
-                            }
-                            return EncodeEnvelope(e);
+                            return EncodeEnvelope(ReplyEnvelope(id, result));
                           }});
     server_ = *MakeTransport("tcp");
     client_ = *MakeTransport("tcp");

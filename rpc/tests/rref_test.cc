@@ -132,8 +132,39 @@ TEST(RRefTest, ObjectsStayOnTheirOwnerAndConcurrentProxiesSeeOneObject) {
   EXPECT_TRUE(g->ShutdownAll().ok());
 }
 
-// An RRef owned by `owner`, obtained on `first`, handed to `second` (which stashes it and
-// reads it), then handed by `second` to `third`, in every assignment of three workers.
+// One fork path: `first` creates an RRef owned by `owner` (Own or Remote) and hands it to
+// `second` (which reads it), `second` hands its fork to `third` (a grandchild), and
+// `second` returns it (a new fork for `first`); an object owned by `owner` is called
+// through its RRef. Then every worker drops what it holds and every table empties.
+void RunForkPath(AgentGroup& g, int owner, int first, int second, int third) {
+  SCOPED_TRACE(absl::StrCat("owner ", owner, " first ", first, " second ", second, " third ", third));
+  const double value = owner * 100 + first * 10 + second + third * 0.5;
+  const std::string owner_name = absl::StrCat("worker", owner), second_name = absl::StrCat("worker", second);
+  {
+    Agent& a = g[first];
+    RRef<Tensor> r = first == owner ? a.Own(Tensor::Full({2}, value))
+                                    : a.Remote<Tensor>(owner_name, "make_full", int64_t{2}, value);
+    absl::StatusOr<double> s1 = a.Sync<double>(second_name, "rref_stash", r);
+    ASSERT_TRUE(s1.ok()) << s1.status();
+    EXPECT_EQ(*s1, 2 * value);
+    absl::StatusOr<double> s2 = a.Sync<double>(second_name, "rref_forward", r, absl::StrCat("worker", third));
+    ASSERT_TRUE(s2.ok()) << s2.status();
+    EXPECT_EQ(*s2, 2 * value);
+    absl::StatusOr<RRef<Tensor>> back = a.Sync<RRef<Tensor>>(second_name, "rref_echo", r);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->id(), r.id());
+    EXPECT_EQ(kernels::Sum(*back->ToHere()).item(), 2 * value);
+    RRef<std::shared_ptr<testing::Counter>> counter =
+        a.Remote<std::shared_ptr<testing::Counter>>(owner_name, "make_counter", int64_t{7});
+    absl::StatusOr<int64_t> added = counter.Sync<int64_t>("counter_add", int64_t{5});
+    ASSERT_TRUE(added.ok()) << added.status();
+    EXPECT_EQ(*added, 12);
+  }  // first drops its handles while the others still hold forks
+  for (int w = 0; w < 3; ++w) ASSERT_TRUE(g[0].Sync<int64_t>(absl::StrCat("worker", w), "rref_clear").ok());
+  ExpectAllReleased(g);
+}
+
+// RunForkPath in every assignment of three workers to owner, first, second and third.
 TEST(RRefTest, ForksAcrossThreeWorkersInEveryOrder) {
   auto g = StartGroup(3);
   ASSERT_NE(g, nullptr);
@@ -142,32 +173,7 @@ TEST(RRefTest, ForksAcrossThreeWorkersInEveryOrder) {
     for (int first = 0; first < 3; ++first) {
       for (int second = 0; second < 3; ++second) {
         for (int third = 0; third < 3; ++third) {
-          SCOPED_TRACE(absl::StrCat("owner ", owner, " first ", first, " second ", second, " third ", third));
-          const double value = owner * 100 + first * 10 + second + third * 0.5;
-          const std::string second_name = absl::StrCat("worker", second);
-          {
-            Agent& a = (*g)[first];
-            RRef<Tensor> r = first == owner ? a.Own(Tensor::Full({2}, value))
-                                            : a.Remote<Tensor>(absl::StrCat("worker", owner), "make_full",
-                                                               int64_t{2}, value);
-            absl::StatusOr<double> s1 = a.Sync<double>(second_name, "rref_stash", r);
-            ASSERT_TRUE(s1.ok()) << s1.status();
-            EXPECT_EQ(*s1, 2 * value);
-            // second forwards its fork to third: a grandchild.
-            absl::StatusOr<double> s2 =
-                a.Sync<double>(second_name, "rref_forward", r, absl::StrCat("worker", third));
-            ASSERT_TRUE(s2.ok()) << s2.status();
-            EXPECT_EQ(*s2, 2 * value);
-            // An RRef returned as a result comes back as a new fork.
-            absl::StatusOr<RRef<Tensor>> back = a.Sync<RRef<Tensor>>(second_name, "rref_echo", r);
-            ASSERT_TRUE(back.ok()) << back.status();
-            EXPECT_EQ(back->id(), r.id());
-            EXPECT_EQ(kernels::Sum(*back->ToHere()).item(), 2 * value);
-          }  // first drops its handles while the others still hold forks
-          for (int w = 0; w < 3; ++w) {
-            ASSERT_TRUE((*g)[0].Sync<int64_t>(absl::StrCat("worker", w), "rref_clear").ok());
-          }
-          ExpectAllReleased(*g);
+          RunForkPath(*g, owner, first, second, third);
           ++cases;
         }
       }
@@ -326,32 +332,7 @@ TEST(RRefFaultTest, ForksUnderRecoverableLinkFaultsAreExactAndEveryTableEmpties)
   ASSERT_NE(g, nullptr);
   for (int owner = 0; owner < 3; ++owner) {
     for (int first = 0; first < 3; ++first) {
-      for (int second = 0; second < 3; ++second) {
-        SCOPED_TRACE(absl::StrCat("owner ", owner, " first ", first, " second ", second));
-        const int third = (second + 1) % 3;
-        const double value = owner * 100 + first * 10 + second;
-        {
-          Agent& a = (*g)[first];
-          RRef<Tensor> r = first == owner ? a.Own(Tensor::Full({2}, value))
-                                          : a.Remote<Tensor>(absl::StrCat("worker", owner), "make_full",
-                                                             int64_t{2}, value);
-          const std::string second_name = absl::StrCat("worker", second);
-          absl::StatusOr<double> stashed = a.Sync<double>(second_name, "rref_stash", r);
-          ASSERT_TRUE(stashed.ok()) << stashed.status();
-          EXPECT_EQ(*stashed, 2 * value);
-          absl::StatusOr<double> forwarded =
-              a.Sync<double>(second_name, "rref_forward", r, absl::StrCat("worker", third));
-          ASSERT_TRUE(forwarded.ok()) << forwarded.status();
-          EXPECT_EQ(*forwarded, 2 * value);
-          RRef<std::shared_ptr<testing::Counter>> counter =
-              a.Remote<std::shared_ptr<testing::Counter>>(absl::StrCat("worker", owner), "make_counter", int64_t{7});
-          absl::StatusOr<int64_t> added = counter.Sync<int64_t>("counter_add", int64_t{5});
-          ASSERT_TRUE(added.ok()) << added.status();
-          EXPECT_EQ(*added, 12);
-        }
-        for (int w = 0; w < 3; ++w) ASSERT_TRUE((*g)[0].Sync<int64_t>(absl::StrCat("worker", w), "rref_clear").ok());
-        ExpectAllReleased(*g);
-      }
+      for (int second = 0; second < 3; ++second) RunForkPath(*g, owner, first, second, (second + 1) % 3);
     }
   }
   testing::ExpectRepairedWithoutCloses(*faults);
