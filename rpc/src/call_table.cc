@@ -1,5 +1,7 @@
 #include "call_table.h"
 
+#include <algorithm>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -13,17 +15,19 @@ CallTable::CallTable(TimerQueue& timers, std::function<std::string(int)> describ
 CallTable::~CallTable() { Close(absl::CancelledError("the call table was destroyed")); }
 
 uint64_t CallTable::Add(int rank, std::string function, absl::Duration timeout, Done done, size_t* in_flight) {
+  const absl::Time when = absl::Now() + timeout;
   absl::Status closed;
   {
     absl::MutexLock lock(&mu_);
     if (in_flight != nullptr) *in_flight = pending_.size();
     if (closed_.ok()) {
       const uint64_t id = next_id_++;
-      Pending& p = pending_.emplace(id, Pending{std::move(done), rank, std::move(function), timeout, {}}).first->second;
-      // Armed under the lock (the timer queue runs callbacks without its own lock), so an
-      // expiry always finds the entry or finds it completed. The queue outlives the table's
-      // Close, so it never runs the callback here.
-      p.timer = timers_.After(timeout, [this, id] { Expire(id); });
+      pending_.emplace(id, Pending{std::move(done), rank, std::move(function), timeout});
+      if (when != absl::InfiniteFuture()) {
+        deadlines_.push_back({when, id});
+        std::push_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
+        ArmEarliest();
+      }
       return id;
     }
     closed = closed_;
@@ -32,18 +36,38 @@ uint64_t CallTable::Add(int rank, std::string function, absl::Duration timeout, 
   return 0;
 }
 
+void CallTable::ArmEarliest() {
+  if (deadlines_.empty()) return;
+  const absl::Time earliest = deadlines_.front().when;
+  if (!armed_.empty() && armed_.when <= earliest) return;
+  if (!armed_.empty()) timers_.Cancel(armed_);  // a callback already running finds nothing due
+  // The queue outlives the table's Close, so At never runs the callback here.
+  armed_ = timers_.At(earliest, [this, earliest] { OnTimer(earliest); });
+}
+
+void CallTable::Forget() {
+  // An armed timer is left to fire when nothing is pending: the next call's deadline is
+  // later, so a caller making one call at a time arms no timer per call.
+  if (pending_.empty()) {
+    deadlines_.clear();
+  } else if (deadlines_.size() > 64 && deadlines_.size() > 2 * pending_.size()) {
+    std::erase_if(deadlines_, [this](const Deadline& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !pending_.contains(d.id);
+    });
+    std::make_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
+  }
+}
+
 bool CallTable::Complete(uint64_t id, absl::StatusOr<Value> result) {
   Done done;
-  TimerQueue::Handle timer;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(id);
     if (it == pending_.end()) return false;
     done = std::move(it->second.done);
-    timer = it->second.timer;
     pending_.erase(it);
+    Forget();
   }
-  timers_.Cancel(timer);
   done(std::move(result));
   return true;
 }
@@ -55,17 +79,27 @@ std::optional<CallTable::Call> CallTable::Find(uint64_t id) const {
   return Call{it->second.rank, it->second.function};
 }
 
-void CallTable::Expire(uint64_t id) {
-  Pending p;
+void CallTable::OnTimer(absl::Time armed_for) {
+  std::vector<Pending> expired;
   {
     absl::MutexLock lock(&mu_);
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return;
-    p = std::move(it->second);
-    pending_.erase(it);
+    if (!armed_.empty() && armed_.when == armed_for) armed_ = {};
+    const absl::Time now = absl::Now();
+    while (!deadlines_.empty() && deadlines_.front().when <= now) {
+      std::pop_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
+      auto it = pending_.find(deadlines_.back().id);
+      deadlines_.pop_back();
+      if (it == pending_.end()) continue;  // completed before its deadline
+      expired.push_back(std::move(it->second));
+      pending_.erase(it);
+    }
+    Forget();
+    ArmEarliest();
   }
-  p.done(absl::DeadlineExceededError(absl::StrCat("call to ", describe_(p.rank), ".", p.function, " timed out after ",
-                                                  absl::FormatDuration(p.timeout))));
+  for (Pending& p : expired) {
+    p.done(absl::DeadlineExceededError(absl::StrCat("call to ", describe_(p.rank), ".", p.function,
+                                                    " timed out after ", absl::FormatDuration(p.timeout))));
+  }
 }
 
 void CallTable::FailPeer(int rank, const absl::Status& why) {
@@ -80,11 +114,11 @@ void CallTable::FailPeer(int rank, const absl::Status& why) {
         ++it;
       }
     }
+    Forget();
   }
   const absl::StatusCode code =
       why.code() == absl::StatusCode::kFailedPrecondition ? why.code() : absl::StatusCode::kUnavailable;
   for (Pending& p : failed) {
-    timers_.Cancel(p.timer);
     p.done(absl::Status(code, absl::StrCat("call to ", describe_(rank), ".", p.function, " failed: ", why.message())));
   }
 }
@@ -97,11 +131,11 @@ void CallTable::Close(const absl::Status& why) {
     closed_ = why.ok() ? absl::CancelledError("the call table is closed") : why;
     for (auto& [id, p] : pending_) failed.push_back(std::move(p));
     pending_.clear();
+    deadlines_.clear();
+    if (!armed_.empty()) timers_.Cancel(armed_);
+    armed_ = {};
   }
-  for (Pending& p : failed) {
-    timers_.Cancel(p.timer);
-    p.done(why);
-  }
+  for (Pending& p : failed) p.done(why);
 }
 
 size_t CallTable::size() const {

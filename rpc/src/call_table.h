@@ -1,8 +1,8 @@
 // Internal: CallTable, the calls this agent made that await a reply.
 //
 // Contract
-//   - Add registers a call to worker `rank` and arms its deadline on the TimerQueue; it
-//     returns the call's id (never 0). Exactly one of these completes it, once:
+//   - Add registers a call to worker `rank` with its deadline; it returns the call's id
+//     (never 0). Exactly one of these completes it, once:
 //       Complete(id, result)  the reply arrived (or sending failed);
 //       the deadline          DEADLINE_EXCEEDED "call to <peer>.<function> timed out after <timeout>";
 //       FailPeer(rank, why)   the connection to the peer closed: UNAVAILABLE "call to
@@ -15,6 +15,11 @@
 //   - `done` runs on the thread that completes the call (transport I/O thread, timer
 //     thread, or the caller), never under the table's lock; it must be quick.
 //   - AwaitEmpty(deadline) waits until no call is pending. Thread-safe.
+//   - Deadlines: the table keeps them in its own min-heap and arms one TimerQueue timer, at
+//     the earliest; a call's entry is dropped lazily once the call completes (the heap is
+//     compacted when it holds twice as many entries as pending calls). Adding and completing
+//     a call thus take only the table's lock and allocate nothing for the deadline. Close
+//     disarms the timer.
 #ifndef GRADWIRE_RPC_SRC_CALL_TABLE_H_
 #define GRADWIRE_RPC_SRC_CALL_TABLE_H_
 
@@ -22,6 +27,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -60,15 +66,27 @@ class CallTable {
     int rank;
     std::string function;
     absl::Duration timeout;
-    TimerQueue::Handle timer;
   };
-  void Expire(uint64_t id);
+  struct Deadline {
+    absl::Time when;
+    uint64_t id;
+    bool operator>(const Deadline& o) const { return when > o.when; }
+  };
+  // Runs the due deadlines (the timer armed for `armed_for` fired).
+  void OnTimer(absl::Time armed_for);
+  // Arms the timer for the heap's earliest deadline unless it is armed for that one already
+  // (the TimerQueue runs callbacks without its lock, so arming under mu_ cannot deadlock).
+  void ArmEarliest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Called when pending_ lost entries: drops or compacts the heap's stale entries.
+  void Forget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   TimerQueue& timers_;
   const std::function<std::string(int)> describe_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<Deadline> deadlines_ ABSL_GUARDED_BY(mu_);  // min-heap; may name completed calls
+  TimerQueue::Handle armed_ ABSL_GUARDED_BY(mu_);          // at armed_.when; empty: none
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // OK while open
 };
 

@@ -32,7 +32,9 @@ TEST(CallTableTest, EachCallCompletesExactlyOnceWhicheverComesFirst) {
   TimerQueue timers;
   CallTable table(timers, Describe);
   Result answered, late;
-  const uint64_t a = table.Add(1, "add", absl::Seconds(10), answered.Callback());
+  // A later call with an earlier deadline re-arms the table's timer (else `late` would
+  // wait for a's ten minutes).
+  const uint64_t a = table.Add(1, "add", absl::Minutes(10), answered.Callback());
   const uint64_t b = table.Add(1, "slow", absl::Milliseconds(20), late.Callback());
   EXPECT_NE(a, 0u);
   EXPECT_NE(a, b);
@@ -56,6 +58,37 @@ TEST(CallTableTest, EachCallCompletesExactlyOnceWhicheverComesFirst) {
   EXPECT_TRUE(table.AwaitEmpty(absl::Now()));
 }
 
+TEST(CallTableTest, DeadlinesOfCompletedCallsAreDroppedAndTheOthersStillFire) {
+  TimerQueue timers;
+  CallTable table(timers, Describe);
+  // Thousands of calls answered in time (their heap entries go stale and are compacted)
+  // around a few that are not: exactly those time out, each once.
+  std::vector<std::unique_ptr<Result>> results;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3000; ++i) {
+    results.push_back(std::make_unique<Result>());
+    const bool slow = i % 1000 == 999;
+    ids.push_back(table.Add(1, slow ? "slow" : "fast", slow ? absl::Milliseconds(30) : absl::Minutes(10),
+                            results.back()->Callback()));
+    if (i >= 10 && (i - 10) % 1000 != 999) table.Complete(ids[static_cast<size_t>(i - 10)], Value(int64_t{i}));
+  }
+  for (int i = 2990; i < 3000; ++i) {
+    if (i % 1000 != 999) table.Complete(ids[static_cast<size_t>(i)], Value(int64_t{i}));
+  }
+  for (int i = 0; i < 3000; ++i) {
+    Result& r = *results[static_cast<size_t>(i)];
+    ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(absl::Seconds(10))) << i;
+    EXPECT_EQ(r.calls.load(), 1);
+    EXPECT_EQ(r.value.ok(), i % 1000 != 999) << i;
+  }
+  EXPECT_EQ(table.size(), 0u);
+  // One more call still gets its deadline once the table was empty.
+  Result again;
+  table.Add(2, "slow", absl::Milliseconds(10), again.Callback());
+  ASSERT_TRUE(again.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(again.value.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST(CallTableTest, APeerThatGoesAwayFailsOnlyItsCallsNamingIt) {
   TimerQueue timers;
   CallTable table(timers, Describe);
@@ -70,7 +103,7 @@ TEST(CallTableTest, APeerThatGoesAwayFailsOnlyItsCallsNamingIt) {
   // A peer refused for its protocol version keeps that code: a retry cannot fix it.
   table.FailPeer(2, absl::FailedPreconditionError("worker2 speaks gradwire protocol 9"));
   EXPECT_EQ(to2.value.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(timers.pending(), 0u);  // their deadlines were disarmed
+  EXPECT_EQ(table.size(), 0u);
 }
 
 TEST(CallTableTest, CloseFailsEverythingAndRefusesNewCalls) {
@@ -80,6 +113,7 @@ TEST(CallTableTest, CloseFailsEverythingAndRefusesNewCalls) {
   table.Add(1, "stage", absl::Seconds(10), pending.Callback());
   table.Close(absl::CancelledError("worker0 is shutting down"));
   EXPECT_EQ(pending.value.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(timers.pending(), 0u);  // the deadline timer was disarmed
   EXPECT_EQ(table.Add(1, "stage", absl::Seconds(10), after.Callback()), 0u);
   ASSERT_TRUE(after.done.HasBeenNotified());  // at once, with the close reason
   EXPECT_EQ(after.value.status().message(), "worker0 is shutting down");
