@@ -20,6 +20,7 @@ endfunction()
 #   One GoogleTest binary per layer; each *_test.cc file is one unit; every test case is
 #   registered with CTest. Tests run from the source tree root so test data paths are stable.
 #   OWN_MAIN: the sources define main() (e.g. to re-run the binary as a child process).
+#   Tests run with GRADWIRE_TEST_ENVIRONMENT (set in the top CMakeLists.txt).
 function(gradwire_add_tests name)
   if(NOT GRADWIRE_BUILD_TESTS)
     return()
@@ -39,7 +40,7 @@ function(gradwire_add_tests name)
   gtest_discover_tests(gradwire_${name}_tests
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS ${name} TIMEOUT 300)
+    PROPERTIES LABELS ${name} TIMEOUT 300 ENVIRONMENT "${GRADWIRE_TEST_ENVIRONMENT}")
 endfunction()
 
 # gradwire_enable_vectorization(<target>)

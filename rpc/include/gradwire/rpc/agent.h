@@ -60,6 +60,11 @@
 //   - Remote/Own create remote references (rref.h); rref_stats() counts them and
 //     AwaitRRefs waits (on events, not by polling) until they satisfy a condition.
 //   - Thread-safe: Register, calls and Shutdown may be used from any thread.
+//   - Start turns off Abseil's mutex deadlock detector for the process unless the
+//     environment sets GRADWIRE_MUTEX_DEADLOCK_DETECTION=1 (gradwire's tests do). Debian's
+//     libabsl is built without NDEBUG, so the detector, meant for debug builds, otherwise
+//     runs on every absl::Mutex lock: a process-wide graph behind one global spin lock,
+//     measured at ~30% of the CPU of small calls (BENCHMARKS.md, issue 12).
 #ifndef GRADWIRE_RPC_AGENT_H_
 #define GRADWIRE_RPC_AGENT_H_
 
