@@ -19,7 +19,8 @@
 //     throws, the returned future fails with INTERNAL, as with Then.
 //   - WhenAll(futures) completes with every result, in order, once all have completed, or
 //     with the first error (in completion order).
-//   - Futures are cheap shared handles; all methods are thread-safe.
+//   - Futures are cheap shared handles; all methods are thread-safe. A completed future is
+//     read without its lock (IsReady, Get, Subscribe, Then): its result never changes again.
 #ifndef GRADWIRE_RPC_FUTURE_H_
 #define GRADWIRE_RPC_FUTURE_H_
 
@@ -60,8 +61,14 @@ struct FutureState {
   std::vector<std::function<void(const absl::StatusOr<T>&)>> subscribers ABSL_GUARDED_BY(mu);
 
   // The result once done: it never changes again, so it is read without the lock.
-  // REQUIRES: done.
+  // REQUIRES: done (or ready observed true, which is stored after it with release order).
   const absl::StatusOr<T>& final_result() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return result; }
+  // Completes a state no other thread can see yet (MakeReadyFuture): no lock needed.
+  void CompleteUnshared(absl::StatusOr<T> r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    result = std::move(r);
+    done = true;
+    ready.store(true, std::memory_order_release);
+  }
 };
 
 template <typename U>
@@ -107,13 +114,12 @@ class Future {
   Future() = default;
 
   bool valid() const { return state_ != nullptr; }
-  bool IsReady() const {
-    absl::MutexLock lock(&state_->mu);
-    return state_->done;
-  }
+  // A completed future is read without its lock (the result never changes again).
+  bool IsReady() const { return state_->ready.load(std::memory_order_acquire); }
 
   // OK when ready (whatever the result), DEADLINE_EXCEEDED if still pending at deadline.
   absl::Status Wait(absl::Time deadline) const {
+    if (IsReady()) return absl::OkStatus();
     absl::MutexLock lock(&state_->mu);
     if (!state_->mu.AwaitWithDeadline(absl::Condition(&state_->done), deadline)) {
       return absl::DeadlineExceededError("Future::Wait: deadline passed before the result arrived");
@@ -138,16 +144,14 @@ class Future {
 
   // Waits (bounded) and returns the result, or DEADLINE_EXCEEDED.
   absl::StatusOr<T> Get(absl::Duration timeout = absl::InfiniteDuration()) const {
-    if (absl::Status s = Wait(absl::Now() + timeout); !s.ok()) return s;
-    absl::MutexLock lock(&state_->mu);
-    return state_->result;
+    if (!IsReady()) {
+      if (absl::Status s = Wait(absl::Now() + timeout); !s.ok()) return s;
+    }
+    return ResultRef();
   }
 
   // The status of a completed future (UNKNOWN "pending" before).
-  absl::Status status() const {
-    absl::MutexLock lock(&state_->mu);
-    return state_->done ? state_->result.status() : absl::UnknownError("pending");
-  }
+  absl::Status status() const { return IsReady() ? ResultRef().status() : absl::UnknownError("pending"); }
 
   template <typename F>
   auto Then(F fn) const -> Future<typename internal::ThenResult<
@@ -157,7 +161,7 @@ class Future {
 
   // Runs fn(result) on the completing thread (see the contract).
   void Subscribe(std::function<void(const absl::StatusOr<T>&)> fn) const {
-    {
+    if (!IsReady()) {
       absl::MutexLock lock(&state_->mu);
       if (!state_->done) {
         state_->subscribers.push_back(std::move(fn));
@@ -170,11 +174,13 @@ class Future {
  private:
   friend class Promise<T>;
   template <typename U>
-  friend class Future;  // Then() chains futures of different types
+  friend class Future;
+  template <typename U>
+  friend Future<U> MakeReadyFuture(rpc::Executor& executor, absl::StatusOr<U> result);  // Then() chains futures of different types
   explicit Future(std::shared_ptr<internal::FutureState<T>> s) : state_(std::move(s)) {}
   // Runs cb on the executor once the result is there.
   void OnReady(std::function<void()> cb) const {
-    {
+    if (!IsReady()) {
       absl::MutexLock lock(&state_->mu);
       if (!state_->done) {
         state_->callbacks.push_back(std::move(cb));
@@ -225,9 +231,9 @@ class Promise {
 // A future that is already complete.
 template <typename T>
 Future<T> MakeReadyFuture(rpc::Executor& executor, absl::StatusOr<T> result) {
-  Promise<T> p(executor);
-  p.Set(std::move(result));
-  return p.future();
+  auto state = std::make_shared<internal::FutureState<T>>(&executor);
+  state->CompleteUnshared(std::move(result));
+  return Future<T>(std::move(state));
 }
 
 template <typename U, typename T, typename F>
