@@ -147,7 +147,7 @@ class Agent::Impl {
     dispatcher_ = std::make_unique<internal::Dispatcher>(
         options_.name, pool_,
         internal::Dispatcher::Peers{
-            [this](const Connection* c) { return peers_->RankOf(c); }, [this](int rank) { return peers_->Name(rank); },
+            [this](int rank) { return peers_->Name(rank); },
             [this](int to, uint64_t id, const absl::StatusOr<Value>& result, const CallHooks::Scope& scope) {
               return EncodeReply(to, id, result, scope);
             }});
@@ -404,15 +404,16 @@ class Agent::Impl {
       if (absl::Status s = rrefs_->AdoptIncoming(&env.payload, from); !s.ok()) {
         // Its own code: malformed (INVALID_ARGUMENT), freed (NOT_FOUND), a dead worker's
         // (UNAVAILABLE), or we are shutting down.
-        dispatcher_->Refuse(conn, env.id, absl::Status(s.code(), absl::StrCat(env.function, ": ", s.message())));
+        dispatcher_->Refuse(conn, from, env.id, absl::Status(s.code(), absl::StrCat(env.function, ": ", s.message())));
         return;
       }
     }
-    dispatcher_->OnRequest(conn, std::move(env));
+    dispatcher_->OnRequest(conn, from, std::move(env));
   }
 
   void OnResponse(const std::shared_ptr<Connection>& conn, Envelope env) {
-    const int from = peers_->RankOf(conn.get());
+    // Who answered matters only to RRefs and hooks (a lookup under the peers' lock).
+    const int from = env.has_rrefs || hooks_ ? peers_->RankOf(conn.get()) : -1;
     if (env.has_rrefs) {
       // Also for a reply to a call that already timed out: its RRefs must still be
       // adopted (and then dropped), or their owner would keep them.

@@ -37,29 +37,29 @@ absl::Status Dispatcher::Register(const std::string& name, RawHandler handler, R
 bool Dispatcher::Has(const std::string& name) const { return Find(name) != nullptr; }
 
 std::shared_ptr<Dispatcher::Handler> Dispatcher::Find(const std::string& name) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   auto it = handlers_.find(name);
   return it == handlers_.end() ? nullptr : it->second;
 }
 
 void Dispatcher::Started() {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&idle_mu_);
   ++inflight_;
 }
 
-void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, Envelope env) {
+void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env) {
   Request request;
   request.id = env.id;
   request.info.function = env.function;
-  request.info.caller_rank = peers_.rank_of(conn.get());
-  request.info.caller = request.info.caller_rank >= 0 ? peers_.name_of(request.info.caller_rank) : "unknown";
+  request.info.caller_rank = from;
+  request.info.caller = from >= 0 ? peers_.name_of(from) : "unknown";
   request.handler = Find(env.function);
   Started();
   ReadBatch batch;
   if (hooks_) {
     absl::StatusOr<CallHooks::Scope> scope = hooks_->OnReceiveRequest(request.info.caller_rank, env.payload, env.meta);
     if (!scope.ok()) {
-      Reply(conn, request.id,
+      Reply(conn, from, request.id,
             absl::Status(scope.status().code(), absl::StrCat(env.function, ": ", scope.status().message())),
             &batch.replies);
       MergeBatch(conn, batch);
@@ -71,13 +71,13 @@ void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, Envelope env
   if (!request.handler) {
     std::vector<std::string> names;
     {
-      absl::MutexLock lock(&mu_);
+      absl::ReaderMutexLock lock(&mu_);
       for (const auto& [n, _] : handlers_) {
         if (!IsReservedName(n)) names.push_back(n);
       }
     }
     std::sort(names.begin(), names.end());
-    Reply(conn, request.id,
+    Reply(conn, from, request.id,
           absl::NotFoundError(absl::StrCat(self_name_, " has no function '", env.function, "' (registered: ",
                                            names.empty() ? "none" : absl::StrJoin(names, ", "), ")")),
           &batch.replies);
@@ -91,9 +91,9 @@ void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, Envelope env
   MergeBatch(conn, batch);
 }
 
-void Dispatcher::Refuse(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::Status& why) {
+void Dispatcher::Refuse(const std::shared_ptr<Connection>& conn, int from, uint64_t id, const absl::Status& why) {
   Started();
-  Reply(conn, id, why, nullptr);
+  Reply(conn, from, id, why, nullptr);
 }
 
 void Dispatcher::MergeBatch(const std::shared_ptr<Connection>& conn, ReadBatch& batch) {
@@ -134,8 +134,8 @@ void Dispatcher::OnFlush(const std::shared_ptr<Connection>& conn) {
     for (size_t i = t * n / tasks; i < (t + 1) * n / tasks; ++i) chunk.push_back(std::move(batch.pool[i]));
     std::vector<std::function<void()>> deferred;
     for (size_t i = t * d / tasks; i < (t + 1) * d / tasks; ++i) deferred.push_back(std::move(batch.deferred[i]));
-    std::vector<uint64_t> ids;
-    for (const Request& r : chunk) ids.push_back(r.id);
+    std::vector<std::pair<int, uint64_t>> ids;  // (caller, request)
+    for (const Request& r : chunk) ids.emplace_back(r.info.caller_rank, r.id);
     auto run = [this, conn, chunk = std::move(chunk), deferred = std::move(deferred)]() mutable {
       ++t_handler_depth;  // deferred work belongs to handlers
       for (auto& fn : deferred) fn();
@@ -147,7 +147,9 @@ void Dispatcher::OnFlush(const std::shared_ptr<Connection>& conn) {
     if (!pool_.Post(std::move(run))) {
       // The pool has shut down: answer what it will not run.
       std::vector<Message> replies;
-      for (uint64_t id : ids) Reply(conn, id, UnavailableError(self_name_, "it is shutting down"), &replies);
+      for (const auto& [from, id] : ids) {
+        Reply(conn, from, id, UnavailableError(self_name_, "it is shutting down"), &replies);
+      }
       conn->SendMany(std::move(replies));
     }
   }
@@ -164,18 +166,19 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, std::ve
   }
   --t_handler_depth;
   if (result.IsReady()) {
-    Reply(conn, r.id, result.Get(absl::ZeroDuration()), replies, r.scope);  // answered synchronously: no hop
+    Reply(conn, r.info.caller_rank, r.id, result.Get(absl::ZeroDuration()), replies, r.scope);  // answered synchronously: no hop
   } else {
     // Sent by the thread that completes the handler's future: no pool hop.
-    result.Subscribe([this, conn, id = r.id, scope = r.scope](const absl::StatusOr<Value>& v) {
-      Reply(conn, id, v, nullptr, scope);
+    result.Subscribe([this, conn, to = r.info.caller_rank, id = r.id, scope = r.scope](const absl::StatusOr<Value>& v) {
+      Reply(conn, to, id, v, nullptr, scope);
     });
   }
 }
 
-void Dispatcher::Reply(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::StatusOr<Value>& result,
-                       std::vector<Message>* batch, const CallHooks::Scope& scope) {
-  absl::StatusOr<Message> m = peers_.encode_reply(peers_.rank_of(conn.get()), id, result, scope);
+void Dispatcher::Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t id,
+                       const absl::StatusOr<Value>& result, std::vector<Message>* batch,
+                       const CallHooks::Scope& scope) {
+  absl::StatusOr<Message> m = peers_.encode_reply(to, id, result, scope);
   if (m.ok()) {
     if (batch) {
       batch->push_back(std::move(*m));
@@ -183,7 +186,7 @@ void Dispatcher::Reply(const std::shared_ptr<Connection>& conn, uint64_t id, con
       conn->Send(std::move(*m));
     }
   }
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&idle_mu_);
   --inflight_;
 }
 
@@ -206,9 +209,9 @@ Future<Value> Dispatcher::InvokeLocal(const CallInfo& info, ValueList args, bool
 }
 
 bool Dispatcher::AwaitIdle(absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return inflight_ == 0; };
-  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+  absl::MutexLock lock(&idle_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(idle_mu_) { return inflight_ == 0; };
+  return idle_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
 }  // namespace gw::rpc::internal

@@ -40,8 +40,7 @@ namespace gw::rpc::internal {
 class Dispatcher {
  public:
   struct Peers {
-    // The rank of a connection's peer (-1 before its hello) and a rank's worker name.
-    std::function<int(const Connection*)> rank_of;
+    // A rank's worker name.
     std::function<std::string(int rank)> name_of;
     // The reply to request `id` for the worker of rank `to`, ready to send: the agent turns
     // RRefs into forks and lets the hooks annotate it.
@@ -57,9 +56,10 @@ class Dispatcher {
   absl::Status Register(const std::string& name, RawHandler handler, RegisterOptions options = {});
   bool Has(const std::string& name) const;
 
-  void OnRequest(const std::shared_ptr<Connection>& conn, Envelope env);
-  // Answers request `id` with an error without running anything.
-  void Refuse(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::Status& why);
+  // `from`: the rank of the connection's peer (the agent knows it from the hello).
+  void OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env);
+  // Answers request `id` from rank `from` with an error without running anything.
+  void Refuse(const std::shared_ptr<Connection>& conn, int from, uint64_t id, const absl::Status& why);
   void OnFlush(const std::shared_ptr<Connection>& conn);
 
   // With `here`, on this thread whatever the function's mode (the caller is a pool thread).
@@ -91,8 +91,9 @@ class Dispatcher {
   std::shared_ptr<Handler> Find(const std::string& name) const;
   void MergeBatch(const std::shared_ptr<Connection>& conn, ReadBatch& batch);
   void Run(const std::shared_ptr<Connection>& conn, Request r, std::vector<Message>* replies);
-  // Encodes the answer to request `id`; appends it to `batch`, or sends it now if null.
-  void Reply(const std::shared_ptr<Connection>& conn, uint64_t id, const absl::StatusOr<Value>& result,
+  // Encodes the answer to request `id` of rank `to`; appends it to `batch`, or sends it now
+  // if null.
+  void Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t id, const absl::StatusOr<Value>& result,
              std::vector<Message>* batch, const CallHooks::Scope& scope = nullptr);
   void Started();
 
@@ -105,9 +106,12 @@ class Dispatcher {
   const Peers peers_;
   std::shared_ptr<CallHooks> hooks_;  // set in setup, then read-only
 
-  mutable absl::Mutex mu_;
+  // Three locks, so that looking up handlers (every request, on I/O threads), counting
+  // running handlers (I/O and pool threads) and merging read batches do not contend.
+  mutable absl::Mutex mu_;  // handlers_: read per request (shared), written by Register
   absl::flat_hash_map<std::string, std::shared_ptr<Handler>> handlers_ ABSL_GUARDED_BY(mu_);
-  int inflight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex idle_mu_;
+  int inflight_ ABSL_GUARDED_BY(idle_mu_) = 0;
   absl::Mutex batch_mu_;
   absl::flat_hash_map<Connection*, ReadBatch> batches_ ABSL_GUARDED_BY(batch_mu_);
 };

@@ -18,7 +18,7 @@ class DispatcherTest : public ::testing::Test {
   void SetUp() override {
     dispatcher_ = std::make_unique<Dispatcher>(
         "server", pool_,
-        Dispatcher::Peers{[](const Connection*) { return 3; }, [](int rank) { return absl::StrCat("peer", rank); },
+        Dispatcher::Peers{[](int rank) { return absl::StrCat("peer", rank); },
                           [](int, uint64_t id, const absl::StatusOr<Value>& result, const CallHooks::Scope&) {
                             return EncodeEnvelope(ReplyEnvelope(id, result));
                           }});
@@ -30,7 +30,7 @@ class DispatcherTest : public ::testing::Test {
            absl::StatusOr<Envelope> e = DecodeEnvelope(std::move(m));
            ASSERT_TRUE(e.ok());
            ++reads_;
-           dispatcher_->OnRequest(c, *std::move(e));
+           dispatcher_->OnRequest(c, /*from=*/3, *std::move(e));
          },
          [](const std::shared_ptr<Connection>&, const absl::Status&) {},
          [this](const std::shared_ptr<Connection>& c) { dispatcher_->OnFlush(c); }});

@@ -150,8 +150,10 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
   ShmConnection(ShmTransport* transport, ConnectionCallbacks user, uint64_t id)
       : transport_(transport), user_(std::move(user)), id_(id) {}
 
+  // Once, before the wrapper is handed to anyone.
   void Attach(std::shared_ptr<Connection> inner) {
     absl::MutexLock lock(&mu_);
+    inner_raw_.store(inner.get(), std::memory_order_release);
     inner_ = std::move(inner);
   }
   void SendHello();
@@ -273,10 +275,8 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
     return Message{w.Take(), std::move(inline_tensors)};
   }
 
-  std::shared_ptr<Connection> Inner() const {
-    absl::MutexLock lock(&mu_);
-    return inner_;
-  }
+  // Without a lock (every send asks): inner_ is set once and kept as long as the wrapper.
+  Connection* Inner() const { return inner_raw_.load(std::memory_order_acquire); }
   void Fail(const std::string& what) {
     Inner()->Close(absl::DataLossError(absl::StrCat("shm transport: ", what, " from ", peer())));
   }
@@ -309,7 +309,8 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
   pid_t peer_key_ = 0;  // the peer's pid, as our arena knows its receivers
 
   mutable absl::Mutex mu_;
-  std::shared_ptr<Connection> inner_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Connection> inner_ ABSL_GUARDED_BY(mu_);  // owns what inner_raw_ points to
+  std::atomic<Connection*> inner_raw_{nullptr};
   uint64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);
 

@@ -125,10 +125,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   std::string peer() const override { return peer_; }
-  bool closed() const override {
-    absl::MutexLock lock(&mu_);
-    return closed_;
-  }
+  bool closed() const override { return closed_flag_.load(std::memory_order_acquire); }
 
  private:
   struct Pending {
@@ -363,6 +360,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       absl::MutexLock lock(&mu_);
       if (closed_) return;
       closed_ = true;
+      closed_flag_.store(true, std::memory_order_release);
       close_reason_ = reason;
       failed.swap(queue_);
     }
@@ -392,6 +390,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool io_writing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> closed_flag_{false};  // closed_, for closed() without the lock (asked per send)
   absl::Status close_reason_ ABSL_GUARDED_BY(mu_);
 };
 
