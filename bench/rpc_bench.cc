@@ -196,7 +196,8 @@ double PipelinedCallsPerSecond(Agent& agent, const char* function, int total) {
   return total / (gw::bench::NowSeconds() - t0);
 }
 
-void RRefs(Agent& agent, bool quick) {
+// churn: how many RRefs the churn loop makes (0: 5000, or 500 with --quick).
+void RRefs(Agent& agent, bool quick, int churn) {
   // remote() of a 1 MiB tensor made on the owner, then ToHere.
   constexpr int64_t kNumel = 262144;
   const int warmup = quick ? 3 : 20, iters = quick ? 20 : 200;
@@ -215,7 +216,7 @@ void RRefs(Agent& agent, bool quick) {
   gw::bench::Report("rref", "remote_1MiB_to_here_p90", gw::bench::Quantile(ms, 0.9), "ms");
 
   // Churn: RRefs created with Remote and dropped at once; the owner's count must drain.
-  const int count = quick ? 500 : 5000;
+  const int count = churn > 0 ? churn : quick ? 500 : 5000;
   auto owned = [&agent] {
     absl::StatusOr<int64_t> n = agent.Sync<int64_t>("worker1", "owner_rrefs");
     if (!n.ok()) {
@@ -277,17 +278,20 @@ int main(int argc, char** argv) {
     return Server(port, raw);
   }
   bool quick = false;
+  int churn = 0;  // --churn N: a longer churn loop than the workload's 5000 (a steadier figure)
   std::string workload;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--churn") == 0 && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &churn)) {
+      ++i;
     } else {
       workload = argv[i];
     }
   }
   if (workload != "rpc_latency" && workload != "tensor_echo" && workload != "async_pipelined" &&
       workload != "rref") {
-    std::fprintf(stderr, "usage: rpc_bench [--quick] rpc_latency|tensor_echo|async_pipelined|rref\n");
+    std::fprintf(stderr, "usage: rpc_bench [--quick] [--churn N] rpc_latency|tensor_echo|async_pipelined|rref\n");
     return 2;
   }
   absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
@@ -312,7 +316,7 @@ int main(int argc, char** argv) {
   if (workload == "rpc_latency") RpcLatency(**agent, quick, *raw_port);
   if (workload == "tensor_echo") TensorEcho(**agent, quick);
   if (workload == "async_pipelined") AsyncPipelined(**agent, quick);
-  if (workload == "rref") RRefs(**agent, quick);
+  if (workload == "rref") RRefs(**agent, quick, churn);
   if (workload != "rpc_latency") {  // let the raw echo server exit
     std::vector<double> unused = RawPingPongUs(*raw_port, 0, 1);
   }
