@@ -534,7 +534,8 @@ class Agent::Impl {
 
 absl::StatusOr<std::shared_ptr<Agent>> Agent::Start(AgentOptions options, Setup setup) {
   // agent.h: the detector is for debug builds; Debian's libabsl runs it on every lock.
-  if (const char* keep = std::getenv("GRADWIRE_MUTEX_DEADLOCK_DETECTION"); keep == nullptr || std::string(keep) != "1") {
+  const char* keep = std::getenv("GRADWIRE_MUTEX_DEADLOCK_DETECTION");
+  if (keep == nullptr || std::string(keep) != "1") {
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   }
   std::shared_ptr<Agent> agent(new Agent(std::make_unique<Impl>(std::move(options))));

@@ -166,7 +166,8 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, std::ve
   }
   --t_handler_depth;
   if (result.IsReady()) {
-    Reply(conn, r.info.caller_rank, r.id, result.Get(absl::ZeroDuration()), replies, r.scope);  // answered synchronously: no hop
+    // Answered synchronously: no hop.
+    Reply(conn, r.info.caller_rank, r.id, result.Get(absl::ZeroDuration()), replies, r.scope);
   } else {
     // Sent by the thread that completes the handler's future: no pool hop.
     result.Subscribe([this, conn, to = r.info.caller_rank, id = r.id, scope = r.scope](const absl::StatusOr<Value>& v) {

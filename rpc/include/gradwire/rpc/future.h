@@ -174,9 +174,9 @@ class Future {
  private:
   friend class Promise<T>;
   template <typename U>
-  friend class Future;
+  friend class Future;  // Then() chains futures of different types
   template <typename U>
-  friend Future<U> MakeReadyFuture(rpc::Executor& executor, absl::StatusOr<U> result);  // Then() chains futures of different types
+  friend Future<U> MakeReadyFuture(rpc::Executor& executor, absl::StatusOr<U> result);
   explicit Future(std::shared_ptr<internal::FutureState<T>> s) : state_(std::move(s)) {}
   // Runs cb on the executor once the result is there.
   void OnReady(std::function<void()> cb) const {
