@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
@@ -109,6 +111,40 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
   }
   return o;
 }
+
+// The functions of Agent::WatchPeers. A watch's deleter removes its function; it holds the
+// list weakly, so a watch may outlive the agent.
+class PeerWatchers : public std::enable_shared_from_this<PeerWatchers> {
+ public:
+  Agent::PeerWatch Add(std::function<void(int)> fn) {
+    int64_t id;
+    {
+      absl::MutexLock lock(&mu_);
+      id = next_++;
+      fns_.emplace(id, std::make_shared<std::function<void(int)>>(std::move(fn)));
+    }
+    std::weak_ptr<PeerWatchers> weak = weak_from_this();
+    return Agent::PeerWatch(nullptr, [weak, id](void*) {
+      if (auto self = weak.lock()) {
+        absl::MutexLock lock(&self->mu_);
+        self->fns_.erase(id);
+      }
+    });
+  }
+  void Notify(int rank) {
+    std::vector<std::shared_ptr<std::function<void(int)>>> fns;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, fn] : fns_) fns.push_back(fn);
+    }
+    for (const auto& fn : fns) (*fn)(rank);  // outside the lock: a function may drop its watch
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, std::shared_ptr<std::function<void(int)>>> fns_ ABSL_GUARDED_BY(mu_);
+};
 
 class Agent::Impl {
  public:
@@ -339,6 +375,7 @@ class Agent::Impl {
     hooks_ = hooks;
     dispatcher_->SetHooks(std::move(hooks));
   }
+  Agent::PeerWatch WatchPeers(std::function<void(int)> fn) { return watchers_->Add(std::move(fn)); }
 
  private:
   enum class State { kRunning, kShuttingDown, kClosed };
@@ -480,6 +517,7 @@ class Agent::Impl {
     if (rank >= 0 && running && reason.code() == absl::StatusCode::kUnavailable) {
       rrefs_->OnPeerGone(rank);
       if (hooks_) hooks_->OnPeerGone(rank);
+      watchers_->Notify(rank);
     }
     // Our outgoing connection to `rank` died: its calls cannot be answered.
     if (outgoing) calls_->FailPeer(rank, reason);
@@ -526,6 +564,7 @@ class Agent::Impl {
   std::unique_ptr<internal::Dispatcher> dispatcher_;
   std::shared_ptr<internal::RRefContext> rrefs_;
   std::shared_ptr<CallHooks> hooks_;                // set in setup (SetCallHooks), then read-only
+  std::shared_ptr<PeerWatchers> watchers_ = std::make_shared<PeerWatchers>();
   absl::flat_hash_map<std::string, int> by_name_;  // immutable after Start
 
   absl::Mutex mu_;
@@ -579,5 +618,6 @@ bool Agent::AwaitRRefs(const std::function<bool(const RRefStats&)>& until, absl:
   return impl_->AwaitRRefs(until, deadline);
 }
 void Agent::SetCallHooks(std::shared_ptr<CallHooks> hooks) { impl_->SetCallHooks(std::move(hooks)); }
+Agent::PeerWatch Agent::WatchPeers(std::function<void(int)> fn) { return impl_->WatchPeers(std::move(fn)); }
 
 }  // namespace gw::rpc

@@ -57,6 +57,7 @@
 //     hosts needs addresses other than loopback (FromEnv picks them: see there).
 //     transport_stats() says how much went through shared memory, which is used only
 //     between processes that share this host's memory and network namespace.
+//   - WatchPeers(fn) tells a layer (collectives, serving) which workers were declared dead.
 //   - Remote/Own create remote references (rref.h); rref_stats() counts them and
 //     AwaitRRefs waits (on events, not by polling) until they satisfy a condition.
 //   - Thread-safe: Register, calls and Shutdown may be used from any thread.
@@ -478,6 +479,13 @@ class Agent {
   // Installs the hooks that follow every call (call_hooks.h). REQUIRES: called in
   // Start's setup, before any call is made or received.
   void SetCallHooks(std::shared_ptr<CallHooks> hooks);
+  // Runs fn(rank) on a transport thread whenever a worker is declared dead (it closed or
+  // reset its connections while this agent runs: the event CallHooks::OnPeerGone and the
+  // RRef protocol see). fn must be quick and must not block; it may still run once while
+  // the returned watch is being destroyed, so it should hold its state weakly. Dropping
+  // the watch (the last copy) stops it.
+  using PeerWatch = std::shared_ptr<void>;
+  [[nodiscard]] PeerWatch WatchPeers(std::function<void(int rank)> fn);
 
   absl::Status Shutdown(bool graceful = true);
 

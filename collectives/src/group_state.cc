@@ -1,0 +1,368 @@
+#include "group_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gradwire/rpc/errors.h"
+
+namespace gw::collectives {
+namespace {
+
+const char* KindName(int64_t kind) {
+  switch (static_cast<internal::Kind>(kind)) {
+    case internal::Kind::kAllReduce: return "allreduce";
+    case internal::Kind::kBroadcast: return "broadcast";
+    case internal::Kind::kAllGather: return "allgather";
+    case internal::Kind::kReduceScatter: return "reduce_scatter";
+    case internal::Kind::kAllToAll: return "all_to_all";
+    case internal::Kind::kBarrier: return "barrier";
+  }
+  return "unknown collective";
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ Op
+
+int Op::rank() const { return group_.rank(); }
+int Op::size() const { return group_.size(); }
+const GroupOptions& Op::options() const { return group_.options(); }
+
+void Op::Send(int to, int64_t step, Tensor data) {
+  GroupState& g = group_;
+  {
+    absl::MutexLock lock(&g.mu_);
+    ++g.unanswered_;
+  }
+  internal::CollectiveChunk chunk{g.id(), seq_, step, signature_, std::move(data)};
+  const rpc::WorkerInfo& peer = g.config_.agent->workers()[static_cast<size_t>(g.config_.ranks[static_cast<size_t>(to)])];
+  rpc::CallOptions options;
+  // Past the collective's own deadline, whose error says more (what it waited for).
+  options.timeout = std::max(deadline_ - absl::Now(), absl::ZeroDuration()) + absl::Seconds(1);
+  std::weak_ptr<GroupState> weak = g.weak_from_this();
+  const int64_t seq = seq_;
+  g.config_.agent->Send(peer.name, std::move(chunk), options, [weak, seq](absl::StatusOr<rpc::Ack> r) {
+    std::shared_ptr<GroupState> self = weak.lock();
+    if (!self) return;
+    absl::MutexLock lock(&self->mu_);
+    if (self->running_ != seq) return;  // that collective is over
+    --self->unanswered_;
+    if (!r.ok()) {
+      if (r.status().code() == absl::StatusCode::kUnavailable && !self->broken_) {
+        self->broken_ = r.status();
+        self->broken_from_peer_ = false;
+      }
+      self->FailLocked(seq, r.status(), /*from_peer=*/false);
+    }
+    self->cv_.SignalAll();
+  });
+}
+
+absl::StatusOr<Tensor> Op::Recv(int from, int64_t step, int64_t numel) {
+  GroupState& g = group_;
+  const GroupState::Key key{seq_, step, from};
+  Promise<rpc::Ack> taken(g.executor());
+  Tensor data;
+  {
+    absl::MutexLock lock(&g.mu_);
+    for (;;) {
+      if (std::optional<GroupState::Failure> e = g.ErrorLocked(seq_)) return e->status;
+      auto it = g.inbox_.find(key);
+      if (it != g.inbox_.end()) {
+        data = std::move(it->second.data);
+        taken = std::move(it->second.taken);
+        g.inbox_.erase(it);
+        break;
+      }
+      if (absl::Now() >= deadline_) {
+        absl::Status s = absl::DeadlineExceededError(
+            absl::StrCat(g.Describe(signature_, seq_), ": nothing from ", g.Member(from), " within ",
+                         absl::FormatDuration(g.config_.timeout), " (did it issue this collective, or is it frozen?); ",
+                         "the group is broken"));
+        g.broken_ = s;
+        g.broken_from_peer_ = false;
+        return s;
+      }
+      g.cv_.WaitWithDeadline(&g.mu_, deadline_);
+    }
+  }
+  taken.Set(rpc::Ack{});  // the sender's piece was used
+  const DType dtype = static_cast<DType>(signature_.dtype);
+  if (data.dtype() != dtype || (numel >= 0 && data.numel() != numel) || !data.is_contiguous()) {
+    absl::Status s = absl::InvalidArgumentError(
+        absl::StrCat(g.Describe(signature_, seq_), ": ", g.Member(from), " sent a malformed piece ",
+                     step, ": ", DTypeName(data.dtype()), " with ", data.numel(), " elements, expected ",
+                     DTypeName(dtype), " with ", numel));
+    absl::MutexLock lock(&g.mu_);
+    g.FailLocked(seq_, s, /*from_peer=*/false);
+    return s;
+  }
+  return data;
+}
+
+absl::Status Op::Finish() {
+  GroupState& g = group_;
+  absl::MutexLock lock(&g.mu_);
+  for (;;) {
+    if (std::optional<GroupState::Failure> e = g.ErrorLocked(seq_)) return e->status;
+    if (g.unanswered_ == 0) return absl::OkStatus();
+    if (absl::Now() >= deadline_) {
+      absl::Status s = absl::DeadlineExceededError(absl::StrCat(
+          g.Describe(signature_, seq_), ": ", g.unanswered_, " piece(s) sent were not taken within ",
+          absl::FormatDuration(g.config_.timeout), "; the group is broken"));
+      g.broken_ = s;
+      g.broken_from_peer_ = false;
+      return s;
+    }
+    g.cv_.WaitWithDeadline(&g.mu_, deadline_);
+  }
+}
+
+// ---------------------------------------------------------------------- GroupState
+
+GroupState::GroupState(Config config) : config_(std::move(config)) {}
+
+GroupState::~GroupState() {
+  Close();
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();  // the thread held the last reference: it is returning
+    } else {
+      thread_.join();
+    }
+  }
+}
+
+void GroupState::Start() {
+  // The thread keeps the state alive until it returns (after Close).
+  thread_ = std::thread([self = shared_from_this()] { self->Run(); });
+}
+
+int GroupState::GroupRankOf(int agent_rank) const {
+  auto it = std::lower_bound(config_.ranks.begin(), config_.ranks.end(), agent_rank);
+  if (it == config_.ranks.end() || *it != agent_rank) return -1;
+  return static_cast<int>(it - config_.ranks.begin());
+}
+
+std::string GroupState::Label() const {
+  if (!config_.options.name.empty()) return absl::StrCat("group '", config_.options.name, "'");
+  return absl::StrCat("group [", absl::StrJoin(config_.ranks, ", "), "]");
+}
+
+std::string GroupState::Describe(const internal::Signature& s, int64_t seq) const {
+  return absl::StrCat(KindName(s.kind), " #", seq, " of ", Label());
+}
+
+std::string GroupState::Member(int group_rank) const {
+  const int agent_rank = config_.ranks[static_cast<size_t>(group_rank)];
+  return absl::StrCat("rank ", group_rank, " (", config_.agent->workers()[static_cast<size_t>(agent_rank)].name, ")");
+}
+
+std::string GroupState::DescribeIssue(const internal::Signature& s) const {
+  std::string what = KindName(s.kind);
+  const auto kind = static_cast<internal::Kind>(s.kind);
+  if (kind == internal::Kind::kAllReduce || kind == internal::Kind::kReduceScatter) {
+    absl::StrAppend(&what, "(", ReduceOpName(static_cast<ReduceOp>(s.op)), ")");
+  } else if (kind == internal::Kind::kBroadcast) {
+    absl::StrAppend(&what, "(root ", s.op, ")");
+  }
+  return absl::StrCat(what, " of ", DTypeName(static_cast<DType>(s.dtype)), " [", absl::StrJoin(s.shape, ", "), "]");
+}
+
+void GroupState::Enqueue(Job job) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_) {
+      queue_.push_back(Queued{next_seq_++, std::move(job)});
+      cv_.SignalAll();
+      return;
+    }
+  }
+  job.complete(rpc::ShuttingDownError(config_.agent->self().name, absl::StrCat(Label(), " is closed")));
+}
+
+void GroupState::Close() {
+  std::deque<Queued> dropped;
+  std::vector<Promise<rpc::Ack>> answers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    dropped.swap(queue_);
+    for (auto& [key, arrival] : inbox_) answers.push_back(std::move(arrival.taken));
+    inbox_.clear();
+    cv_.SignalAll();
+  }
+  const std::string& self = config_.agent->self().name;
+  for (Promise<rpc::Ack>& a : answers) a.Set(rpc::UnavailableError(self, absl::StrCat("it closed ", Label())));
+  for (Queued& q : dropped) q.job.complete(rpc::ShuttingDownError(self, absl::StrCat(Label(), " was closed")));
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+Future<rpc::Ack> GroupState::Deliver(int from_agent_rank, internal::CollectiveChunk chunk) {
+  const int sender = GroupRankOf(from_agent_rank);
+  if (sender < 0 || sender == config_.rank) {
+    return MakeReadyFuture<rpc::Ack>(executor(), absl::InvalidArgumentError(absl::StrCat(
+        "worker of rank ", from_agent_rank, " is not a member of ", Label(), " on ", config_.agent->self().name)));
+  }
+  absl::MutexLock lock(&mu_);
+  if (closed_) {
+    return MakeReadyFuture<rpc::Ack>(
+        executor(), rpc::UnavailableError(config_.agent->self().name, absl::StrCat("it closed ", Label())));
+  }
+  if (chunk.seq <= retired_) return MakeReadyFuture<rpc::Ack>(executor(), rpc::Ack{});  // a late piece
+  if (inbox_.size() >= kMaxInbox) {
+    return MakeReadyFuture<rpc::Ack>(executor(), absl::ResourceExhaustedError(absl::StrCat(
+        config_.agent->self().name, " holds ", inbox_.size(), " pieces not yet used for ", Label(),
+        ": is a member issuing collectives that it does not?")));
+  }
+  const Key key{chunk.seq, chunk.step, sender};
+  if (inbox_.contains(key)) {
+    return MakeReadyFuture<rpc::Ack>(executor(), absl::InvalidArgumentError(absl::StrCat(
+        Member(sender), " sent piece ", chunk.step, " of collective #", chunk.seq, " of ", Label(), " twice")));
+  }
+  if (chunk.seq == running_) CheckSignatureLocked(sender, chunk.signature);
+  Promise<rpc::Ack> taken(executor());
+  Future<rpc::Ack> answer = taken.future();
+  inbox_.emplace(key, Arrival{std::move(chunk.signature), std::move(chunk.data), std::move(taken)});
+  cv_.SignalAll();
+  return answer;
+}
+
+void GroupState::Abort(int from_agent_rank, const internal::CollectiveAbort& abort) {
+  const int sender = GroupRankOf(from_agent_rank);
+  if (sender < 0 || sender == config_.rank) return;
+  auto code = static_cast<absl::StatusCode>(abort.code);
+  if (code == absl::StatusCode::kOk || abort.code < 0 || abort.code > 16) code = absl::StatusCode::kUnknown;
+  absl::Status status(code, abort.message);
+  absl::MutexLock lock(&mu_);
+  if (abort.broken) {
+    if (!broken_) {
+      broken_ = status;
+      broken_from_peer_ = true;
+      broken_told_ = true;
+    }
+  } else if (abort.seq > retired_) {
+    FailLocked(abort.seq, status, /*from_peer=*/true);
+  }
+  cv_.SignalAll();
+}
+
+void GroupState::OnPeerGone(int agent_rank) {
+  const int member = GroupRankOf(agent_rank);
+  if (member < 0 || member == config_.rank) return;
+  absl::MutexLock lock(&mu_);
+  if (!broken_) {
+    broken_ = rpc::UnavailableError(config_.agent->workers()[static_cast<size_t>(agent_rank)].name,
+                                    absl::StrCat("it died (its connections closed), ", Member(member), " of ", Label(),
+                                                 ", which is broken"));
+    broken_from_peer_ = false;
+  }
+  cv_.SignalAll();
+}
+
+void GroupState::FailLocked(int64_t seq, absl::Status status, bool from_peer) {
+  failed_.try_emplace(seq, Failure{std::move(status), from_peer});
+  cv_.SignalAll();
+}
+
+void GroupState::CheckSignatureLocked(int sender, const internal::Signature& theirs) {
+  if (theirs == running_signature_) return;
+  FailLocked(running_,
+             absl::InvalidArgumentError(absl::StrCat(Describe(running_signature_, running_), ": members disagree: ",
+                                                     Member(config_.rank), " issued ", DescribeIssue(running_signature_),
+                                                     ", ", Member(sender), " issued ", DescribeIssue(theirs))),
+             /*from_peer=*/false);
+}
+
+std::optional<GroupState::Failure> GroupState::ErrorLocked(int64_t seq) const {
+  if (closed_) {
+    return Failure{rpc::ShuttingDownError(config_.agent->self().name, absl::StrCat(Label(), " was closed")), false};
+  }
+  if (auto it = failed_.find(seq); it != failed_.end()) return it->second;
+  if (broken_) return Failure{*broken_, broken_from_peer_ || broken_told_};
+  return std::nullopt;
+}
+
+void GroupState::RetireLocked(int64_t seq, std::vector<Promise<rpc::Ack>>* answers) {
+  for (auto it = inbox_.begin(); it != inbox_.end();) {
+    if (std::get<0>(it->first) <= seq) {
+      answers->push_back(std::move(it->second.taken));
+      inbox_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = failed_.begin(); it != failed_.end();) {
+    if (it->first <= seq) {
+      failed_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  retired_ = seq;
+  running_ = -1;
+}
+
+void GroupState::BroadcastAbort(int64_t seq, const absl::Status& status, bool broken) {
+  rpc::CallOptions options;
+  options.timeout = absl::Seconds(5);
+  for (int member = 0; member < size(); ++member) {
+    if (member == config_.rank) continue;
+    const std::string& to = config_.agent->workers()[static_cast<size_t>(config_.ranks[static_cast<size_t>(member)])].name;
+    internal::CollectiveAbort abort{id(), seq, static_cast<int64_t>(status.code()), std::string(status.message()), broken};
+    config_.agent->Send(to, std::move(abort), options, [](const absl::StatusOr<rpc::Ack>&) {});  // best effort
+  }
+}
+
+void GroupState::Run() {
+  for (;;) {
+    Queued q;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](GroupState* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g->mu_) { return g->closed_ || !g->queue_.empty(); }, this));
+      if (closed_) return;
+      q = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = q.seq;
+      running_signature_ = q.job.signature;
+      unanswered_ = 0;
+      for (const auto& [key, arrival] : inbox_) {
+        if (std::get<0>(key) == q.seq) CheckSignatureLocked(std::get<2>(key), arrival.signature);
+      }
+    }
+    Op op(*this, q.seq, q.job.signature, absl::Now() + config_.timeout);
+    absl::Status s = q.job.invalid;
+    if (s.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (std::optional<Failure> e = ErrorLocked(q.seq)) s = e->status;
+    }
+    if (s.ok()) s = rpc::CatchExceptions(KindName(q.job.signature.kind), [&] { return q.job.run(op); });
+    if (s.ok()) s = op.Finish();
+    bool tell = false;
+    bool broken = false;
+    bool closing = false;
+    absl::Status told = s;
+    std::vector<Promise<rpc::Ack>> answers;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!s.ok()) {
+        std::optional<Failure> e = ErrorLocked(q.seq);
+        tell = !(e && e->from_peer);
+        broken = broken_.has_value();
+        closing = closed_;
+        if (closing) told = rpc::UnavailableError(config_.agent->self().name, absl::StrCat("it closed ", Label()));
+        if (broken) broken_told_ = true;
+      }
+      RetireLocked(q.seq, &answers);
+    }
+    for (Promise<rpc::Ack>& a : answers) a.Set(rpc::Ack{});
+    if (tell) BroadcastAbort(q.seq, told, broken || closing);
+    q.job.complete(s);
+  }
+}
+
+}  // namespace gw::collectives

@@ -1,0 +1,355 @@
+// The collectives on agents running on threads of this process: every collective
+// against a straightforward reference on 2 to 5 ranks, sub-groups, concurrent groups,
+// ranks that disagree, and a rank that never issues.
+#include "gradwire/collectives/collectives.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "agent_group.h"
+#include "gradwire/tensor/generator.h"
+#include "gradwire/tensor/kernels.h"
+
+namespace gw::collectives {
+namespace {
+
+using rpc::testing::AgentGroup;
+
+// Agents with the collectives layer installed, and each one's world group.
+struct Job {
+  std::unique_ptr<AgentGroup> agents;
+  std::vector<std::shared_ptr<Collectives>> layers;
+
+  static Job Start(int n, rpc::AgentOptions base = {}) {
+    Job job;
+    job.layers.resize(static_cast<size_t>(n));
+    auto* layers = &job.layers;
+    job.agents = AgentGroup::Start(
+        n,
+        [layers](rpc::Agent& agent) {
+          return rpc::Assign(Collectives::Install(agent), (*layers)[static_cast<size_t>(agent.self().rank)]);
+        },
+        base);
+    return job;
+  }
+  int size() const { return static_cast<int>(layers.size()); }
+  // Runs fn(rank) on one thread per rank.
+  void OnEveryRank(const std::function<void(int)>& fn) const {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size(); ++r) threads.emplace_back(fn, r);
+    for (auto& t : threads) t.join();
+  }
+  std::vector<std::shared_ptr<ProcessGroup>> Groups(std::vector<int> ranks = {}, GroupOptions options = {}) {
+    std::vector<std::shared_ptr<ProcessGroup>> groups(static_cast<size_t>(size()));
+    std::vector<int> members = ranks;
+    if (members.empty()) {
+      for (int r = 0; r < size(); ++r) members.push_back(r);
+    }
+    for (int r : members) {
+      auto g = layers[static_cast<size_t>(r)]->NewGroup(ranks, options);
+      EXPECT_TRUE(g.ok()) << g.status();
+      if (g.ok()) groups[static_cast<size_t>(r)] = *g;
+    }
+    return groups;
+  }
+};
+
+// Integer-valued data (exact in float32, float64 and int64 whatever the order of sums).
+Tensor Data(int rank, int64_t n, DType dtype, uint64_t seed = 7) {
+  Generator gen(seed * 1000 + static_cast<uint64_t>(rank));
+  Tensor u = Tensor::Uniform({n}, -50, 50, gen, DType::kFloat64);
+  std::vector<double> v = u.ToVector<double>();
+  for (double& x : v) x = std::floor(x);
+  return kernels::ToDType(Tensor::FromVector(v, {n}), dtype);
+}
+
+Tensor Reference(const std::vector<Tensor>& inputs, ReduceOp op) {
+  Tensor acc = kernels::ToDType(inputs[0], DType::kFloat64);
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    Tensor x = kernels::ToDType(inputs[i], DType::kFloat64);
+    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) acc = kernels::Add(acc, x);
+    if (op == ReduceOp::kMax) acc = kernels::Maximum(acc, x);
+    if (op == ReduceOp::kMin) acc = kernels::Neg(kernels::Maximum(kernels::Neg(acc), kernels::Neg(x)));
+  }
+  if (op == ReduceOp::kAvg) acc = kernels::Div(acc, Tensor::Scalar(static_cast<double>(inputs.size()), DType::kFloat64));
+  return acc;
+}
+
+void ExpectEqual(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  EXPECT_EQ(kernels::MaxAbsDiff(kernels::Reshape(kernels::ToDType(got, DType::kFloat64), {got.numel()}),
+                                kernels::Reshape(want, {want.numel()})),
+            0.0)
+      << what;
+}
+
+class AllReduceTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(AllReduceTest, EverySizeDTypeAndOpMatchesTheReference) {
+  const int n = GetParam();
+  Job job = Job::Start(n);
+  ASSERT_NE(job.agents, nullptr);
+  GroupOptions options;
+  options.piece_bytes = 8 << 10;  // many pieces per ring chunk
+  auto groups = job.Groups({}, options);
+  // 0 and 1 elements, fewer elements than ranks, small (recursive doubling), and large
+  // (ring) sizes that do not divide evenly.
+  const std::vector<int64_t> sizes = {0, 1, 3, 1000, 40'009};
+  for (DType dtype : {DType::kFloat64, DType::kFloat32, DType::kInt64}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+      if (dtype == DType::kInt64 && op == ReduceOp::kAvg) continue;
+      for (int64_t size : sizes) {
+        std::vector<Tensor> inputs;
+        for (int r = 0; r < n; ++r) inputs.push_back(Data(r, size, dtype));
+        const Tensor want = Reference(inputs, op);
+        std::vector<Tensor> outs(static_cast<size_t>(n));
+        job.OnEveryRank([&](int r) {
+          Tensor t = kernels::Clone(inputs[static_cast<size_t>(r)]);
+          auto done = groups[static_cast<size_t>(r)]->AllReduce(t, op).Get(absl::Seconds(30));
+          ASSERT_TRUE(done.ok()) << done.status();
+          EXPECT_TRUE(done->is_same(t));  // in place
+          outs[static_cast<size_t>(r)] = t;
+        });
+        const std::string what =
+            absl::StrCat(n, " ranks, ", DTypeName(dtype), " ", ReduceOpName(op), ", ", size, " elements");
+        for (int r = 0; r < n; ++r) {
+          if (op == ReduceOp::kAvg && dtype == DType::kFloat32) {
+            EXPECT_LE(kernels::MaxAbsDiff(kernels::ToDType(outs[static_cast<size_t>(r)], DType::kFloat64), want), 1e-5)
+                << what;
+          } else {
+            ExpectEqual(outs[static_cast<size_t>(r)], want, what);
+          }
+          // Every member holds the same bits.
+          EXPECT_EQ(kernels::MaxAbsDiff(outs[static_cast<size_t>(r)], outs[0]), 0.0) << what;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AllReduceTest, ::testing::Values(2, 3, 4, 5));
+
+class CollectivesTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectivesTest, BroadcastAllGatherReduceScatterAllToAllAndBarrier) {
+  const int n = GetParam();
+  Job job = Job::Start(n);
+  ASSERT_NE(job.agents, nullptr);
+  GroupOptions options;
+  options.small_bytes = 4 << 10;  // both the small and the large algorithms below
+  auto groups = job.Groups({}, options);
+  for (int64_t size : {int64_t{0}, int64_t{5}, int64_t{3001}}) {
+    const std::string what = absl::StrCat(n, " ranks, ", size, " elements");
+    // Broadcast from every root, into a [size, 1] tensor.
+    for (int root = 0; root < n; ++root) {
+      Tensor want = Data(root, size, DType::kFloat64);
+      job.OnEveryRank([&](int r) {
+        Tensor t = kernels::Reshape(Data(r, size, DType::kFloat64), {size, 1});
+        auto done = groups[static_cast<size_t>(r)]->Broadcast(t, root).Get(absl::Seconds(30));
+        ASSERT_TRUE(done.ok()) << done.status();
+        ExpectEqual(t, want, absl::StrCat(what, ", broadcast from ", root, " to ", r));
+      });
+    }
+    // AllGather.
+    job.OnEveryRank([&](int r) {
+      auto got = groups[static_cast<size_t>(r)]->AllGather(Data(r, size, DType::kInt64)).Get(absl::Seconds(30));
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->size(), static_cast<size_t>(n));
+      for (int s = 0; s < n; ++s) {
+        ExpectEqual((*got)[static_cast<size_t>(s)], kernels::ToDType(Data(s, size, DType::kInt64), DType::kFloat64),
+                    absl::StrCat(what, ", allgather on ", r, " of ", s));
+      }
+    });
+    // ReduceScatter: block b has size + b elements.
+    job.OnEveryRank([&](int r) {
+      std::vector<Tensor> inputs;
+      for (int b = 0; b < n; ++b) inputs.push_back(Data(r * 10 + b, size + b, DType::kFloat64));
+      auto got = groups[static_cast<size_t>(r)]->ReduceScatter(inputs, ReduceOp::kSum).Get(absl::Seconds(30));
+      ASSERT_TRUE(got.ok()) << got.status();
+      std::vector<Tensor> column;
+      for (int s = 0; s < n; ++s) column.push_back(Data(s * 10 + r, size + r, DType::kFloat64));
+      ExpectEqual(*got, Reference(column, ReduceOp::kSum), absl::StrCat(what, ", reduce_scatter on ", r));
+    });
+    // AllToAll: member s sends member d a tensor of s + d rows of `size`-derived data.
+    job.OnEveryRank([&](int r) {
+      std::vector<Tensor> inputs;
+      for (int d = 0; d < n; ++d) inputs.push_back(Data(r * 100 + d, size + r + d, DType::kFloat32));
+      auto got = groups[static_cast<size_t>(r)]->AllToAll(inputs).Get(absl::Seconds(30));
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->size(), static_cast<size_t>(n));
+      for (int s = 0; s < n; ++s) {
+        ExpectEqual((*got)[static_cast<size_t>(s)],
+                    kernels::ToDType(Data(s * 100 + r, size + s + r, DType::kFloat32), DType::kFloat64),
+                    absl::StrCat(what, ", all_to_all from ", s, " to ", r));
+      }
+    });
+  }
+  // A barrier completes on every member.
+  job.OnEveryRank([&](int r) { EXPECT_TRUE(groups[static_cast<size_t>(r)]->Barrier().Get(absl::Seconds(30)).ok()); });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest, ::testing::Values(2, 3, 4, 5));
+
+TEST(CollectivesTest, CollectivesRunInIssueOrderAndOverlapTheCaller) {
+  Job job = Job::Start(3);
+  ASSERT_NE(job.agents, nullptr);
+  auto groups = job.Groups();
+  job.OnEveryRank([&](int r) {
+    std::vector<Tensor> tensors;
+    std::vector<Future<Tensor>> pending;
+    for (int i = 0; i < 20; ++i) {
+      tensors.push_back(Tensor::Full({i % 2 == 0 ? 7 : 70'000}, r + i, DType::kFloat64));
+      pending.push_back(groups[static_cast<size_t>(r)]->AllReduce(tensors.back()));
+    }
+    for (int i = 0; i < 20; ++i) {
+      auto done = pending[static_cast<size_t>(i)].Get(absl::Seconds(30));
+      ASSERT_TRUE(done.ok()) << done.status();
+      EXPECT_EQ(done->ToVector<double>()[0], 0 + 1 + 2 + 3 * i) << "collective " << i;
+    }
+  });
+}
+
+TEST(CollectivesTest, SubGroupsAndConcurrentGroupsDoNotMix) {
+  Job job = Job::Start(4);
+  ASSERT_NE(job.agents, nullptr);
+  auto world = job.Groups();
+  auto low = job.Groups({0, 1, 2});
+  auto high = job.Groups({1, 2, 3});
+  auto twin = job.Groups({1, 2, 3});  // a second group over the same ranks
+  EXPECT_EQ(low[0]->rank(), 0);
+  EXPECT_EQ(high[3]->rank(), 2);
+  EXPECT_EQ(high[1]->size(), 3);
+  job.OnEveryRank([&](int r) {
+    const auto i = static_cast<size_t>(r);
+    for (int round = 0; round < 5; ++round) {
+      std::vector<std::pair<Future<Tensor>, double>> pending;
+      auto add = [&](const std::shared_ptr<ProcessGroup>& g, double value, double want, int64_t size) {
+        if (g) pending.emplace_back(g->AllReduce(Tensor::Full({size}, value, DType::kFloat64)), want);
+      };
+      add(world[i], r, 0 + 1 + 2 + 3, 20'000);
+      add(low[i], 10 * r, 10 * (0 + 1 + 2), 9);
+      add(high[i], 100 * r, 100 * (1 + 2 + 3), 20'000);
+      add(twin[i], 1000 * r, 1000 * (1 + 2 + 3), 9);
+      for (auto& [f, want] : pending) {
+        auto done = f.Get(absl::Seconds(30));
+        ASSERT_TRUE(done.ok()) << done.status();
+        EXPECT_EQ(done->ToVector<double>().back(), want);
+      }
+    }
+  });
+}
+
+TEST(CollectivesTest, NonContiguousTensorsAreReducedInPlace) {
+  Job job = Job::Start(2);
+  ASSERT_NE(job.agents, nullptr);
+  auto groups = job.Groups();
+  job.OnEveryRank([&](int r) {
+    Tensor base = kernels::Reshape(Tensor::Arange(0, 12, 1, DType::kFloat64), {3, 4});
+    Tensor t = kernels::Transpose(base, 0, 1);  // a view, not contiguous
+    ASSERT_FALSE(t.is_contiguous());
+    ASSERT_TRUE(groups[static_cast<size_t>(r)]->AllReduce(t).Get(absl::Seconds(30)).ok());
+    EXPECT_EQ(kernels::MaxAbsDiff(base, kernels::MulScalar(kernels::Reshape(Tensor::Arange(0, 12, 1, DType::kFloat64), {3, 4}), 2)), 0.0);
+  });
+}
+
+TEST(CollectivesTest, RanksThatDisagreeFailOnEveryMemberNamingThemAndTheGroupGoesOn) {
+  for (int64_t odd_size : {int64_t{6}, int64_t{100'000}}) {  // small and ring algorithms
+    Job job = Job::Start(3);
+    ASSERT_NE(job.agents, nullptr);
+    auto groups = job.Groups();
+    job.OnEveryRank([&](int r) {
+      auto& g = *groups[static_cast<size_t>(r)];
+      const int64_t size = r == 2 ? odd_size : 5;
+      auto bad = g.AllReduce(Tensor::Ones({size}, DType::kFloat32)).Get(absl::Seconds(30));
+      ASSERT_FALSE(bad.ok());
+      EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+      EXPECT_NE(bad.status().message().find("rank 2 (worker2)"), std::string::npos) << bad.status();
+      EXPECT_NE(bad.status().message().find(absl::StrCat("[", odd_size, "]")), std::string::npos) << bad.status();
+      // A dtype that differs, too.
+      auto dtype = g.AllReduce(Tensor::Ones({4}, r == 1 ? DType::kFloat64 : DType::kFloat32)).Get(absl::Seconds(30));
+      ASSERT_FALSE(dtype.ok());
+      EXPECT_EQ(dtype.status().code(), absl::StatusCode::kInvalidArgument) << dtype.status();
+      EXPECT_NE(dtype.status().message().find("float64"), std::string::npos) << dtype.status();
+      // An int64 average is refused everywhere, even though only rank 0 asks for it wrongly.
+      auto avg = g.AllReduce(Tensor::Ones({4}, DType::kInt64), r == 0 ? ReduceOp::kAvg : ReduceOp::kSum)
+                     .Get(absl::Seconds(30));
+      EXPECT_EQ(avg.status().code(), absl::StatusCode::kInvalidArgument) << avg.status();
+      // The group still works.
+      auto good = g.AllReduce(Tensor::Ones({5}, DType::kFloat32)).Get(absl::Seconds(30));
+      ASSERT_TRUE(good.ok()) << good.status();
+      EXPECT_EQ(good->ToVector<float>()[0], 3.0f);
+    });
+  }
+}
+
+TEST(CollectivesTest, AMemberThatNeverIssuesMakesTheOthersFailByTheDeadlineNamingIt) {
+  Job job = Job::Start(3);
+  ASSERT_NE(job.agents, nullptr);
+  GroupOptions options;
+  options.timeout = absl::Milliseconds(800);
+  auto groups = job.Groups({}, options);
+  job.OnEveryRank([&](int r) {
+    if (r == 1) return;  // never issues
+    auto done = groups[static_cast<size_t>(r)]->AllReduce(Tensor::Ones({8})).Get(absl::Seconds(30));
+    ASSERT_FALSE(done.ok());
+    // Rank 0 waits for rank 1 (its partner) and times out naming it; rank 2 (folded into
+    // rank 0) is told so by rank 0, or times out at the same moment waiting for rank 0.
+    EXPECT_EQ(done.status().code(), absl::StatusCode::kDeadlineExceeded) << done.status();
+    const std::string message(done.status().message());
+    if (r == 0) {
+      EXPECT_NE(message.find("nothing from rank 1 (worker1)"), std::string::npos) << message;
+    } else {
+      EXPECT_TRUE(message.find("worker1") != std::string::npos || message.find("worker0") != std::string::npos)
+          << message;
+    }
+  });
+  // The group is broken for good: the next collective fails at once.
+  auto next = groups[0]->AllReduce(Tensor::Ones({8})).Get(absl::Seconds(5));
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kDeadlineExceeded) << next.status();
+}
+
+TEST(CollectivesTest, AGroupMadeLateOnOneMemberGetsTheDataSentBeforeIt) {
+  Job job = Job::Start(2);
+  ASSERT_NE(job.agents, nullptr);
+  auto early = job.layers[0]->NewGroup();
+  ASSERT_TRUE(early.ok());
+  Future<Tensor> pending = (*early)->AllReduce(Tensor::Full({3}, 2.0));
+  absl::SleepFor(absl::Milliseconds(50));  // rank 0's data reaches rank 1 before its group exists
+  auto late = job.layers[1]->NewGroup();
+  ASSERT_TRUE(late.ok());
+  auto mine = (*late)->AllReduce(Tensor::Full({3}, 5.0)).Get(absl::Seconds(30));
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->ToVector<float>()[0], 7.0f);
+  auto theirs = pending.Get(absl::Seconds(30));
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  EXPECT_EQ(theirs->ToVector<float>()[2], 7.0f);
+}
+
+TEST(CollectivesTest, BadGroupsAndInputsAreRefused) {
+  Job job = Job::Start(3);
+  ASSERT_NE(job.agents, nullptr);
+  EXPECT_EQ(job.layers[0]->NewGroup({0, 7}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.layers[0]->NewGroup({0, 0, 1}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.layers[0]->NewGroup({1, 2}).status().code(), absl::StatusCode::kInvalidArgument);
+  auto installed_twice = Collectives::Install((*job.agents)[0]);
+  EXPECT_EQ(installed_twice.status().code(), absl::StatusCode::kAlreadyExists);
+  auto groups = job.Groups();
+  job.OnEveryRank([&](int r) {
+    auto& g = *groups[static_cast<size_t>(r)];
+    EXPECT_EQ(g.Broadcast(Tensor::Ones({2}), 3).Get(absl::Seconds(30)).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(g.ReduceScatter({Tensor::Ones({2})}).Get(absl::Seconds(30)).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(g.AllReduce(Tensor::Ones({2}, DType::kBool)).Get(absl::Seconds(30)).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(g.Barrier().Get(absl::Seconds(30)).ok());
+  });
+  groups[0]->Close();
+  EXPECT_EQ(groups[0]->Barrier().Get(absl::Seconds(5)).status().code(), absl::StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace gw::collectives
