@@ -21,6 +21,7 @@
 #include "gradwire/rpc/faults.h"           // FaultInjector, FaultSpec (fault injection)
 #include "gradwire/dist_nn/remote_module.h"  // RemoteModule, RegisterModuleFactory
 #include "gradwire/dist_autograd/dist_autograd.h"  // DistAutograd, Context (distributed backward)
+#include "gradwire/collectives/collectives.h"  // Collectives, ProcessGroup (allreduce & co.)
 #include "gradwire/worker/launcher.h"      // Launch (gradwire launch)
 
 #endif  // GRADWIRE_GRADWIRE_H_
