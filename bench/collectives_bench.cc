@@ -45,7 +45,9 @@ int RunMember(int rank, int n, int port, bool quick) {
   auto agent = gw::rpc::Agent::Start(
       o, [&](gw::rpc::Agent& a) { return gw::rpc::Assign(gw::collectives::Collectives::Install(a), layer); });
   if (!agent.ok()) Fail("start", agent.status());
-  auto group = layer->NewGroup();
+  gw::collectives::GroupOptions go;
+  if (const char* v = std::getenv("GW_BENCH_SPIN_US")) go.spin = absl::Microseconds(std::atoi(v));
+  auto group = layer->NewGroup({}, go);
   if (!group.ok()) Fail("group", group.status());
   gw::collectives::ProcessGroup& g = **group;
   for (const Size& size : kSizes) {

@@ -58,13 +58,14 @@ absl::Status AllReduceRecursiveDoubling(Op& op, const Tensor& flat, ReduceOp red
   while (p * 2 <= n) p *= 2;
   if (r >= p) {  // folded in: hand over, get the result
     op.Send(r - p, 0, flat);
-    absl::StatusOr<Tensor> result = op.Recv(r - p, kResultStep, numel);
+    absl::StatusOr<Tensor> result = op.Recv(r - p, kResultStep, numel);  // r - p has used `flat`
     if (!result.ok()) return result.status();
-    if (absl::Status s = op.Finish(); !s.ok()) return s;
     if (numel > 0) std::memcpy(Bytes(flat), Bytes(*result), flat.nbytes());
     return absl::OkStatus();
   }
-  Tensor cur = flat;
+  // What is sent is never written again (a copy of `flat`, then fresh sums), so the
+  // caller's tensor is free as soon as the result is in: no need to wait for answers.
+  Tensor cur = kernels::Clone(flat);
   auto combine = [&](const Tensor& theirs) {
     Tensor next = Tensor::Empty({numel}, dtype);
     Reduce(next.raw_data(), cur.raw_data(), theirs.raw_data(), static_cast<size_t>(numel), dtype, reduce);
@@ -85,7 +86,6 @@ absl::Status AllReduceRecursiveDoubling(Op& op, const Tensor& flat, ReduceOp red
   }
   if (reduce == ReduceOp::kAvg) ScaleForAverage(cur.raw_data(), static_cast<size_t>(numel), dtype, n);
   if (r < n - p) op.Send(r + p, kResultStep, cur);
-  if (absl::Status s = op.Finish(); !s.ok()) return s;  // `flat` was sent: write it only now
   if (numel > 0) std::memcpy(Bytes(flat), Bytes(cur), flat.nbytes());
   return absl::OkStatus();
 }

@@ -47,16 +47,15 @@ void Op::Send(int to, int64_t step, Tensor data) {
     std::shared_ptr<GroupState> self = weak.lock();
     if (!self) return;
     absl::MutexLock lock(&self->mu_);
-    if (self->running_ != seq) return;  // that collective is over
     --self->unanswered_;
     if (!r.ok()) {
       if (r.status().code() == absl::StatusCode::kUnavailable && !self->broken_) {
         self->broken_ = r.status();
         self->broken_from_peer_ = false;
       }
-      self->FailLocked(seq, r.status(), /*from_peer=*/false);
+      if (seq > self->retired_) self->FailLocked(seq, r.status(), /*from_peer=*/false);
     }
-    self->cv_.SignalAll();
+    self->Wake();
   });
 }
 
@@ -76,6 +75,7 @@ absl::StatusOr<Tensor> Op::Recv(int from, int64_t step, int64_t numel) {
         g.inbox_.erase(it);
         break;
       }
+      if (g.SpinLocked(deadline_)) continue;
       if (absl::Now() >= deadline_) {
         absl::Status s = absl::DeadlineExceededError(
             absl::StrCat(g.Describe(signature_, seq_), ": nothing from ", g.Member(from), " within ",
@@ -108,6 +108,7 @@ absl::Status Op::Finish() {
   for (;;) {
     if (std::optional<GroupState::Failure> e = g.ErrorLocked(seq_)) return e->status;
     if (g.unanswered_ == 0) return absl::OkStatus();
+    if (g.SpinLocked(deadline_)) continue;
     if (absl::Now() >= deadline_) {
       absl::Status s = absl::DeadlineExceededError(absl::StrCat(
           g.Describe(signature_, seq_), ": ", g.unanswered_, " piece(s) sent were not taken within ",
@@ -176,7 +177,7 @@ void GroupState::Enqueue(Job job) {
     absl::MutexLock lock(&mu_);
     if (!closed_) {
       queue_.push_back(Queued{next_seq_++, std::move(job)});
-      cv_.SignalAll();
+      Wake();
       return;
     }
   }
@@ -193,7 +194,7 @@ void GroupState::Close() {
     dropped.swap(queue_);
     for (auto& [key, arrival] : inbox_) answers.push_back(std::move(arrival.taken));
     inbox_.clear();
-    cv_.SignalAll();
+    Wake();
   }
   const std::string& self = config_.agent->self().name;
   for (Promise<rpc::Ack>& a : answers) a.Set(rpc::UnavailableError(self, absl::StrCat("it closed ", Label())));
@@ -227,7 +228,7 @@ Future<rpc::Ack> GroupState::Deliver(int from_agent_rank, internal::CollectiveCh
   Promise<rpc::Ack> taken(executor());
   Future<rpc::Ack> answer = taken.future();
   inbox_.emplace(key, Arrival{std::move(chunk.signature), std::move(chunk.data), std::move(taken)});
-  cv_.SignalAll();
+  Wake();
   return answer;
 }
 
@@ -247,7 +248,7 @@ void GroupState::Abort(int from_agent_rank, const internal::CollectiveAbort& abo
   } else if (abort.seq > retired_) {
     FailLocked(abort.seq, status, /*from_peer=*/true);
   }
-  cv_.SignalAll();
+  Wake();
 }
 
 void GroupState::OnPeerGone(int agent_rank) {
@@ -260,12 +261,12 @@ void GroupState::OnPeerGone(int agent_rank) {
                                                  ", which is broken"));
     broken_from_peer_ = false;
   }
-  cv_.SignalAll();
+  Wake();
 }
 
 void GroupState::FailLocked(int64_t seq, absl::Status status, bool from_peer) {
   failed_.try_emplace(seq, Failure{std::move(status), from_peer});
-  cv_.SignalAll();
+  Wake();
 }
 
 void GroupState::CheckSignatureLocked(int sender, const internal::Signature& theirs) {
@@ -317,52 +318,84 @@ void GroupState::BroadcastAbort(int64_t seq, const absl::Status& status, bool br
   }
 }
 
+void GroupState::Wake() {
+  events_.fetch_add(1, std::memory_order_release);
+  cv_.SignalAll();
+}
+
+bool GroupState::SpinLocked(absl::Time deadline) {
+  const absl::Duration spin = config_.options.spin;
+  if (spin <= absl::ZeroDuration()) return false;
+  const uint64_t seen = events_.load(std::memory_order_acquire);
+  const absl::Time until = std::min(deadline, absl::Now() + spin);
+  mu_.Unlock();
+  while (events_.load(std::memory_order_acquire) == seen && absl::Now() < until) {
+  }
+  mu_.Lock();
+  // Wake runs under the lock: whatever changed before we took it again is seen here.
+  return events_.load(std::memory_order_acquire) != seen;
+}
+
+void GroupState::BeginLocked(const Queued& q) {
+  running_ = q.seq;
+  running_signature_ = q.job.signature;
+  for (const auto& [key, arrival] : inbox_) {
+    if (std::get<0>(key) == q.seq) CheckSignatureLocked(std::get<2>(key), arrival.signature);
+  }
+}
+
 void GroupState::Run() {
   for (;;) {
     Queued q;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](GroupState* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g->mu_) { return g->closed_ || !g->queue_.empty(); }, this));
+          +[](GroupState* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g->mu_) {
+            return g->closed_ || (!g->queue_.empty() && g->running_ < 0);
+          },
+          this));
       if (closed_) return;
       q = std::move(queue_.front());
       queue_.pop_front();
-      running_ = q.seq;
-      running_signature_ = q.job.signature;
-      unanswered_ = 0;
-      for (const auto& [key, arrival] : inbox_) {
-        if (std::get<0>(key) == q.seq) CheckSignatureLocked(std::get<2>(key), arrival.signature);
-      }
+      BeginLocked(q);
     }
-    Op op(*this, q.seq, q.job.signature, absl::Now() + config_.timeout);
-    absl::Status s = q.job.invalid;
-    if (s.ok()) {
-      absl::MutexLock lock(&mu_);
-      if (std::optional<Failure> e = ErrorLocked(q.seq)) s = e->status;
-    }
-    if (s.ok()) s = rpc::CatchExceptions(KindName(q.job.signature.kind), [&] { return q.job.run(op); });
-    if (s.ok()) s = op.Finish();
-    bool tell = false;
-    bool broken = false;
-    bool closing = false;
-    absl::Status told = s;
-    std::vector<Promise<rpc::Ack>> answers;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!s.ok()) {
-        std::optional<Failure> e = ErrorLocked(q.seq);
-        tell = !(e && e->from_peer);
-        broken = broken_.has_value();
-        closing = closed_;
-        if (closing) told = rpc::UnavailableError(config_.agent->self().name, absl::StrCat("it closed ", Label()));
-        if (broken) broken_told_ = true;
-      }
-      RetireLocked(q.seq, &answers);
-    }
-    for (Promise<rpc::Ack>& a : answers) a.Set(rpc::Ack{});
-    if (tell) BroadcastAbort(q.seq, told, broken || closing);
-    q.job.complete(s);
+    Execute(q);
   }
+}
+
+void GroupState::Execute(Queued& q) {
+  const absl::Time deadline = absl::Now() + config_.timeout;
+  Op op(*this, q.seq, q.job.signature, deadline);
+  absl::Status s = q.job.invalid;
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    // Flow control: pieces of earlier collectives still unanswered hold this one back.
+    while (unanswered_ > kMaxUnanswered && !ErrorLocked(q.seq) && absl::Now() < deadline) {
+      cv_.WaitWithDeadline(&mu_, deadline);
+    }
+    if (std::optional<Failure> e = ErrorLocked(q.seq)) s = e->status;
+  }
+  if (s.ok()) s = rpc::CatchExceptions(KindName(q.job.signature.kind), [&] { return q.job.run(op); });
+  bool tell = false;
+  bool broken = false;
+  bool closing = false;
+  absl::Status told = s;
+  std::vector<Promise<rpc::Ack>> answers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!s.ok()) {
+      std::optional<Failure> e = ErrorLocked(q.seq);
+      tell = !(e && e->from_peer);
+      broken = broken_.has_value();
+      closing = closed_;
+      if (closing) told = rpc::UnavailableError(config_.agent->self().name, absl::StrCat("it closed ", Label()));
+      if (broken) broken_told_ = true;
+    }
+    RetireLocked(q.seq, &answers);
+  }
+  for (Promise<rpc::Ack>& a : answers) a.Set(rpc::Ack{});
+  if (tell) BroadcastAbort(q.seq, told, broken || closing);
+  q.job.complete(s);
 }
 
 }  // namespace gw::collectives

@@ -9,6 +9,7 @@
 #ifndef GRADWIRE_COLLECTIVES_SRC_GROUP_STATE_H_
 #define GRADWIRE_COLLECTIVES_SRC_GROUP_STATE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -33,6 +34,8 @@ namespace gw::collectives {
 
 // Pieces a group holds before its thread takes them (a bound against a member that floods).
 inline constexpr size_t kMaxInbox = size_t{1} << 16;
+// Pieces sent and not yet taken beyond which the next collective waits before it starts.
+inline constexpr int kMaxUnanswered = 1024;
 
 class GroupState;
 
@@ -79,7 +82,7 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   struct Job {
     internal::Signature signature;
     absl::Status invalid;
-    std::function<absl::Status(Op&)> run;
+    std::function<absl::Status(Op&)> run;  // calls Op::Finish() when it sent the caller's memory
     std::function<void(absl::Status)> complete;
   };
 
@@ -119,6 +122,14 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   };
 
   void Run();
+  void BeginLocked(const Queued& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs a collective on the group's thread and completes it.
+  void Execute(Queued& q);
+  // Wakes whoever waits for the group's state to change.
+  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Polls (without the lock) for up to GroupOptions::spin for a change; returns whether
+  // one came, with the lock held again.
+  bool SpinLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "allreduce #3 of group 'g'"
   std::string Describe(const internal::Signature& s, int64_t seq) const;
   std::string Member(int group_rank) const;  // "rank 1 (worker1)"
@@ -153,7 +164,8 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   bool broken_from_peer_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_told_ ABSL_GUARDED_BY(mu_) = false;  // the others were told the group broke
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  int unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // pieces of the running collective not yet taken
+  int unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // pieces sent and not yet taken
+  std::atomic<uint64_t> events_{0};           // bumped by Wake (for SpinLocked)
 };
 
 }  // namespace gw::collectives

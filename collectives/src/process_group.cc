@@ -67,9 +67,10 @@ Future<Tensor> ProcessGroup::AllReduce(Tensor t, ReduceOp op) {
   const bool small = t.nbytes() <= state_->options().small_bytes;
   job.run = [t, op, small](Op& o) -> absl::Status {
     Flat f(t);
+    // The ring sends slices of the caller's tensor: they must be taken before it returns.
     absl::Status s = small ? internal::AllReduceRecursiveDoubling(o, f.flat, op) : internal::AllReduceRing(o, f.flat, op);
+    if (s.ok() && !small) s = o.Finish();
     if (!s.ok()) return s;
-    if (absl::Status fin = o.Finish(); !fin.ok()) return fin;
     f.WriteBack();
     return absl::OkStatus();
   };
@@ -111,6 +112,7 @@ Future<std::vector<Tensor>> ProcessGroup::AllGather(Tensor t) {
     Flat f(t);
     absl::Status s = small ? internal::AllGatherDirect(o, f.flat, result.get())
                            : internal::AllGatherRing(o, f.flat, result.get());
+    if (s.ok()) s = o.Finish();  // what was sent is the caller's now
     if (!s.ok()) return s;
     for (Tensor& x : *result) x = kernels::View(x, t.sizes());
     return absl::OkStatus();
@@ -144,7 +146,9 @@ Future<Tensor> ProcessGroup::ReduceScatter(std::vector<Tensor> inputs, ReduceOp 
   job.run = [inputs = std::move(inputs), op, result, me](Op& o) -> absl::Status {
     std::vector<Tensor> flats;
     for (const Tensor& x : inputs) flats.push_back(Flat(x).flat);
-    if (absl::Status s = internal::ReduceScatterRing(o, flats, op, result.get()); !s.ok()) return s;
+    absl::Status s = internal::ReduceScatterRing(o, flats, op, result.get());
+    if (s.ok()) s = o.Finish();
+    if (!s.ok()) return s;
     *result = kernels::View(*result, inputs[static_cast<size_t>(me)].sizes());
     return absl::OkStatus();
   };
@@ -175,7 +179,8 @@ Future<std::vector<Tensor>> ProcessGroup::AllToAll(std::vector<Tensor> inputs) {
   job.run = [inputs = std::move(inputs), result](Op& o) -> absl::Status {
     std::vector<Tensor> contiguous;
     for (const Tensor& x : inputs) contiguous.push_back(kernels::Contiguous(x));
-    return internal::AllToAllDirect(o, contiguous, result.get());
+    absl::Status s = internal::AllToAllDirect(o, contiguous, result.get());
+    return s.ok() ? o.Finish() : s;
   };
   job.complete = Completer(promise, result);
   state_->Enqueue(std::move(job));
