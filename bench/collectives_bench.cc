@@ -5,6 +5,7 @@
 // reports the median and the bus bandwidth (NCCL-tests: bytes / time x 2(n-1)/n).
 //
 //   bench_collectives [--quick]
+// For tuning: GW_BENCH_SPIN_US and GW_BENCH_PIECE_KB set GroupOptions::spin and piece_bytes.
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -47,6 +48,7 @@ int RunMember(int rank, int n, int port, bool quick) {
   if (!agent.ok()) Fail("start", agent.status());
   gw::collectives::GroupOptions go;
   if (const char* v = std::getenv("GW_BENCH_SPIN_US")) go.spin = absl::Microseconds(std::atoi(v));
+  if (const char* v = std::getenv("GW_BENCH_PIECE_KB")) go.piece_bytes = static_cast<size_t>(std::atoi(v)) << 10;
   auto group = layer->NewGroup({}, go);
   if (!group.ok()) Fail("group", group.status());
   gw::collectives::ProcessGroup& g = **group;
