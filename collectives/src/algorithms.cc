@@ -11,7 +11,7 @@ namespace gw::collectives::internal {
 namespace {
 
 // Step numbers: a ring step's pieces are step * kPieces + piece.
-constexpr int64_t kPieces = int64_t{1} << 24;
+constexpr int64_t kPieces = int64_t{1} << 32;
 constexpr int64_t kResultStep = int64_t{1} << 40;
 
 char* Bytes(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
@@ -66,15 +66,19 @@ absl::Status AllReduceRecursiveDoubling(Op& op, const Tensor& flat, ReduceOp red
   // What is sent is never written again (a copy of `flat`, then fresh sums), so the
   // caller's tensor is free as soon as the result is in: no need to wait for answers.
   Tensor cur = kernels::Clone(flat);
-  auto combine = [&](const Tensor& theirs) {
+  // The lower rank's operand first on both partners: max/min of NaN or of +0 and -0
+  // depend on the order, and both must get the same bits.
+  auto combine = [&](const Tensor& theirs, int partner) {
     Tensor next = Tensor::Empty({numel}, dtype);
-    Reduce(next.raw_data(), cur.raw_data(), theirs.raw_data(), static_cast<size_t>(numel), dtype, reduce);
+    const Tensor& a = partner < r ? theirs : cur;
+    const Tensor& b = partner < r ? cur : theirs;
+    Reduce(next.raw_data(), a.raw_data(), b.raw_data(), static_cast<size_t>(numel), dtype, reduce);
     cur = next;
   };
   if (r < n - p) {
     absl::StatusOr<Tensor> extra = op.Recv(r + p, 0, numel);
     if (!extra.ok()) return extra.status();
-    combine(*extra);
+    combine(*extra, r + p);
   }
   int64_t step = 1;
   for (int k = 1; k < p; k <<= 1, ++step) {
@@ -82,7 +86,7 @@ absl::Status AllReduceRecursiveDoubling(Op& op, const Tensor& flat, ReduceOp red
     op.Send(partner, step, cur);
     absl::StatusOr<Tensor> theirs = op.Recv(partner, step, numel);
     if (!theirs.ok()) return theirs.status();
-    combine(*theirs);
+    combine(*theirs, partner);
   }
   if (reduce == ReduceOp::kAvg) ScaleForAverage(cur.raw_data(), static_cast<size_t>(numel), dtype, n);
   if (r < n - p) op.Send(r + p, kResultStep, cur);

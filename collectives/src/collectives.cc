@@ -79,7 +79,8 @@ class Collectives::Impl : public std::enable_shared_from_this<Collectives::Impl>
     config.agent = &agent_;
     config.rank = static_cast<int>(it - ranks.begin());
     config.timeout = options.timeout > absl::ZeroDuration() ? options.timeout : agent_.options().default_timeout;
-    if (options.piece_bytes == 0) options.piece_bytes = size_t{4} << 20;
+    // At least 4 KiB per piece: a message per piece costs far more than moving 4 KiB.
+    options.piece_bytes = std::max(options.piece_bytes, size_t{4} << 10);
     std::vector<std::pair<int, internal::CollectiveChunk>> early;
     std::vector<std::pair<int, internal::CollectiveAbort>> early_aborts;
     std::shared_ptr<GroupState> state;
@@ -99,7 +100,7 @@ class Collectives::Impl : public std::enable_shared_from_this<Collectives::Impl>
       if (auto e = early_.find(state->id()); e != early_.end()) {
         early = std::move(e->second.chunks);
         early_aborts = std::move(e->second.aborts);
-        early_count_ -= early.size();
+        early_count_ -= early.size() + early_aborts.size();
         early_.erase(e);
       }
     }

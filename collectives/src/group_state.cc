@@ -88,17 +88,18 @@ absl::StatusOr<Tensor> Op::Recv(int from, int64_t step, int64_t numel) {
       g.cv_.WaitWithDeadline(&g.mu_, deadline_);
     }
   }
-  taken.Set(rpc::Ack{});  // the sender's piece was used
   const DType dtype = static_cast<DType>(signature_.dtype);
   if (data.dtype() != dtype || (numel >= 0 && data.numel() != numel) || !data.is_contiguous()) {
     absl::Status s = absl::InvalidArgumentError(
-        absl::StrCat(g.Describe(signature_, seq_), ": ", g.Member(from), " sent a malformed piece ",
-                     step, ": ", DTypeName(data.dtype()), " with ", data.numel(), " elements, expected ",
-                     DTypeName(dtype), " with ", numel));
+        absl::StrCat(g.Describe(signature_, seq_), ": ", g.Member(from), " sent a malformed piece ", step, ": ",
+                     DTypeName(data.dtype()), " with ", data.numel(), " elements, expected ", DTypeName(dtype),
+                     " with ", numel));
+    taken.Set(s);
     absl::MutexLock lock(&g.mu_);
     g.FailLocked(seq_, s, /*from_peer=*/false);
     return s;
   }
+  taken.Set(rpc::Ack{});  // the sender's piece was used
   return data;
 }
 
@@ -169,7 +170,9 @@ std::string GroupState::DescribeIssue(const internal::Signature& s) const {
   } else if (kind == internal::Kind::kBroadcast) {
     absl::StrAppend(&what, "(root ", s.op, ")");
   }
-  return absl::StrCat(what, " of ", DTypeName(static_cast<DType>(s.dtype)), " [", absl::StrJoin(s.shape, ", "), "]");
+  absl::StrAppend(&what, " of ", DTypeName(static_cast<DType>(s.dtype)), " [", absl::StrJoin(s.shape, ", "), "]");
+  if (s.algorithm != 0) absl::StrAppend(&what, " (large: ", s.algorithm, ")");
+  return what;
 }
 
 void GroupState::Enqueue(Job job) {
@@ -187,17 +190,24 @@ void GroupState::Enqueue(Job job) {
 void GroupState::Close() {
   std::deque<Queued> dropped;
   std::vector<Promise<rpc::Ack>> answers;
+  bool tell = false;
+  int64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
+    tell = !broken_told_;
+    broken_told_ = true;
+    seq = retired_ + 1;
     dropped.swap(queue_);
     for (auto& [key, arrival] : inbox_) answers.push_back(std::move(arrival.taken));
     inbox_.clear();
     Wake();
   }
   const std::string& self = config_.agent->self().name;
-  for (Promise<rpc::Ack>& a : answers) a.Set(rpc::UnavailableError(self, absl::StrCat("it closed ", Label())));
+  const absl::Status gone = rpc::UnavailableError(self, absl::StrCat("it closed ", Label()));
+  if (tell) BroadcastAbort(seq, gone, /*broken=*/true);  // the others fail at once, not at their deadline
+  for (Promise<rpc::Ack>& a : answers) a.Set(gone);
   for (Queued& q : dropped) q.job.complete(rpc::ShuttingDownError(self, absl::StrCat(Label(), " was closed")));
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
@@ -213,7 +223,11 @@ Future<rpc::Ack> GroupState::Deliver(int from_agent_rank, internal::CollectiveCh
     return MakeReadyFuture<rpc::Ack>(
         executor(), rpc::UnavailableError(config_.agent->self().name, absl::StrCat("it closed ", Label())));
   }
-  if (chunk.seq <= retired_) return MakeReadyFuture<rpc::Ack>(executor(), rpc::Ack{});  // a late piece
+  if (chunk.seq <= retired_) {  // a late piece: of a collective that completed here, or failed
+    auto failed = recently_failed_.find(chunk.seq);
+    if (failed != recently_failed_.end()) return MakeReadyFuture<rpc::Ack>(executor(), failed->second);
+    return MakeReadyFuture<rpc::Ack>(executor(), rpc::Ack{});
+  }
   if (inbox_.size() >= kMaxInbox) {
     return MakeReadyFuture<rpc::Ack>(executor(), absl::ResourceExhaustedError(absl::StrCat(
         config_.agent->self().name, " holds ", inbox_.size(), " pieces not yet used for ", Label(),
@@ -389,12 +403,23 @@ void GroupState::Execute(Queued& q) {
       broken = broken_.has_value();
       closing = closed_;
       if (closing) told = rpc::UnavailableError(config_.agent->self().name, absl::StrCat("it closed ", Label()));
-      if (broken) broken_told_ = true;
+      if (broken || closing) broken_told_ = true;
+      // Pieces of this collective that arrive later are answered with its error, so their
+      // senders fail it too even if they were done.
+      recently_failed_[q.seq] = told;
+      if (recently_failed_.size() > kRecentFailures) recently_failed_.erase(recently_failed_.begin());
     }
     RetireLocked(q.seq, &answers);
   }
-  for (Promise<rpc::Ack>& a : answers) a.Set(rpc::Ack{});
   if (tell) BroadcastAbort(q.seq, told, broken || closing);
+  for (Promise<rpc::Ack>& a : answers) a.Set(s.ok() ? absl::StatusOr<rpc::Ack>(rpc::Ack{}) : told);
+  if (!s.ok()) {
+    // The transport may still be reading the caller's memory: give the pieces sent a
+    // moment to be answered (or to fail) before the caller gets its tensors back.
+    absl::MutexLock lock(&mu_);
+    const absl::Time until = std::min(deadline, absl::Now() + absl::Seconds(1));
+    while (unanswered_ > 0 && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
+  }
   q.job.complete(s);
 }
 

@@ -4,8 +4,10 @@
 // Collectives of the group run one at a time on the group's own thread, in issue order.
 // Data for them arrives on transport threads (Deliver) into an inbox keyed by
 // (collective number, step, sender); the answer to a piece (its Ack) is held until the
-// group's thread has taken the piece, so a sender's collective completes only once its
-// data was used, and no member runs more than one collective ahead of another.
+// group's thread has taken the piece: a sender that waits for its answers (Op::Finish)
+// knows its memory is free again, and pieces not yet taken hold back the sender's next
+// collectives beyond kMaxUnanswered (flow control). A failed collective's pieces are
+// answered with its error, so their senders fail it too.
 #ifndef GRADWIRE_COLLECTIVES_SRC_GROUP_STATE_H_
 #define GRADWIRE_COLLECTIVES_SRC_GROUP_STATE_H_
 
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +39,8 @@ namespace gw::collectives {
 inline constexpr size_t kMaxInbox = size_t{1} << 16;
 // Pieces sent and not yet taken beyond which the next collective waits before it starts.
 inline constexpr int kMaxUnanswered = 1024;
+// Failed collectives whose error late pieces are answered with.
+inline constexpr size_t kRecentFailures = 16;
 
 class GroupState;
 
@@ -160,6 +165,7 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   internal::Signature running_signature_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Key, Arrival> inbox_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int64_t, Failure> failed_ ABSL_GUARDED_BY(mu_);  // by seq
+  std::map<int64_t, absl::Status> recently_failed_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> broken_ ABSL_GUARDED_BY(mu_);
   bool broken_from_peer_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_told_ ABSL_GUARDED_BY(mu_) = false;  // the others were told the group broke

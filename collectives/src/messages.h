@@ -22,9 +22,13 @@ struct Signature {
   int64_t dtype = 0;  // DType
   int64_t op = 0;     // ReduceOp (reductions), the root (broadcast), else 0
   std::vector<int64_t> shape;
+  // The algorithm the sender's options chose: 0 for the small one, else the ring's piece
+  // size in bytes (members whose options differ would wait for steps never sent).
+  int64_t algorithm = 0;
   static constexpr auto Fields() {
     return std::make_tuple(rpc::Field("kind", &Signature::kind), rpc::Field("dtype", &Signature::dtype),
-                           rpc::Field("op", &Signature::op), rpc::Field("shape", &Signature::shape));
+                           rpc::Field("op", &Signature::op), rpc::Field("shape", &Signature::shape),
+                           rpc::Field("algorithm", &Signature::algorithm));
   }
   bool operator==(const Signature&) const = default;
 };

@@ -65,6 +65,7 @@ Future<Tensor> ProcessGroup::AllReduce(Tensor t, ReduceOp op) {
   job.signature = SignatureOf(Kind::kAllReduce, t, static_cast<int64_t>(op));
   job.invalid = CheckReducible(t.dtype(), op);
   const bool small = t.nbytes() <= state_->options().small_bytes;
+  job.signature.algorithm = small ? 0 : static_cast<int64_t>(state_->options().piece_bytes);
   job.run = [t, op, small](Op& o) -> absl::Status {
     Flat f(t);
     // The ring sends slices of the caller's tensor: they must be taken before it returns.
@@ -108,6 +109,7 @@ Future<std::vector<Tensor>> ProcessGroup::AllGather(Tensor t) {
   job.signature = SignatureOf(Kind::kAllGather, t, 0);
   job.invalid = CheckDType(t.dtype());
   const bool small = t.nbytes() <= state_->options().small_bytes;
+  job.signature.algorithm = small ? 0 : 1;
   job.run = [t, small, result](Op& o) -> absl::Status {
     Flat f(t);
     absl::Status s = small ? internal::AllGatherDirect(o, f.flat, result.get())

@@ -77,7 +77,6 @@ void ReduceInto(void* dst, const void* src, size_t count, DType dtype, ReduceOp 
 
 void Reduce(void* out, const void* a, const void* b, size_t count, DType dtype, ReduceOp op) {
   if (out == a) return ReduceInto(out, b, count, dtype, op);
-  if (out == b) return ReduceInto(out, a, count, dtype, op);  // every op is commutative
   switch (dtype) {
     case DType::kFloat32:
       return Combine(static_cast<float*>(out), static_cast<const float*>(a), static_cast<const float*>(b), count, op);

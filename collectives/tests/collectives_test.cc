@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <thread>
 
@@ -126,6 +128,46 @@ TEST_P(AllReduceTest, EverySizeDTypeAndOpMatchesTheReference) {
           EXPECT_EQ(kernels::MaxAbsDiff(outs[static_cast<size_t>(r)], outs[0]), 0.0) << what;
         }
       }
+    }
+  }
+}
+
+TEST_P(AllReduceTest, TheRingHandlesChunksWithNoElements) {
+  const int n = GetParam();
+  Job job = Job::Start(n);
+  ASSERT_NE(job.agents, nullptr);
+  GroupOptions options;
+  options.small_bytes = 0;  // the ring even for 0 and 1 elements: chunks of 0 elements
+  auto groups = job.Groups({}, options);
+  for (int64_t size : {0, 1, 3, 7}) {
+    std::vector<Tensor> inputs;
+    for (int r = 0; r < n; ++r) inputs.push_back(Data(r, size, DType::kFloat64));
+    const Tensor want = Reference(inputs, ReduceOp::kSum);
+    job.OnEveryRank([&](int r) {
+      Tensor t = kernels::Clone(inputs[static_cast<size_t>(r)]);
+      auto done = groups[static_cast<size_t>(r)]->AllReduce(t).Get(absl::Seconds(30));
+      ASSERT_TRUE(done.ok()) << done.status();
+      ExpectEqual(t, want, absl::StrCat(n, " ranks, ring, ", size, " elements"));
+    });
+  }
+}
+
+TEST_P(AllReduceTest, MaxAndMinOfNaNAndSignedZerosAreTheSameBitsOnEveryMember) {
+  const int n = GetParam();
+  Job job = Job::Start(n);
+  ASSERT_NE(job.agents, nullptr);
+  auto groups = job.Groups();
+  for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin}) {
+    std::vector<std::vector<double>> outs(static_cast<size_t>(n));
+    job.OnEveryRank([&](int r) {
+      const double nan = std::nan("");
+      Tensor t = Tensor::FromVector<double>({r == 1 ? nan : 1.0, r % 2 == 0 ? 0.0 : -0.0, r == 0 ? nan : 2.0}, {3});
+      ASSERT_TRUE(groups[static_cast<size_t>(r)]->AllReduce(t, op).Get(absl::Seconds(30)).ok());
+      outs[static_cast<size_t>(r)] = t.ToVector<double>();
+    });
+    for (int r = 1; r < n; ++r) {
+      EXPECT_EQ(std::memcmp(outs[static_cast<size_t>(r)].data(), outs[0].data(), 3 * sizeof(double)), 0)
+          << ReduceOpName(op) << " on rank " << r;
     }
   }
 }
@@ -283,6 +325,31 @@ TEST(CollectivesTest, RanksThatDisagreeFailOnEveryMemberNamingThemAndTheGroupGoe
       EXPECT_EQ(good->ToVector<float>()[0], 3.0f);
     });
   }
+}
+
+TEST(CollectivesTest, ABroadcastWhoseMembersDisagreeFailsOnTheRootToo) {
+  Job job = Job::Start(2);
+  ASSERT_NE(job.agents, nullptr);
+  auto groups = job.Groups();
+  job.OnEveryRank([&](int r) {
+    auto done = groups[static_cast<size_t>(r)]->Broadcast(Tensor::Ones({r == 0 ? 4 : 5}), 0).Get(absl::Seconds(30));
+    EXPECT_EQ(done.status().code(), absl::StatusCode::kInvalidArgument) << "rank " << r << ": " << done.status();
+  });
+}
+
+TEST(CollectivesTest, AMemberThatClosesTheGroupFailsTheOthersAtOnce) {
+  Job job = Job::Start(3);
+  ASSERT_NE(job.agents, nullptr);
+  auto groups = job.Groups();
+  groups[2]->Close();  // tells the others: their next collective fails naming worker2
+  job.OnEveryRank([&](int r) {
+    if (r == 2) return;
+    const absl::Time start = absl::Now();
+    auto done = groups[static_cast<size_t>(r)]->AllReduce(Tensor::Ones({4})).Get(absl::Seconds(30));
+    EXPECT_EQ(done.status().code(), absl::StatusCode::kUnavailable) << done.status();
+    EXPECT_NE(done.status().message().find("worker2"), std::string::npos) << done.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(20));  // not the 60 s deadline
+  });
 }
 
 TEST(CollectivesTest, AMemberThatNeverIssuesMakesTheOthersFailByTheDeadlineNamingIt) {

@@ -28,7 +28,8 @@ absl::Status CheckReducible(DType dtype, ReduceOp op);
 // dst[i] = dst[i] (op) src[i] for i < count; kAvg adds (the division is ScaleForAverage).
 // REQUIRES: CheckReducible(dtype, op) is OK; dst and src do not overlap.
 void ReduceInto(void* dst, const void* src, size_t count, DType dtype, ReduceOp op);
-// out[i] = a[i] (op) b[i]; out may alias a or b.
+// out[i] = a[i] (op) b[i]; out may alias a. For max and min the order matters for NaN
+// and signed zeros (std::max's): callers that must agree pass the operands in one order.
 void Reduce(void* out, const void* a, const void* b, size_t count, DType dtype, ReduceOp op);
 // data[i] /= n for a kAvg result (floating dtypes).
 void ScaleForAverage(void* data, size_t count, DType dtype, int n);
