@@ -117,7 +117,7 @@ class Collectives::Impl : public std::enable_shared_from_this<Collectives::Impl>
     std::vector<std::pair<int, internal::CollectiveAbort>> aborts;
   };
 
-  std::shared_ptr<GroupState> Find(int64_t id) {
+  std::shared_ptr<GroupState> Find(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = groups_.find(id);
     if (it == groups_.end()) return nullptr;
     std::shared_ptr<GroupState> g = it->second.lock();
