@@ -132,6 +132,8 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   void Execute(Queued& q);
   // Wakes whoever waits for the group's state to change.
   void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until Wake is called or the deadline passes.
+  void WaitLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls (without the lock) for up to GroupOptions::spin for a change; returns whether
   // one came, with the lock held again.
   bool SpinLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -157,7 +159,6 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   std::thread thread_;
 
   mutable absl::Mutex mu_;
-  absl::CondVar cv_;
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;     // number of the next collective issued
   int64_t running_ ABSL_GUARDED_BY(mu_) = -1;     // the collective on the thread now
