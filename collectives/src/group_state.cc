@@ -62,7 +62,7 @@ void Op::Send(int to, int64_t step, Tensor data) {
 absl::StatusOr<Tensor> Op::Recv(int from, int64_t step, int64_t numel) {
   GroupState& g = group_;
   const GroupState::Key key{seq_, step, from};
-  Promise<rpc::Ack> taken(g.executor());
+  std::optional<Promise<rpc::Ack>> taken;  // the held answer of the piece, moved out of the inbox
   Tensor data;
   {
     absl::MutexLock lock(&g.mu_);
@@ -94,12 +94,12 @@ absl::StatusOr<Tensor> Op::Recv(int from, int64_t step, int64_t numel) {
         absl::StrCat(g.Describe(signature_, seq_), ": ", g.Member(from), " sent a malformed piece ", step, ": ",
                      DTypeName(data.dtype()), " with ", data.numel(), " elements, expected ", DTypeName(dtype),
                      " with ", numel));
-    taken.Set(s);
+    taken->Set(s);
     absl::MutexLock lock(&g.mu_);
     g.FailLocked(seq_, s, /*from_peer=*/false);
     return s;
   }
-  taken.Set(rpc::Ack{});  // the sender's piece was used
+  taken->Set(rpc::Ack{});  // the sender's piece was used
   return data;
 }
 
@@ -171,7 +171,8 @@ std::string GroupState::DescribeIssue(const internal::Signature& s) const {
     absl::StrAppend(&what, "(root ", s.op, ")");
   }
   absl::StrAppend(&what, " of ", DTypeName(static_cast<DType>(s.dtype)), " [", absl::StrJoin(s.shape, ", "), "]");
-  if (s.algorithm != 0) absl::StrAppend(&what, " (large: ", s.algorithm, ")");
+  if (s.algorithm == 1) absl::StrAppend(&what, " (ring)");
+  if (s.algorithm > 1) absl::StrAppend(&what, " (ring, ", s.algorithm, "-byte pieces)");
   return what;
 }
 

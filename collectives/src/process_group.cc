@@ -19,6 +19,21 @@ absl::Status CheckDType(DType dtype) {
       absl::StrCat("collectives move float32, float64 and int64 tensors, not ", DTypeName(dtype)));
 }
 
+// A list input (reduce_scatter, all_to_all): one tensor per member, all of one dtype.
+absl::Status CheckOnePerMember(const char* what, const std::vector<Tensor>& inputs, int members) {
+  if (static_cast<int>(inputs.size()) != members) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " takes one tensor per member: ", members, ", got ", inputs.size()));
+  }
+  for (const Tensor& x : inputs) {
+    if (x.dtype() != inputs[0].dtype()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " inputs mix ", DTypeName(inputs[0].dtype()), " and ", DTypeName(x.dtype())));
+    }
+  }
+  return absl::OkStatus();
+}
+
 Signature SignatureOf(Kind kind, const Tensor& t, int64_t op) {
   return Signature{static_cast<int64_t>(kind), static_cast<int64_t>(t.dtype()), op,
                    std::vector<int64_t>(t.sizes().begin(), t.sizes().end())};
@@ -134,16 +149,7 @@ Future<Tensor> ProcessGroup::ReduceScatter(std::vector<Tensor> inputs, ReduceOp 
                             static_cast<int64_t>(op), {}};
   for (const Tensor& x : inputs) job.signature.shape.push_back(x.numel());
   job.invalid = CheckReducible(dtype, op);
-  if (job.invalid.ok() && static_cast<int>(inputs.size()) != size()) {
-    job.invalid = absl::InvalidArgumentError(
-        absl::StrCat("reduce_scatter takes one tensor per member: ", size(), ", got ", inputs.size()));
-  }
-  for (const Tensor& x : inputs) {
-    if (job.invalid.ok() && x.dtype() != dtype) {
-      job.invalid = absl::InvalidArgumentError(absl::StrCat("reduce_scatter inputs mix ", DTypeName(dtype), " and ",
-                                                            DTypeName(x.dtype())));
-    }
-  }
+  if (job.invalid.ok()) job.invalid = CheckOnePerMember("reduce_scatter", inputs, size());
   const int me = rank();
   job.run = [inputs = std::move(inputs), op, result, me](Op& o) -> absl::Status {
     std::vector<Tensor> flats;
@@ -168,16 +174,7 @@ Future<std::vector<Tensor>> ProcessGroup::AllToAll(std::vector<Tensor> inputs) {
   job.signature = Signature{static_cast<int64_t>(Kind::kAllToAll), static_cast<int64_t>(dtype), 0,
                             {static_cast<int64_t>(inputs.size())}};
   job.invalid = CheckDType(dtype);
-  if (job.invalid.ok() && static_cast<int>(inputs.size()) != size()) {
-    job.invalid = absl::InvalidArgumentError(
-        absl::StrCat("all_to_all takes one tensor per member: ", size(), ", got ", inputs.size()));
-  }
-  for (const Tensor& x : inputs) {
-    if (job.invalid.ok() && x.dtype() != dtype) {
-      job.invalid = absl::InvalidArgumentError(absl::StrCat("all_to_all inputs mix ", DTypeName(dtype), " and ",
-                                                            DTypeName(x.dtype())));
-    }
-  }
+  if (job.invalid.ok()) job.invalid = CheckOnePerMember("all_to_all", inputs, size());
   job.run = [inputs = std::move(inputs), result](Op& o) -> absl::Status {
     std::vector<Tensor> contiguous;
     for (const Tensor& x : inputs) contiguous.push_back(kernels::Contiguous(x));
