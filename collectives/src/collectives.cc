@@ -58,6 +58,21 @@ class Collectives::Impl : public std::enable_shared_from_this<Collectives::Impl>
     return absl::OkStatus();
   }
 
+  size_t early() const {
+    absl::MutexLock lock(&mu_);
+    return early_count_;
+  }
+  bool AwaitEarly(size_t n, absl::Time deadline) const {
+    struct At {
+      const Impl* self;
+      size_t n;
+    } at{this, n};
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithDeadline(absl::Condition(
+                                     +[](At* a) ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->self->early_count_ >= a->n; }, &at),
+                                 deadline);
+  }
+
   absl::StatusOr<std::shared_ptr<ProcessGroup>> NewGroup(std::vector<int> ranks, GroupOptions options) {
     const int world = static_cast<int>(agent_.workers().size());
     if (ranks.empty()) {
@@ -181,7 +196,7 @@ class Collectives::Impl : public std::enable_shared_from_this<Collectives::Impl>
 
   rpc::Agent& agent_;
   rpc::Agent::PeerWatch watch_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<int64_t, std::weak_ptr<GroupState>> groups_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> made_ ABSL_GUARDED_BY(mu_);  // groups made per ranks + name
   absl::flat_hash_map<int64_t, Early> early_ ABSL_GUARDED_BY(mu_);
@@ -205,5 +220,7 @@ Collectives::~Collectives() = default;
 absl::StatusOr<std::shared_ptr<ProcessGroup>> Collectives::NewGroup(std::vector<int> ranks, GroupOptions options) {
   return impl_->NewGroup(std::move(ranks), std::move(options));
 }
+size_t Collectives::early() const { return impl_->early(); }
+bool Collectives::AwaitEarly(size_t n, absl::Time deadline) const { return impl_->AwaitEarly(n, deadline); }
 
 }  // namespace gw::collectives

@@ -383,7 +383,8 @@ TEST(CollectivesTest, AGroupMadeLateOnOneMemberGetsTheDataSentBeforeIt) {
   auto early = job.layers[0]->NewGroup();
   ASSERT_TRUE(early.ok());
   Future<Tensor> pending = (*early)->AllReduce(Tensor::Full({3}, 2.0));
-  absl::SleepFor(absl::Milliseconds(50));  // rank 0's data reaches rank 1 before its group exists
+  // Rank 0's data reaches rank 1 before its group exists, and waits there for it.
+  ASSERT_TRUE(job.layers[1]->AwaitEarly(1, absl::Now() + absl::Seconds(30)));
   auto late = job.layers[1]->NewGroup();
   ASSERT_TRUE(late.ok());
   auto mine = (*late)->AllReduce(Tensor::Full({3}, 5.0)).Get(absl::Seconds(30));
@@ -392,6 +393,7 @@ TEST(CollectivesTest, AGroupMadeLateOnOneMemberGetsTheDataSentBeforeIt) {
   auto theirs = pending.Get(absl::Seconds(30));
   ASSERT_TRUE(theirs.ok()) << theirs.status();
   EXPECT_EQ(theirs->ToVector<float>()[2], 7.0f);
+  EXPECT_EQ(job.layers[1]->early(), 0u);  // handed to the group
 }
 
 TEST(CollectivesTest, BadGroupsAndInputsAreRefused) {

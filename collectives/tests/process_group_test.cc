@@ -4,6 +4,7 @@
 // of an allreduce fails it on the others, naming it, long before the deadline.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -51,11 +52,13 @@ int RunMember(rpc::Agent& agent, ProcessGroup& group) {
   }
   if (!agent.store().Set(absl::StrCat("first_done/", agent.self().name), "1").ok()) return 1;
   if (group.rank() == 2) {
-    absl::SleepFor(absl::Seconds(60));  // killed by the test before this ends
+    ::pause();  // until the test kills it (or, should the test die first, PR_SET_PDEATHSIG)
     return 3;
   }
   const absl::Time start = absl::Now();
-  auto second = group.AllReduce(Contribution(group.rank())).Get(absl::Seconds(60));
+  Future<Tensor> pending = group.AllReduce(Contribution(group.rank()));  // waits for rank 2
+  if (!agent.store().Set(absl::StrCat("second_issued/", agent.self().name), "1").ok()) return 1;
+  auto second = pending.Get(absl::Seconds(60));
   const absl::Duration took = absl::Now() - start;
   if (second.ok() || second.status().code() != absl::StatusCode::kUnavailable ||
       second.status().message().find("worker2") == std::string::npos || took > absl::Seconds(20)) {
@@ -103,12 +106,11 @@ TEST(ProcessGroupProcessTest, LargeAllReduceThroughSharedMemoryThenAKilledMember
   ASSERT_TRUE(agent.ok()) << agent.status();
   auto group = layer->NewGroup();
   ASSERT_TRUE(group.ok()) << group.status();
-  // Rank 2 is killed once it finished the first allreduce; by then this process's second
-  // allreduce is under way (it waits for rank 2), as is rank 1's.
+  // Rank 2 is killed once it finished the first allreduce and both others have issued the
+  // second, which waits for rank 2.
   std::thread killer([&] {
-    if ((*agent)->store().Wait({"first_done/worker2"}, absl::Seconds(60)).ok()) {
-      absl::SleepFor(absl::Milliseconds(300));
-    }
+    (void)(*agent)->store().Wait({"first_done/worker2", "second_issued/worker0", "second_issued/worker1"},
+                                 absl::Seconds(60));
     kill(children[1], SIGKILL);
   });
   EXPECT_EQ(RunMember(**agent, **group), 0);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "gradwire/collectives/process_group.h"
 #include "gradwire/rpc/agent.h"
 
@@ -39,6 +40,10 @@ class Collectives {
   ~Collectives();
 
   absl::StatusOr<std::shared_ptr<ProcessGroup>> NewGroup(std::vector<int> ranks = {}, GroupOptions options = {});
+  // Pieces (and aborts) held for groups not made here yet; AwaitEarly waits (on the event,
+  // not by polling) until at least `n` are held or the deadline passes, and says which.
+  size_t early() const;
+  bool AwaitEarly(size_t n, absl::Time deadline) const;
 
   class Impl;
 
