@@ -2,6 +2,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "gradwire/autograd/accumulate_grad.h"
+#include "gradwire/autograd/grad_hooks.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/tensor/kernels.h"
 
@@ -91,11 +92,14 @@ void GraphTask::Execute(const std::shared_ptr<Node>& node, std::vector<Tensor> i
 
   if (auto* acc = dynamic_cast<AccumulateGrad*>(node.get())) {
     if (!any_defined) return;
+    Tensor accumulated;
     if (options_.sink != nullptr) {
-      options_.sink->Accumulate(acc->variable(), std::move(inputs[0]));
+      accumulated = options_.sink->Accumulate(acc->variable(), std::move(inputs[0]));
     } else {
       acc->Apply(std::move(inputs));
+      accumulated = acc->variable().grad();
     }
+    RunPostAccumulateHooks(acc->variable(), accumulated);
     return;
   }
 
@@ -156,12 +160,13 @@ class CaptureLeaves final : public GradSink {
  public:
   explicit CaptureLeaves(const std::vector<Tensor>& inputs, std::vector<Tensor>* results)
       : inputs_(inputs), results_(results) {}
-  void Accumulate(const Tensor& leaf, Tensor grad) override {
+  Tensor Accumulate(const Tensor& leaf, Tensor grad) override {
     for (size_t i = 0; i < inputs_.size(); ++i) {
       if (inputs_[i].unsafe_impl() == leaf.unsafe_impl()) {
         AccumulateGrad::Accumulate(&(*results_)[i], grad);
       }
     }
+    return Tensor();  // Grad() runs no post-accumulate hooks
   }
 
  private:

@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "gradwire/autograd/accumulate_grad.h"
 #include "gradwire/autograd/function.h"
+#include "gradwire/autograd/grad_hooks.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/tensor/kernels.h"
@@ -117,8 +120,10 @@ TEST(EngineTest, InPlaceChangeOfSavedTensorIsDetected) {
 // (c) leaf gradients into a per-pass store.
 class MapSink : public GradSink {
  public:
-  void Accumulate(const Tensor& leaf, Tensor grad) override {
-    AccumulateGrad::Accumulate(&grads[leaf.unsafe_impl()], grad);
+  Tensor Accumulate(const Tensor& leaf, Tensor grad) override {
+    Tensor& slot = grads[leaf.unsafe_impl()];
+    AccumulateGrad::Accumulate(&slot, grad);
+    return slot;
   }
   absl::flat_hash_map<TensorImpl*, Tensor> grads;
 };
@@ -137,6 +142,68 @@ TEST(EngineSeamTest, SinkReceivesLeafGradientsInsteadOfDotGrad) {
   EXPECT_FALSE(w.grad().defined());
   EXPECT_EQ(V(sink1.grads[w.unsafe_impl()]), std::vector<double>({2, 4}));
   EXPECT_EQ(V(sink2.grads[w.unsafe_impl()]), std::vector<double>({2, 4}));
+}
+
+// (d) post-accumulate hooks: once per pass and leaf, after accumulation, on the
+// accumulated gradient (which they may change in place), in .grad() or in a sink.
+TEST(EngineSeamTest, PostAccumulateHookSeesTheAccumulatedGradientOncePerPass) {
+  Tensor w = Leaf({1, 2}), b = Leaf({5});
+  std::vector<std::pair<std::string, std::vector<double>>> calls;
+  HookHandle hw = AddPostAccumulateHook(w, [&](const Tensor& leaf, Tensor& grad) {
+    EXPECT_EQ(leaf.unsafe_impl(), w.unsafe_impl());
+    calls.emplace_back("w", V(grad));
+    kernels::ScaleInPlace(grad, 10);  // seen in .grad()
+  });
+  HookHandle hb = AddPostAccumulateHook(b, [&](const Tensor&, Tensor& grad) { calls.emplace_back("b", V(grad)); });
+  // w reached along two paths: its hook runs once, with the summed gradient.
+  Backward({Sum(w * w + w * b)});
+  ASSERT_EQ(calls.size(), 2u);  // in the order the engine reaches the leaves
+  std::sort(calls.begin(), calls.end());
+  EXPECT_EQ(calls[0], (std::pair<std::string, std::vector<double>>{"b", {3}}));
+  EXPECT_EQ(calls[1], (std::pair<std::string, std::vector<double>>{"w", {2 + 5, 4 + 5}}));
+  EXPECT_EQ(V(w.grad()), std::vector<double>({70, 90}));
+  // A second pass: the hook gets the gradient accumulated over both passes.
+  calls.clear();
+  Backward({Sum(w)});
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].second, std::vector<double>({71, 91}));
+  // Removed hooks stop running; Grad() runs none.
+  hw.Remove();
+  calls.clear();
+  Backward({Sum(w * b)});
+  (void)Grad({Sum(w * b)}, {b});
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].first, "b");
+}
+
+TEST(EngineSeamTest, PostAccumulateHookRunsOnTheSinksGradientAndItsErrorsEndThePass) {
+  Tensor w = Leaf({1, 2});
+  MapSink sink;
+  int runs = 0;
+  HookHandle h = AddPostAccumulateHook(w, [&](const Tensor&, Tensor& grad) {
+    ++runs;
+    kernels::AddInPlace(grad, Tensor::Ones({2}, DType::kFloat64));
+  });
+  GraphTask task(BackwardOptions{.sink = &sink});
+  Tensor y = Sum(w * w);
+  Edge root = GradientEdge(y);
+  task.ComputeDependencies({root});
+  task.AddInput(root, Tensor::Scalar(1, DType::kFloat64));
+  task.Run();
+  EXPECT_EQ(runs, 1);
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_EQ(V(sink.grads[w.unsafe_impl()]), std::vector<double>({3, 5}));
+
+  HookHandle failing = AddPostAccumulateHook(w, [](const Tensor&, Tensor&) {
+    throw Error("test hook: the allreduce failed");
+  });
+  try {
+    Backward({Sum(w)});
+    ADD_FAILURE() << "the hook's error did not end the pass";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the allreduce failed"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)AddPostAccumulateHook(Sum(w), [](const Tensor&, Tensor&) {}), Error);  // not a leaf
 }
 
 // (a) start at an arbitrary node, with inputs arriving over time (like a RecvFunction).
@@ -208,9 +275,10 @@ TEST(EngineRegressionTest, RootReachableFromAnotherRootGetsOneSummedGradient) {
   class CountingSink : public GradSink {
    public:
     explicit CountingSink(int* calls) : calls_(calls) {}
-    void Accumulate(const Tensor&, Tensor grad) override {
+    Tensor Accumulate(const Tensor&, Tensor grad) override {
       ++*calls_;
       total = grad;
+      return total;
     }
     Tensor total;
 

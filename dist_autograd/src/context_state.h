@@ -65,7 +65,7 @@ class RecvFunction final : public autograd::Node {
 // Leaf gradients of a context on this worker, summed over passes.
 class GradientStore final : public autograd::GradSink {
  public:
-  void Accumulate(const Tensor& leaf, Tensor grad) override;
+  Tensor Accumulate(const Tensor& leaf, Tensor grad) override;
   std::vector<std::pair<Tensor, Tensor>> All() const;
   Tensor Of(const Tensor& leaf) const;
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "context_state.h"
+#include "gradwire/autograd/accumulate_grad.h"
 #include "gradwire/autograd/function.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/rpc/call_hooks.h"
@@ -100,10 +101,16 @@ std::vector<Tensor> RecvFunction::Apply(std::vector<Tensor>&& grads) ABSL_NO_THR
   return {};
 }
 
-void GradientStore::Accumulate(const Tensor& leaf, Tensor grad) {
+Tensor GradientStore::Accumulate(const Tensor& leaf, Tensor grad) {
   absl::MutexLock lock(&mu_);
-  auto [it, inserted] = grads_.try_emplace(leaf.impl_ptr().get(), leaf, grad);
-  if (!inserted) it->second.second = kernels::Add(it->second.second, grad);
+  auto [it, inserted] = grads_.try_emplace(leaf.impl_ptr().get(), leaf, Tensor());
+  if (inserted) {
+    // Owned by the store (adopted or copied), so a hook may change it in place.
+    autograd::AccumulateGrad::Accumulate(&it->second.second, std::move(grad));
+  } else {
+    it->second.second = kernels::Add(it->second.second, grad);  // earlier readers keep theirs
+  }
+  return it->second.second;
 }
 
 std::vector<std::pair<Tensor, Tensor>> GradientStore::All() const {

@@ -23,6 +23,8 @@
 //   (c) Per-pass gradient store: BackwardOptions::sink receives every leaf gradient
 //       (AccumulateGrad edge) instead of the leaf's .grad(), so concurrent passes over
 //       the same parameters never collide.
+//   (d) Post-accumulate hooks (grad_hooks.h) run right after a leaf's gradient of the
+//       pass was accumulated, in .grad() or in the sink.
 #ifndef GRADWIRE_AUTOGRAD_ENGINE_H_
 #define GRADWIRE_AUTOGRAD_ENGINE_H_
 
@@ -42,7 +44,10 @@ class GradSink {
  public:
   virtual ~GradSink() = default;
   // Called once per AccumulateGrad node reached, with the summed gradient for `leaf`.
-  virtual void Accumulate(const Tensor& leaf, Tensor grad) = 0;
+  // Returns the gradient the sink now holds for `leaf` (accumulated over passes), which
+  // the leaf's post-accumulate hooks (grad_hooks.h) get and may change in place, or an
+  // undefined tensor when the sink keeps none (then no hook runs).
+  virtual Tensor Accumulate(const Tensor& leaf, Tensor grad) = 0;
 };
 
 struct BackwardOptions {

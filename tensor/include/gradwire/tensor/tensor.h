@@ -32,6 +32,7 @@ namespace gw {
 
 namespace autograd {
 class Node;
+class LeafHooks;
 }  // namespace autograd
 
 class Tensor;
@@ -46,6 +47,9 @@ struct AutogradMeta {
   // Leaves: the node that accumulates into `grad` (weak: the node owns the tensor).
   std::weak_ptr<autograd::Node> grad_accumulator;
   std::shared_ptr<TensorImpl> grad;
+  // Leaves: hooks that run once the leaf's gradient of a pass is accumulated
+  // (autograd/grad_hooks.h).
+  std::shared_ptr<autograd::LeafHooks> hooks;
 };
 
 struct TensorImpl {
