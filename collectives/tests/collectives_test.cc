@@ -11,53 +11,14 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "agent_group.h"
+#include "collectives_job.h"
 #include "gradwire/tensor/generator.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::collectives {
 namespace {
 
-using rpc::testing::AgentGroup;
-
-// Agents with the collectives layer installed, and each one's world group.
-struct Job {
-  std::unique_ptr<AgentGroup> agents;
-  std::vector<std::shared_ptr<Collectives>> layers;
-
-  static Job Start(int n, rpc::AgentOptions base = {}) {
-    Job job;
-    job.layers.resize(static_cast<size_t>(n));
-    auto* layers = &job.layers;
-    job.agents = AgentGroup::Start(
-        n,
-        [layers](rpc::Agent& agent) {
-          return rpc::Assign(Collectives::Install(agent), (*layers)[static_cast<size_t>(agent.self().rank)]);
-        },
-        base);
-    return job;
-  }
-  int size() const { return static_cast<int>(layers.size()); }
-  // Runs fn(rank) on one thread per rank.
-  void OnEveryRank(const std::function<void(int)>& fn) const {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < size(); ++r) threads.emplace_back(fn, r);
-    for (auto& t : threads) t.join();
-  }
-  std::vector<std::shared_ptr<ProcessGroup>> Groups(std::vector<int> ranks = {}, GroupOptions options = {}) {
-    std::vector<std::shared_ptr<ProcessGroup>> groups(static_cast<size_t>(size()));
-    std::vector<int> members = ranks;
-    if (members.empty()) {
-      for (int r = 0; r < size(); ++r) members.push_back(r);
-    }
-    for (int r : members) {
-      auto g = layers[static_cast<size_t>(r)]->NewGroup(ranks, options);
-      EXPECT_TRUE(g.ok()) << g.status();
-      if (g.ok()) groups[static_cast<size_t>(r)] = *g;
-    }
-    return groups;
-  }
-};
+using testing::Job;
 
 // Integer-valued data (exact in float32, float64 and int64 whatever the order of sums).
 Tensor Data(int rank, int64_t n, DType dtype, uint64_t seed = 7) {

@@ -22,6 +22,7 @@
 #include "gradwire/dist_nn/remote_module.h"  // RemoteModule, RegisterModuleFactory
 #include "gradwire/dist_autograd/dist_autograd.h"  // DistAutograd, Context (distributed backward)
 #include "gradwire/collectives/collectives.h"  // Collectives, ProcessGroup (allreduce & co.)
+#include "gradwire/parallel/distributed_data_parallel.h"  // DistributedDataParallel
 #include "gradwire/worker/launcher.h"      // Launch (gradwire launch)
 
 #endif  // GRADWIRE_GRADWIRE_H_
