@@ -135,6 +135,11 @@ void DistributedDataParallel::PrepareForBackward(const std::vector<Tensor>& outp
   reducer_->Prepare(outputs);
 }
 
+std::string DistributedDataParallel::ExtraRepr() const {
+  return absl::StrCat(group_->size(), " replicas, ", reducer_ ? reducer_->BucketNames().size() : 0,
+                      " gradient buckets: ", module_->ToString());
+}
+
 std::vector<std::vector<std::string>> DistributedDataParallel::buckets() const { return reducer_->BucketNames(); }
 
 DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp)

@@ -155,7 +155,7 @@ void DdpReducer::MarkReady(size_t index, Tensor grad, bool launch) {
   Param& p = params_[index];
   ready_[index] = true;
   if (grad.defined()) {
-    kernels::CopyInPlace(p.slot, grad);
+    if (grad.storage() != p.slot.storage()) kernels::CopyInPlace(p.slot, grad);  // not the bucket view already
   } else if (Tensor local = p.tensor.grad(); local.defined()) {
     kernels::CopyInPlace(p.slot, local);  // unused now, but accumulated under NoSync before
   } else {
@@ -199,7 +199,13 @@ void DdpReducer::Finalize() {
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
     if (grads_[i].defined()) {
-      kernels::CopyInPlace(grads_[i], p.slot);
+      if (grads_[i].storage() == p.slot.storage()) {
+        // .grad() is the bucket view already (from an earlier iteration): averaged in place.
+      } else if (grads_[i].is_same(p.tensor.grad())) {
+        p.tensor.set_grad(p.slot);  // .grad() becomes the view of the averaged bucket (no copy)
+      } else {
+        kernels::CopyInPlace(grads_[i], p.slot);  // e.g. a distributed-autograd context's gradient
+      }
     } else if (Tensor local = p.tensor.grad(); local.defined()) {
       kernels::CopyInPlace(local, p.slot);
     } else {

@@ -6,7 +6,10 @@
 // by Prepare (at Forward); the post-accumulate hook of each parameter copies its gradient
 // into its slot and remembers the gradient's handle; a bucket whose slots are all filled
 // is launched (allreduce, average) once every bucket before it was; the last gradient
-// finalises: waits for every bucket and copies each slot back into its gradient.
+// finalises: waits for every bucket, then makes each slot the parameter's .grad() (PyTorch's
+// gradient_as_bucket_view: no copy back; the next iteration's gradient accumulates into
+// it unless the optimizer's ZeroGrad dropped it) or, for a gradient held elsewhere (a
+// distributed-autograd context), copies the slot into it.
 #ifndef GRADWIRE_PARALLEL_SRC_REDUCER_H_
 #define GRADWIRE_PARALLEL_SRC_REDUCER_H_
 

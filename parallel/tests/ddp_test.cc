@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <latch>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -239,10 +240,13 @@ TEST(DdpTest, ReplicasWithDifferentModelsFailOnEveryRank) {
 TEST(DdpTest, AReplicaThatLeavesFailsTheOthersBackwardWithTheCollectivesError) {
   Job job = Job::Start(2);
   auto groups = job.Groups();
+  std::latch created(2);
   job.OnEveryRank([&](int r) {
     auto ddp = DistributedDataParallel::Create(Mlp(0), groups[static_cast<size_t>(r)]);
+    created.count_down();
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     if (r == 1) {
+      created.wait();      // rank 0's broadcast is over too
       groups[1]->Close();  // tells rank 0 at once
       return;
     }

@@ -17,7 +17,9 @@
 //     buckets start in the same order on every member. When the last gradient arrived,
 //     backward waits for the buckets and writes the averages back, so after
 //     autograd::Backward returns every replica's .grad() holds the same averaged
-//     gradients, ready for the optimizer. Inside a distributed-autograd context the
+//     gradients, ready for the optimizer. Each .grad() is then a view of its bucket (as
+//     PyTorch's gradient_as_bucket_view): the next synchronised backward overwrites it, so
+//     clone a gradient to keep it. Inside a distributed-autograd context the
 //     averages are written into the context's gradients instead (where they live).
 //   - NoSync(): while the returned guard lives, backward passes only accumulate
 //     gradients locally; the first synchronised pass after it averages the sums.
@@ -93,6 +95,7 @@ class DistributedDataParallel final : public nn::Module {
   DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<collectives::ProcessGroup> group,
                           DdpOptions options);
   absl::Status BroadcastState();
+  std::string ExtraRepr() const override;
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<collectives::ProcessGroup> group_;

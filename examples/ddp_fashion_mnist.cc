@@ -1,0 +1,177 @@
+// Data-parallel training of an MLP 784-256-128-10 on Fashion-MNIST with
+// DistributedDataParallel: every rank is a replica that trains on its share of the data;
+// gradients are averaged over the replicas during backward, so the replicas stay equal.
+// Run it under the launcher (one replica per core):
+//
+//   gradwire launch -n 2 ddp_fashion_mnist [--epochs=10] [--batch_size=64] [--lr=0.05]
+//                                          [--momentum=0.9] [--bucket_kb=1024] [--min_accuracy=0.85]
+//                                          [--stop_at=0.85] [--eval_every=200] [--report]
+//
+// Rank 0 shows the progress and the test accuracy (every --eval_every steps and at each
+// epoch's end; evaluation time is not counted); exit status 1 when it ends below
+// --min_accuracy, 2 when the data or the group cannot be set up.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "gradwire/gradwire.h"
+
+ABSL_FLAG(int, epochs, 10, "passes over the training set");
+ABSL_FLAG(int, batch_size, 64, "examples per step and replica");
+ABSL_FLAG(double, lr, 0.05, "learning rate");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
+ABSL_FLAG(int, bucket_kb, 1024, "gradient bucket size in KiB");
+ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation (rank 0's is broadcast) and shuffling");
+ABSL_FLAG(std::string, data_dir, gw::data::kFashionMnistDir, "directory with the IDX files");
+ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy ends below this");
+ABSL_FLAG(double, stop_at, 0, "stop once the test accuracy reaches this (0: run every epoch)");
+ABSL_FLAG(int, eval_every, 200, "evaluate on the test set every this many steps (and at each epoch's end)");
+ABSL_FLAG(bool, report, false,
+          "print benchmark W11's result lines (time_to_85, steps_to_85, samples_per_s, final_test_acc)");
+
+namespace {
+
+int Fail(const char* what, const absl::Status& s) {
+  std::fprintf(stderr, "error: %s: %s\n", what, std::string(s.message()).c_str());
+  return 2;
+}
+
+int Run() {
+  absl::StatusOr<gw::rpc::AgentOptions> options = gw::rpc::AgentOptions::FromEnv();
+  if (!options.ok()) return Fail("not started by a launcher (run it under `gradwire launch -n 2`)", options.status());
+  options->start_timeout = absl::Seconds(120);  // replicas wait for each other loading data
+  const std::string dir = absl::GetFlag(FLAGS_data_dir);
+  auto train = gw::data::LoadFashionMnist(gw::data::Split::kTrain, dir);
+  auto test = gw::data::LoadFashionMnist(gw::data::Split::kTest, dir);
+  if (!train.ok()) return Fail("training data", train.status());
+  if (!test.ok()) return Fail("test data", test.status());
+
+  std::shared_ptr<gw::collectives::Collectives> collectives;
+  auto agent = gw::rpc::Agent::Start(
+      *options, [&](gw::rpc::Agent& a) { return gw::rpc::Assign(gw::collectives::Collectives::Install(a), collectives); });
+  if (!agent.ok()) return Fail("cannot join the group", agent.status());
+  auto group = collectives->NewGroup();
+  if (!group.ok()) return Fail("cannot make the process group", group.status());
+  const int rank = (*group)->rank(), replicas = (*group)->size();
+
+  gw::Generator gen(absl::GetFlag(FLAGS_seed) + static_cast<uint64_t>(rank));  // rank 0's wins
+  auto mlp = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
+      std::make_shared<gw::nn::Linear>(784, 256, gen), std::make_shared<gw::nn::ReLU>(),
+      std::make_shared<gw::nn::Linear>(256, 128, gen), std::make_shared<gw::nn::ReLU>(),
+      std::make_shared<gw::nn::Linear>(128, 10, gen)});
+  auto ddp = gw::parallel::DistributedDataParallel::Create(
+      mlp, *group, gw::parallel::DdpOptions{.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_kb)) << 10});
+  if (!ddp.ok()) return Fail("cannot replicate the model", ddp.status());
+  gw::optim::Optimizer opt((*ddp)->Parameters(),
+                           gw::optim::Sgd{.lr = absl::GetFlag(FLAGS_lr), .momentum = absl::GetFlag(FLAGS_momentum)});
+  gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(rank));
+  gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
+  loader.Shard(rank, replicas);
+  const bool show = rank == 0;
+  if (show) {
+    std::printf("%s\n%lld parameters, batch %d per replica\n", (*ddp)->ToString().c_str(),
+                static_cast<long long>(mlp->NumParameters()), absl::GetFlag(FLAGS_batch_size));
+    std::fflush(stdout);
+  }
+
+  // Training time excludes evaluation: `clock` runs only while training.
+  using Clock = std::chrono::steady_clock;
+  double trained_s = 0;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  auto evaluate = [&] {
+    gw::autograd::NoGradGuard no_grad;
+    return gw::nn::Accuracy((*ddp)->Forward(test->images), test->labels);
+  };
+  int64_t steps = 0, samples = 0;  // samples: every replica's
+  double test_acc = 0, time_to_85 = -1, samples_to_85 = 0;
+  int64_t steps_to_85 = -1;
+  const double stop_at = absl::GetFlag(FLAGS_stop_at);
+  const int eval_every = absl::GetFlag(FLAGS_eval_every);
+  bool stop = false;
+  auto check = [&] {  // every replica evaluates the same parameters, so all stop together
+    test_acc = evaluate();
+    if (time_to_85 < 0 && test_acc >= 0.85) {
+      time_to_85 = trained_s;
+      steps_to_85 = steps;
+      samples_to_85 = static_cast<double>(samples);
+    }
+    stop = stop_at > 0 && test_acc >= stop_at;
+  };
+  for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs) && !stop; ++epoch) {
+    std::unique_ptr<gw::data::ProgressBar> bar;
+    if (show) {
+      bar = std::make_unique<gw::data::ProgressBar>(absl::StrFormat("epoch %d/%d", epoch, absl::GetFlag(FLAGS_epochs)),
+                                                    loader.batches_per_epoch());
+    }
+    double loss_sum = 0, correct = 0, epoch_s = 0;
+    int64_t seen = 0, step = 0;
+    auto fields = [&] {
+      return absl::StrFormat("loss=%.4f acc=%.4f %.0f samples/s test_acc=%.4f", loss_sum / std::max<int64_t>(step, 1),
+                             correct / std::max<int64_t>(seen, 1), replicas * seen / std::max(epoch_s, 1e-9), test_acc);
+    };
+    gw::data::Batch batch;
+    loader.Reset();
+    while (!stop && loader.Next(&batch)) {
+      const auto t0 = Clock::now();
+      opt.ZeroGrad();
+      gw::Tensor logits = (*ddp)->Forward(batch.inputs);
+      gw::Tensor loss = gw::nn::CrossEntropyLoss(logits, batch.targets);
+      try {
+        gw::autograd::Backward({loss});  // averages the gradients over the replicas
+      } catch (const gw::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 2;
+      }
+      opt.Step();
+      const double dt = since(t0);
+      trained_s += dt;
+      epoch_s += dt;
+      ++steps;
+      loss_sum += loss.item();
+      correct += gw::nn::Accuracy(logits, batch.targets) * static_cast<double>(batch.targets.size(0));
+      seen += batch.targets.size(0);
+      samples += replicas * batch.targets.size(0);
+      if (bar) bar->Update(++step, fields());
+      if (eval_every > 0 && steps % eval_every == 0) check();
+    }
+    if (!stop) check();
+    if (bar) bar->Finish(fields());
+  }
+  if (show) {
+    std::printf("final test accuracy: %.4f (%.1f s training, %.0f samples/s over %d replicas)\n", test_acc, trained_s,
+                static_cast<double>(samples) / trained_s, replicas);
+    if (time_to_85 >= 0) std::printf("reached 85%% test accuracy after %.2f s (%lld steps)\n", time_to_85,
+                                     static_cast<long long>(steps_to_85));
+  }
+  if (show && absl::GetFlag(FLAGS_report)) {
+    auto line = [](const char* metric, double value, const char* unit) {
+      std::printf("workload=ddp_fashion_mnist impl=gradwire metric=%s value=%.6g unit=%s\n", metric, value, unit);
+    };
+    line("time_to_85", time_to_85 >= 0 ? time_to_85 : std::nan(""), "s");
+    line("steps_to_85", steps_to_85 >= 0 ? static_cast<double>(steps_to_85) : std::nan(""), "steps");
+    line("samples_per_s", time_to_85 > 0 ? samples_to_85 / time_to_85 : static_cast<double>(samples) / trained_s,
+         "samples/s");
+    line("final_test_acc", test_acc, "fraction");
+  }
+  (*group)->Close();
+  if (absl::Status s = (*agent)->Shutdown(); !s.ok()) return Fail("shutdown", s);
+  if (show && test_acc < absl::GetFlag(FLAGS_min_accuracy)) {
+    std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc, absl::GetFlag(FLAGS_min_accuracy));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Data-parallel training (DistributedDataParallel) of an MLP on Fashion-MNIST; run under `gradwire launch -n 2`.");
+  absl::ParseCommandLine(argc, argv);
+  return Run();
+}
