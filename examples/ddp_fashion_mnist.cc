@@ -26,6 +26,9 @@ ABSL_FLAG(int, batch_size, 64, "examples per step and replica");
 ABSL_FLAG(double, lr, 0.05, "learning rate");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(int, bucket_kb, 1024, "gradient bucket size in KiB");
+ABSL_FLAG(int, spin_us, 0,
+          "how long a waiting collective polls before it sleeps, in microseconds (0: one replica per core, a "
+          "polling thread would take the core from the other replica)");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation (rank 0's is broadcast) and shuffling");
 ABSL_FLAG(std::string, data_dir, gw::data::kFashionMnistDir, "directory with the IDX files");
 ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy ends below this");
@@ -55,7 +58,9 @@ int Run() {
   auto agent = gw::rpc::Agent::Start(
       *options, [&](gw::rpc::Agent& a) { return gw::rpc::Assign(gw::collectives::Collectives::Install(a), collectives); });
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
-  auto group = collectives->NewGroup();
+  gw::collectives::GroupOptions group_options;
+  group_options.spin = absl::Microseconds(absl::GetFlag(FLAGS_spin_us));
+  auto group = collectives->NewGroup({}, group_options);
   if (!group.ok()) return Fail("cannot make the process group", group.status());
   const int rank = (*group)->rank(), replicas = (*group)->size();
 
