@@ -1,0 +1,78 @@
+// Pipeline: a model split into stages that are RemoteModules on different workers, run
+// on micro-batches so that the stages compute at the same time (GPipe, 1F1B).
+//
+// Contract
+//   - Pipeline(stages, options): stage s's output is stage s+1's input; the last stage's
+//     output goes to the loss on the calling worker (the driver).
+//   - ForwardBackward(ctx, input, target, loss) splits the batch along dim 0 into
+//     options.chunks micro-batches (sizes differ by at most one; fewer when the batch is
+//     smaller), runs every micro-batch through the stages inside the distributed-autograd
+//     context `ctx`, and its backward, so that each stage's owner ends up with the
+//     gradients of the whole batch in the context (a DistributedOptimizer step follows).
+//     `loss` must be a mean over its micro-batch (e.g. CrossEntropyLoss): micro-batch
+//     losses are weighted by their share of the batch, so the gradients are those of
+//     the mean over the whole batch, as without a pipeline. Returns that loss.
+//   - Schedules: kGPipe issues every micro-batch's forward at once (a stage starts
+//     micro-batch m+1 as soon as it sent micro-batch m on), then one backward pass over
+//     all of them. k1F1B keeps at most as many micro-batches in flight as there are
+//     stages: once micro-batch m's forward is done its backward runs (a distributed
+//     backward pass of its own in the same context; gradients accumulate there) while
+//     the forwards of the next ones go on, so activations of at most that many
+//     micro-batches are alive. Both give the same gradients.
+//   - Forward(input) runs the batch through the stages (micro-batches, no context) and
+//     returns the last stage's output, e.g. to evaluate.
+//   - Failures: a stage whose forward fails ends the step with that status's code and a
+//     message naming the stage, its worker and the micro-batch; a failed backward pass is
+//     returned as ctx.Backward returns it (it names the worker). Nothing hangs: every
+//     call is bounded by options.call's timeout (the agent's default without one) and
+//     every backward pass by options.backward.timeout.
+//   - Thread-safe for concurrent steps in different contexts.
+#ifndef GRADWIRE_PARALLEL_PIPELINE_H_
+#define GRADWIRE_PARALLEL_PIPELINE_H_
+
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gradwire/dist_autograd/dist_autograd.h"
+#include "gradwire/dist_nn/remote_module.h"
+#include "gradwire/rpc/agent.h"
+#include "gradwire/tensor/tensor.h"
+
+namespace gw::parallel {
+
+enum class Schedule { kGPipe, k1F1B };
+
+struct PipelineOptions {
+  int chunks = 1;
+  Schedule schedule = Schedule::kGPipe;
+  dist_autograd::BackwardOptions backward = {};
+  rpc::CallOptions call = {};
+};
+
+using PipelineLoss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+class Pipeline {
+ public:
+  Pipeline(std::vector<dist_nn::RemoteModule> stages, PipelineOptions options = {});
+
+  absl::StatusOr<double> ForwardBackward(dist_autograd::Context& ctx, const Tensor& input, const Tensor& target,
+                                         const PipelineLoss& loss) const;
+  absl::StatusOr<Tensor> Forward(const Tensor& input) const;
+
+  const std::vector<dist_nn::RemoteModule>& stages() const { return stages_; }
+  const PipelineOptions& options() const { return options_; }
+
+ private:
+  // Micro-batch `m` (rows [begin, begin + rows)) through every stage, started at once;
+  // with a context it is current on every thread that issues a stage's call.
+  Future<Tensor> Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx) const;
+  std::vector<std::pair<int64_t, int64_t>> Split(int64_t rows) const;
+
+  std::vector<dist_nn::RemoteModule> stages_;
+  PipelineOptions options_;
+};
+
+}  // namespace gw::parallel
+
+#endif  // GRADWIRE_PARALLEL_PIPELINE_H_

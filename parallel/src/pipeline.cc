@@ -1,0 +1,134 @@
+#include "gradwire/parallel/pipeline.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "gradwire/autograd/functions.h"
+#include "gradwire/tensor/error.h"
+
+namespace gw::parallel {
+
+Pipeline::Pipeline(std::vector<dist_nn::RemoteModule> stages, PipelineOptions options)
+    : stages_(std::move(stages)), options_(std::move(options)) {
+  GW_CHECK(!stages_.empty(), "Pipeline", "a pipeline needs at least one stage");
+  GW_CHECK(options_.chunks >= 1, "Pipeline", "chunks must be at least 1, got ", options_.chunks);
+}
+
+std::vector<std::pair<int64_t, int64_t>> Pipeline::Split(int64_t rows) const {
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(options_.chunks, rows));
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t begin = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n = rows / chunks + (c < rows % chunks ? 1 : 0);
+    out.emplace_back(begin, n);
+    begin += n;
+  }
+  return out;
+}
+
+Future<Tensor> Pipeline::Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx) const {
+  // Stage s's result, its error named after the stage.
+  auto call = [this, m](size_t s, const Tensor& x) {
+    const dist_nn::RemoteModule& stage = stages_[s];
+    return Map<Tensor>(stage.ForwardAsync(x, options_.call),
+                       [s, m, worker = stage.worker()](const absl::StatusOr<Tensor>& r) -> absl::StatusOr<Tensor> {
+                         if (r.ok()) return r;
+                         return absl::Status(r.status().code(),
+                                             absl::StrCat("pipeline stage ", s, " (on ", worker,
+                                                          ") failed on micro-batch ", m, ": ", r.status().message()));
+                       });
+  };
+  std::optional<dist_autograd::Context::Scope> scope;
+  if (ctx != nullptr) scope.emplace(*ctx);
+  Future<Tensor> f = call(0, micro);
+  for (size_t s = 1; s < stages_.size(); ++s) {
+    f = f.Then([call, s, ctx, executor = f.executor()](const absl::StatusOr<Tensor>& r) -> Future<Tensor> {
+      if (!r.ok()) return MakeReadyFuture<Tensor>(*executor, r.status());
+      std::optional<dist_autograd::Context::Scope> scope;  // the next call joins the step's context
+      if (ctx != nullptr) scope.emplace(*ctx);
+      return call(s, *r);
+    });
+  }
+  return f;
+}
+
+absl::StatusOr<double> Pipeline::ForwardBackward(dist_autograd::Context& ctx, const Tensor& input,
+                                                 const Tensor& target, const PipelineLoss& loss) const {
+  GW_CHECK(input.dim() >= 1 && target.dim() >= 1 && input.size(0) == target.size(0), "Pipeline::ForwardBackward",
+           "input and target must have the same number of rows (dim 0), got ", ShapeToString(input.sizes()), " and ",
+           ShapeToString(target.sizes()));
+  const int64_t rows = input.size(0);
+  const auto parts = Split(rows);
+  const size_t k = parts.size();
+  std::vector<Future<Tensor>> outputs;
+  outputs.reserve(k);
+  auto launch = [&](size_t m) {
+    outputs.push_back(Launch(Narrow(input, 0, parts[m].first, parts[m].second), static_cast<int>(m), &ctx));
+  };
+  // Micro-batch m's loss, weighted by its share of the batch (undefined if it failed).
+  absl::Status failed;
+  double total = 0;
+  auto loss_of = [&](size_t m) -> Tensor {
+    absl::StatusOr<Tensor> out = outputs[m].Get();
+    if (!out.ok()) {
+      if (failed.ok()) failed = out.status();
+      return Tensor();
+    }
+    Tensor l = loss(*out, Narrow(target, 0, parts[m].first, parts[m].second)) *
+               (static_cast<double>(parts[m].second) / static_cast<double>(rows));
+    total += l.item<double>();
+    return l;
+  };
+  auto wait_all = [&] {
+    for (const Future<Tensor>& f : outputs) (void)f.Get();  // each bounded by the call timeout
+  };
+  if (options_.schedule == Schedule::kGPipe) {
+    for (size_t m = 0; m < k; ++m) launch(m);
+    Tensor sum;
+    for (size_t m = 0; m < k; ++m) {
+      Tensor l = loss_of(m);
+      if (l.defined()) sum = sum.defined() ? sum + l : l;
+    }
+    wait_all();
+    if (!failed.ok()) return failed;
+    if (absl::Status s = ctx.Backward({sum}, options_.backward); !s.ok()) return s;
+    return total;
+  }
+  // 1F1B: as many micro-batches in flight as stages; each one's backward as soon as its
+  // forward is done, while the next ones' forwards go on.
+  const size_t depth = stages_.size();
+  size_t next = 0;
+  for (; next < std::min(depth, k); ++next) launch(next);
+  for (size_t m = 0; m < k; ++m) {
+    Tensor l = loss_of(m);
+    if (!failed.ok()) break;
+    if (absl::Status s = ctx.Backward({l}, options_.backward); !s.ok()) {
+      failed = s;
+      break;
+    }
+    if (next < k) launch(next++);
+  }
+  wait_all();
+  if (!failed.ok()) return failed;
+  return total;
+}
+
+absl::StatusOr<Tensor> Pipeline::Forward(const Tensor& input) const {
+  GW_CHECK(input.dim() >= 1, "Pipeline::Forward", "the input needs a batch dimension");
+  std::vector<Future<Tensor>> outputs;
+  for (const auto& [begin, n] : Split(input.size(0))) {
+    outputs.push_back(Launch(Narrow(input, 0, begin, n), static_cast<int>(outputs.size()), nullptr));
+  }
+  std::vector<Tensor> parts;
+  absl::Status failed;
+  for (const Future<Tensor>& f : outputs) {
+    absl::StatusOr<Tensor> r = f.Get();
+    if (!r.ok() && failed.ok()) failed = r.status();
+    if (r.ok()) parts.push_back(*r);
+  }
+  if (!failed.ok()) return failed;
+  return parts.size() == 1 ? parts[0] : Cat(parts, 0);
+}
+
+}  // namespace gw::parallel
