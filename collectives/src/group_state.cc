@@ -43,9 +43,13 @@ void Op::Send(int to, int64_t step, Tensor data) {
   options.timeout = std::max(deadline_ - absl::Now(), absl::ZeroDuration()) + absl::Seconds(1);
   std::weak_ptr<GroupState> weak = g.weak_from_this();
   const int64_t seq = seq_;
-  g.config_.agent->Send(peer.name, std::move(chunk), options, [weak, seq](absl::StatusOr<rpc::Ack> r) {
+  g.config_.agent->Send(peer.name, std::move(chunk), options, [weak, seq, name = peer.name](absl::StatusOr<rpc::Ack> r) {
     std::shared_ptr<GroupState> self = weak.lock();
     if (!self) return;
+    if (!r.ok() && r.status().message().find(name) == absl::string_view::npos) {
+      // A transport's own error ("send to 127.0.0.1:port failed: Broken pipe") names no worker.
+      r = absl::Status(r.status().code(), absl::StrCat("sending to ", name, " failed: ", r.status().message()));
+    }
     absl::MutexLock lock(&self->mu_);
     --self->unanswered_;
     if (!r.ok()) {
