@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "example_util.h"
 #include "gradwire/gradwire.h"
 
 ABSL_FLAG(int, epochs, 10, "passes over the training set");
@@ -39,10 +40,7 @@ ABSL_FLAG(bool, report, false,
 
 namespace {
 
-int Fail(const char* what, const absl::Status& s) {
-  std::fprintf(stderr, "error: %s: %s\n", what, std::string(s.message()).c_str());
-  return 2;
-}
+using gw::examples::Fail;
 
 int Run() {
   absl::StatusOr<gw::rpc::AgentOptions> options = gw::rpc::AgentOptions::FromEnv();
@@ -155,7 +153,7 @@ int Run() {
   }
   if (show && absl::GetFlag(FLAGS_report)) {
     auto line = [](const char* metric, double value, const char* unit) {
-      std::printf("workload=ddp_fashion_mnist impl=gradwire metric=%s value=%.6g unit=%s\n", metric, value, unit);
+      gw::examples::ReportLine("ddp_fashion_mnist", metric, value, unit);
     };
     line("time_to_85", time_to_85 >= 0 ? time_to_85 : std::nan(""), "s");
     line("steps_to_85", steps_to_85 >= 0 ? static_cast<double>(steps_to_85) : std::nan(""), "steps");

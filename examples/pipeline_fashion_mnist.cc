@@ -20,6 +20,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "example_util.h"
 #include "gradwire/dist_autograd/distributed_optimizer.h"
 #include "gradwire/gradwire.h"
 #include "gradwire/parallel/pipeline.h"
@@ -36,10 +37,7 @@ ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy e
 
 namespace {
 
-int Fail(const char* what, const absl::Status& s) {
-  std::fprintf(stderr, "error: %s: %s\n", what, std::string(s.message()).c_str());
-  return 2;
-}
+using gw::examples::Fail;
 
 // The two stages; a stage worker builds its own from the seed the driver sends.
 std::shared_ptr<gw::nn::Module> Stage(int64_t which, int64_t seed) {

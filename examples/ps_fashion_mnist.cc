@@ -132,7 +132,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   }
   if (show && absl::GetFlag(FLAGS_report)) {
     auto line = [](const char* metric, double value, const char* unit) {
-      std::printf("workload=fashion_mnist_ps impl=gradwire metric=%s value=%.6g unit=%s\n", metric, value, unit);
+      gw::examples::ReportLine("fashion_mnist_ps", metric, value, unit);
     };
     line("time_to_85", time_to_85 >= 0 ? time_to_85 : std::nan(""), "s");
     line("samples_per_s", time_to_85 >= 0 ? samples_to_85 / time_to_85 : static_cast<double>(samples) / secs,

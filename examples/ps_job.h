@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "example_util.h"
 #include "gradwire/gradwire.h"
 #include "gradwire/param_server/client.h"
 #include "gradwire/param_server/server.h"
@@ -35,11 +36,6 @@ ABSL_FLAG(bool, show_network, false,
           "connections and tensors went through shared memory (only between processes on one host)");
 
 namespace gw::examples {
-
-inline int Fail(const char* what, const absl::Status& s) {
-  std::fprintf(stderr, "error: %s: %s\n", what, std::string(s.message()).c_str());
-  return 2;
-}
 
 // --show_network: once joined, the address this process announced.
 inline void ShowAddress(const rpc::Agent& agent) {

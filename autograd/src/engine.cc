@@ -92,14 +92,13 @@ void GraphTask::Execute(const std::shared_ptr<Node>& node, std::vector<Tensor> i
 
   if (auto* acc = dynamic_cast<AccumulateGrad*>(node.get())) {
     if (!any_defined) return;
-    Tensor accumulated;
     if (options_.sink != nullptr) {
-      accumulated = options_.sink->Accumulate(acc->variable(), std::move(inputs[0]));
+      const Tensor held = options_.sink->Accumulate(acc->variable(), std::move(inputs[0]));
+      RunPostAccumulateHooks(acc->variable(), &held);
     } else {
       acc->Apply(std::move(inputs));
-      accumulated = acc->variable().grad();
+      RunPostAccumulateHooks(acc->variable());
     }
-    RunPostAccumulateHooks(acc->variable(), accumulated);
     return;
   }
 

@@ -46,10 +46,12 @@ HookHandle AddPostAccumulateHook(const Tensor& leaf, PostAccumulateHook hook) {
   return HookHandle(hooks, id);
 }
 
-void RunPostAccumulateHooks(const Tensor& leaf, Tensor& grad) {
-  if (!leaf.requires_grad() || !grad.defined()) return;
+void RunPostAccumulateHooks(const Tensor& leaf, const Tensor* held) {
+  if (!leaf.requires_grad()) return;
   const std::shared_ptr<LeafHooks> hooks = leaf.autograd_meta().hooks;  // a hook may remove itself
   if (hooks == nullptr || hooks->empty()) return;
+  Tensor grad = held != nullptr ? *held : leaf.grad();  // a handle: in-place changes reach the holder
+  if (!grad.defined()) return;
   NoGradGuard no_grad;
   hooks->Run(leaf, grad);
 }

@@ -12,20 +12,15 @@ and `..._busbw` (GB/s, NCCL-tests' bus bandwidth: bytes / time x 2(n-1)/n).
 Exit status 0 on success, non-zero (error on stderr) otherwise.
 """
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rpc_bench  # noqa: E402  (runs nothing on import)
+
 SIZES = (("4KiB", 4 << 10, 200, 20), ("1MiB", 1 << 20, 50, 10), ("64MiB", 64 << 20, 10, 3))
 DEADLINE_S = 600
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def member(rank, n, quick):
@@ -62,30 +57,19 @@ def member(rank, n, quick):
 
 
 def main():
-    quick = "--quick" in sys.argv[1:]
-    if os.environ.get("GW_ALLREDUCE_RANK") is not None:
-        member(int(os.environ["GW_ALLREDUCE_RANK"]), int(os.environ["GW_ALLREDUCE_N"]), quick)
+    args = sys.argv[1:]
+    quick = "--quick" in args
+    if "--rank" in args:  # a member, started below
+        member(int(args[args.index("--rank") + 1]), int(os.environ["GW_ALLREDUCE_N"]), quick)
         return
     for n in (2, 4):
         print(f"allreduce: torch.distributed gloo, {n} processes{', quick' if quick else ''}", file=sys.stderr)
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GW_ALLREDUCE_N=str(n),
-                   OMP_NUM_THREADS="1")
-        procs = [subprocess.Popen([sys.executable, __file__] + sys.argv[1:], env=dict(env, GW_ALLREDUCE_RANK=str(r)))
-                 for r in range(n)]
-        deadline = time.time() + DEADLINE_S
-        for p in procs:
-            try:
-                code = p.wait(timeout=max(1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                print("allreduce_bench: timed out", file=sys.stderr)
-                sys.exit(1)
-            if code != 0:
-                for q in procs:
-                    q.kill()
-                print(f"allreduce_bench: a member exited with {code}", file=sys.stderr)
-                sys.exit(1)
+        procs = rpc_bench.start_pair(args, rpc_bench.child_env({"GW_ALLREDUCE_N": str(n)}), script=__file__,
+                                     world_size=n)
+        why = rpc_bench.wait_pair(procs, DEADLINE_S)
+        if why:
+            print(f"allreduce_bench: {why}", file=sys.stderr)
+            sys.exit(1)
 
 
 if __name__ == "__main__":

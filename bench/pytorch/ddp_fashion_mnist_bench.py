@@ -25,8 +25,6 @@ group (its default 25 MB buckets).
 """
 import datetime
 import os
-import socket
-import subprocess
 import sys
 import time
 
@@ -36,18 +34,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ps_fashion_mnist_bench import load  # noqa: E402  (runs nothing on import)
+import rpc_bench  # noqa: E402  (runs nothing on import)
 from rpc_bench import line  # noqa: E402
 
 REPLICAS = 2
 BATCH = 64
 EVAL_EVERY = 200
 DEADLINE_S = 900
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def replica(rank, epochs):
@@ -111,23 +104,14 @@ def main():
     epochs = 1 if "--quick" in args else 10
     if "--epochs" in args:
         epochs = int(args[args.index("--epochs") + 1])
-    if os.environ.get("GW_DDP_RANK") is not None:
-        replica(int(os.environ["GW_DDP_RANK"]), epochs)
+    if "--rank" in args:  # a replica, started below
+        replica(int(args[args.index("--rank") + 1]), epochs)
         return
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__] + args, env=dict(env, GW_DDP_RANK=str(r)))
-             for r in range(REPLICAS)]
-    deadline = time.time() + DEADLINE_S
-    for p in procs:
-        try:
-            code = p.wait(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            code = "a timeout"
-        if code != 0:
-            for q in procs:
-                q.kill()
-            print(f"ddp_fashion_mnist_bench: a replica ended with {code}", file=sys.stderr)
-            sys.exit(1)
+    procs = rpc_bench.start_pair(args, rpc_bench.child_env(), script=__file__, world_size=REPLICAS)
+    why = rpc_bench.wait_pair(procs, DEADLINE_S)
+    if why:
+        print(f"ddp_fashion_mnist_bench: {why}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

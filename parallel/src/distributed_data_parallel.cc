@@ -108,21 +108,19 @@ absl::Status DistributedDataParallel::BroadcastState() {
   }
   std::vector<Tensor> state;
   for (const auto& [name, t] : params) state.push_back(t);
-  for (const auto& [name, t] : buffers) state.push_back(t);
+  for (const auto& [name, t] : buffers) {
+    state.push_back(t);
+    buffers_.push_back(t);  // values change in place (LoadStateDict too), the tensors stay
+  }
   autograd::NoGradGuard no_grad;
   return BroadcastCoalesced(*group_, state);
 }
 
 Tensor DistributedDataParallel::Forward(const Tensor& input) {
-  if (options_.broadcast_buffers && group_->size() > 1) {
-    const nn::NamedTensors buffers = module_->NamedBuffers();
-    if (!buffers.empty()) {
-      std::vector<Tensor> values;
-      for (const auto& [name, t] : buffers) values.push_back(t);
-      autograd::NoGradGuard no_grad;
-      if (absl::Status s = BroadcastCoalesced(*group_, values); !s.ok()) {
-        throw Error(absl::StrCat("DistributedDataParallel: broadcasting the buffers failed: ", s.ToString()));
-      }
+  if (options_.broadcast_buffers && group_->size() > 1 && !buffers_.empty()) {
+    autograd::NoGradGuard no_grad;
+    if (absl::Status s = BroadcastCoalesced(*group_, buffers_); !s.ok()) {
+      throw Error(absl::StrCat("DistributedDataParallel: broadcasting the buffers failed: ", s.ToString()));
     }
   }
   Tensor out = module_->Forward(input);

@@ -1,5 +1,7 @@
 #include "reducer.h"
 
+#include <map>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,28 +17,23 @@ DdpReducer::DdpReducer(const nn::NamedTensors& params, std::shared_ptr<collectiv
     : group_(std::move(group)), options_(options) {
   // Gradients become ready roughly in reverse registration order: buckets follow it, one
   // dtype per bucket, a new bucket once the open one of that dtype would pass the cap.
-  std::vector<std::pair<DType, size_t>> open;  // dtype -> index of its open bucket
-  std::vector<size_t> bytes;
-  std::vector<DType> dtypes;
+  std::map<DType, size_t> open;  // dtype -> its open bucket
+  std::vector<size_t> bytes;     // per bucket
+  std::vector<DType> dtypes;     // per bucket
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
     const auto& [name, tensor] = *it;
     if (!tensor.requires_grad()) continue;
-    const size_t index = params_.size();
-    auto slot = std::find_if(open.begin(), open.end(), [&](const auto& o) { return o.first == tensor.dtype(); });
-    if (slot == open.end() || (bytes[slot->second] > 0 && bytes[slot->second] + tensor.nbytes() > options_.bucket_bytes)) {
+    auto o = open.find(tensor.dtype());
+    if (o == open.end() || (bytes[o->second] > 0 && bytes[o->second] + tensor.nbytes() > options_.bucket_bytes)) {
       buckets_.emplace_back();
       bytes.push_back(0);
       dtypes.push_back(tensor.dtype());
-      if (slot == open.end()) {
-        open.emplace_back(tensor.dtype(), buckets_.size() - 1);
-      } else {
-        slot->second = buckets_.size() - 1;
-      }
-      slot = std::find_if(open.begin(), open.end(), [&](const auto& o) { return o.first == tensor.dtype(); });
+      o = open.insert_or_assign(tensor.dtype(), buckets_.size() - 1).first;
     }
-    params_.push_back(Param{.name = name, .tensor = tensor, .bucket = slot->second, .slot = Tensor(), .hook = {}});
-    buckets_[slot->second].params.push_back(index);
-    bytes[slot->second] += tensor.nbytes();
+    const size_t b = o->second;
+    buckets_[b].params.push_back(params_.size());
+    bytes[b] += tensor.nbytes();
+    params_.push_back(Param{.name = name, .tensor = tensor, .bucket = b, .slot = Tensor(), .hook = {}});
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];

@@ -64,8 +64,9 @@ class HookHandle {
 
 [[nodiscard]] HookHandle AddPostAccumulateHook(const Tensor& leaf, PostAccumulateHook hook);
 
-// Runs the leaf's hooks, if it has any (the engine calls this).
-void RunPostAccumulateHooks(const Tensor& leaf, Tensor& grad);
+// Runs the leaf's hooks, if it has any (the engine calls this), on `held` (a sink's
+// gradient; an undefined one runs no hook) or, when null, on leaf.grad().
+void RunPostAccumulateHooks(const Tensor& leaf, const Tensor* held = nullptr);
 
 }  // namespace gw::autograd
 

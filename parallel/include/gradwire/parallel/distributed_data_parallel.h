@@ -100,6 +100,7 @@ class DistributedDataParallel final : public nn::Module {
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<collectives::ProcessGroup> group_;
   const DdpOptions options_;
+  std::vector<Tensor> buffers_;  // the module's buffers, broadcast at each Forward
   std::unique_ptr<DdpReducer> reducer_;
 };
 

@@ -64,8 +64,9 @@ class Pipeline {
   const PipelineOptions& options() const { return options_; }
 
  private:
-  // Micro-batch `m` (rows [begin, begin + rows)) through every stage, started at once;
-  // with a context it is current on every thread that issues a stage's call.
+  // Micro-batch number `m` through every stage (each stage's call issued as soon as the
+  // previous stage answered); with a context, it is current on every thread that issues
+  // a stage's call.
   Future<Tensor> Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx) const;
   std::vector<std::pair<int64_t, int64_t>> Split(int64_t rows) const;
 
