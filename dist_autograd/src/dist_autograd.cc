@@ -330,20 +330,22 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
 
  private:
   // An outgoing message of a context: one SendFunction for its tensors that require grad.
+  // With gradient recording off nothing is annotated (as PyTorch sends such messages
+  // without autograd metadata): this is how messages sent by code that runs inside a
+  // backward pass (gradient hooks, backward functions), under this context's lock, stay
+  // out of it.
   absl::Status Annotate(const std::shared_ptr<ContextState>& ctx, int to, Value& payload, Value& meta) {
-    if (!ctx) return absl::OkStatus();
+    if (!ctx || !autograd::GradMode::IsEnabled()) return absl::OkStatus();
     AutogradMeta m{ctx->id, {}, {}};
     std::vector<Tensor> with_grad;
-    if (autograd::GradMode::IsEnabled()) {
-      int64_t position = 0;
-      ForEachTensor(payload, [&](Tensor& t) {
-        if (t.requires_grad()) {
-          m.with_grad.push_back(position);
-          with_grad.push_back(t);
-        }
-        ++position;
-      });
-    }
+    int64_t position = 0;
+    ForEachTensor(payload, [&](Tensor& t) {
+      if (t.requires_grad()) {
+        m.with_grad.push_back(position);
+        with_grad.push_back(t);
+      }
+      ++position;
+    });
     std::shared_ptr<SendFunction> send;
     if (!with_grad.empty()) {
       m.send = agent_.NewId();

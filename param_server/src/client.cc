@@ -274,6 +274,12 @@ absl::StatusOr<Client::Table> Client::FindSparse(const std::string& name) const 
   return table;
 }
 
+absl::StatusOr<int64_t> Client::RowDim(const std::string& name) const {
+  absl::StatusOr<Table> table = FindSparse(name);
+  if (!table.ok()) return table.status();
+  return table->dim;
+}
+
 Client::Split Client::SplitIds(const Tensor& ids) const {
   const int servers = static_cast<int>(servers_.size());
   Split split;

@@ -1,5 +1,6 @@
 // Sparse tables: the row store (ids, first touch, LRU, memory) and sparse pulls and pushes
-// over real loopback connections, against dense references.
+// over real loopback connections, against dense references; SparseEmbedding, the table
+// inside an autograd graph.
 #include <gtest/gtest.h>
 
 #include <list>
@@ -11,6 +12,11 @@
 #include "gradwire/param_server/client.h"
 #include "gradwire/param_server/row_store.h"
 #include "gradwire/param_server/server.h"
+#include "gradwire/param_server/sparse_embedding.h"
+#include "gradwire/autograd/engine.h"
+#include "gradwire/autograd/functions.h"
+#include "gradwire/autograd/grad_mode.h"
+#include <thread>
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::param_server {
@@ -222,6 +228,61 @@ TEST(SparseTableTest, BadPushesAreRefusedWithTheReasonAndChangeNothing) {
   EXPECT_FALSE(c0.CreateSparse("emb", 5, {}, optim::Sgd{}, Consistency::kAsync).ok()) << "same name, other width";
   Tensor after = *c0.PullRows("emb", 0, Ids({1, 2})).Get();
   for (int64_t i = 0; i < before.numel(); ++i) EXPECT_EQ(before.data<float>()[i], after.data<float>()[i]);
+}
+
+
+// SparseEmbedding pushes the gradient its backward pass accumulated, as Client::PushRows
+// of the distinct ids would; a trainer whose step reached no rows still ends the step
+// (an empty push), so the synchronous step completes with the other trainer's gradient.
+TEST(SparseEmbeddingTest, BackwardPushesTheRowsGradientAndEveryTrainerEndsItsStep) {
+  SparseDeployment d;
+  ASSERT_NE(d.group, nullptr);
+  Client c0 = d.MakeClient(0), c1 = d.MakeClient(1);
+  constexpr int64_t kDim = 3;
+  const SparseOptions options{RowInit{RowInit::Kind::kNormal, 0, 1, 5}};
+  ASSERT_TRUE(c0.CreateSparse("emb", kDim, options, optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
+  ASSERT_TRUE(c1.CreateSparse("emb", kDim, options, optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
+  const Tensor ids = Ids({4, 9, 4, 1000003});
+  absl::StatusOr<Tensor> before = c0.PullRows("emb", 0, Ids({4, 9, 1000003})).Get();
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  std::thread other([&] {  // trainer 1 looks nothing up this step
+    SparseEmbedding e1(c1, "emb");
+    EXPECT_TRUE(e1.Step().ok());
+  });
+  SparseEmbedding e0(c0, "emb");
+  absl::StatusOr<Tensor> rows = e0.Lookup(Tensor::FromVector<int64_t>({4, 9, 4, 1000003}, {2, 2}));
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->sizes(), (Shape{2, 2, kDim}));
+  EXPECT_EQ(e0.rows_pulled(), 3);
+  // A second recording lookup in the same step is refused; one under NoGradGuard is not.
+  absl::StatusOr<Tensor> again = e0.Lookup(ids);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+  {
+    autograd::NoGradGuard no_grad;
+    EXPECT_TRUE(e0.Lookup(ids).ok());
+    EXPECT_EQ(e0.Lookup(Tensor::FromVector<double>({1.0})).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  // d/d rows of sum(w * rows): id 4 appears twice.
+  const Tensor w = Tensor::Arange(1, 1 + 4 * kDim, 1, DType::kFloat32);
+  autograd::Backward({gw::Sum(gw::Mul(*rows, gw::Reshape(w, {2, 2, kDim})))});
+  ASSERT_TRUE(e0.Step().ok());
+  other.join();
+  EXPECT_EQ(e0.clock(), 1);
+
+  absl::StatusOr<Tensor> after = c0.PullRows("emb", 1, Ids({4, 9, 1000003})).Get();
+  ASSERT_TRUE(after.ok()) << after.status();
+  const std::vector<float> wv = w.ToVector<float>();
+  const std::vector<float> b = before->ToVector<float>(), a = after->ToVector<float>();
+  for (int64_t j = 0; j < kDim; ++j) {
+    // Trainer 0's gradient averaged with trainer 1's empty one (lr 1).
+    const float g4 = wv[static_cast<size_t>(j)] + wv[static_cast<size_t>(2 * kDim + j)];
+    EXPECT_NEAR(a[static_cast<size_t>(j)], b[static_cast<size_t>(j)] - g4 / 2, 1e-5);
+    EXPECT_NEAR(a[static_cast<size_t>(kDim + j)], b[static_cast<size_t>(kDim + j)] - wv[static_cast<size_t>(kDim + j)] / 2,
+                1e-5);
+    EXPECT_NEAR(a[static_cast<size_t>(2 * kDim + j)],
+                b[static_cast<size_t>(2 * kDim + j)] - wv[static_cast<size_t>(3 * kDim + j)] / 2, 1e-5);
+  }
 }
 
 }  // namespace

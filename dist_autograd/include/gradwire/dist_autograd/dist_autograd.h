@@ -14,7 +14,10 @@
 //     are those tensors, and one RecvFunction on the receiver, whose outputs they become,
 //     keyed by (context, message key): PyTorch's SendRpcBackward/RecvRpcBackward. A
 //     handler runs with the caller's context current, so calls it makes join the same
-//     context. Tensors sent outside a context carry no history.
+//     context. Tensors sent outside a context carry no history; nor do messages sent with
+//     gradient recording off (NoGradGuard, and code that runs inside a backward pass:
+//     gradient hooks such as a parameter-server push, backward functions), whose handlers
+//     run outside the context.
 //   - ctx.Backward(roots, options) blocks until the distributed pass is done or failed.
 //     A failure anywhere (a backward function's error, a dead peer, the deadline) is
 //     returned as a Status naming the worker where it happened; the failure model is

@@ -20,6 +20,7 @@
 //     sends gradient rows [n, dim] for `ids` (duplicates are summed on the server). Ids
 //     are split by server, one message per server; under kSync and kBoundedStaleness
 //     every server gets this trainer's push (maybe empty) so that its step completes.
+//     (SparseEmbedding, sparse_embedding.h, does both inside an autograd graph.)
 //   - Checkpoint() asks every server to write a checkpoint now; returns their paths.
 //   - The same tables through distributed autograd: ShardRRefs(name) returns a dense
 //     table's shards as RRefs owned by the servers (one per server, in server order; the
@@ -94,6 +95,8 @@ class Client {
                             const optim::OptimizerConfig& optimizer, Consistency consistency, int64_t staleness = 0);
   Future<Tensor> PullRows(const std::string& name, int64_t clock, const Tensor& ids);
   Future<bool> PushRows(const std::string& name, int64_t clock, const Tensor& ids, const Tensor& grad);
+  // The row width of a sparse table this client created.
+  absl::StatusOr<int64_t> RowDim(const std::string& name) const;
 
   Future<std::vector<std::string>> Checkpoint();
 
