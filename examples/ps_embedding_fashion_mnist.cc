@@ -10,15 +10,15 @@
 // Three epochs reach about 84% test accuracy (the featurisation is a bag of pixel
 // intensities: more epochs overfit rather than improve).
 //
-// Each step a trainer pulls only the rows its batch uses (PullRows of the batch's
-// distinct ids), looks them up locally with autograd, and pushes their gradient rows
-// (PushRows) next to the dense gradients (PushPullMany). Trainer 0 shows the progress;
+// Each step a trainer pulls only the rows its batch uses (param_server::SparseEmbedding:
+// the batch's distinct ids), looks them up locally with autograd; backward pushes their
+// gradient rows, next to the dense gradients (PushPullMany). Trainer 0 shows the progress;
 // exit status 1 when the final test accuracy is below --min_accuracy.
 #include <chrono>
 #include <cstdio>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "pixel_bags.h"
 #include "ps_job.h"
 
 ABSL_FLAG(int, epochs, 3, "passes over the training set");
@@ -32,37 +32,6 @@ namespace {
 
 using gw::Tensor;
 using gw::examples::Fail;
-
-constexpr int64_t kLevels = 8;  // intensity buckets per pixel
-
-// Bags of feature ids of images [B, 784] in [0, 1]: ids [N] and offsets [B].
-std::pair<Tensor, Tensor> Featurize(const Tensor& images) {
-  const int64_t b = images.size(0), pixels = images.size(1);
-  const float* x = images.data<float>();
-  std::vector<int64_t> ids, offsets;
-  for (int64_t i = 0; i < b; ++i) {
-    offsets.push_back(static_cast<int64_t>(ids.size()));
-    for (int64_t p = 0; p < pixels; ++p) {
-      const float v = x[i * pixels + p];
-      if (v > 0) ids.push_back(p * kLevels + std::min<int64_t>(kLevels - 1, static_cast<int64_t>(v * kLevels)));
-    }
-  }
-  return {Tensor::FromVector(ids, {static_cast<int64_t>(ids.size())}),
-          Tensor::FromVector(offsets, {static_cast<int64_t>(offsets.size())})};
-}
-
-// The distinct ids of `ids` (to pull) and `ids` renumbered as positions in that list.
-std::pair<Tensor, Tensor> Distinct(const Tensor& ids) {
-  absl::flat_hash_map<int64_t, int64_t> position;
-  std::vector<int64_t> distinct, local;
-  for (int64_t i = 0; i < ids.numel(); ++i) {
-    auto [it, fresh] = position.try_emplace(ids.data<int64_t>()[i], static_cast<int64_t>(distinct.size()));
-    if (fresh) distinct.push_back(it->first);
-    local.push_back(it->second);
-  }
-  return {Tensor::FromVector(distinct, {static_cast<int64_t>(distinct.size())}),
-          Tensor::FromVector(local, {static_cast<int64_t>(local.size())})};
-}
 
 int Train(gw::rpc::AgentOptions options, int servers) {
   gw::examples::TrainerSetup setup;
@@ -80,6 +49,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       !s.ok()) {
     return Fail("cannot create the embedding table", s);
   }
+  gw::param_server::SparseEmbedding embedding(ps, "pixels");
   gw::Generator gen(absl::GetFlag(FLAGS_seed));
   auto head = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
       std::make_shared<gw::nn::Linear>(dim, 128, gen), std::make_shared<gw::nn::ReLU>(),
@@ -97,8 +67,8 @@ int Train(gw::rpc::AgentOptions options, int servers) {
     if (!v.ok()) return Fail("pull", v.status());
     values.push_back(*v);
   }
-  auto [test_ids, test_offsets] = Featurize(test->images);
-  const Tensor every_id = Tensor::Arange(0, static_cast<double>(784 * kLevels));
+  auto [test_ids, test_offsets] = gw::examples::PixelBags(test->images);
+  const Tensor every_id = Tensor::Arange(0, static_cast<double>(gw::examples::kPixelIds));
 
   gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(trainer));
   gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
@@ -106,7 +76,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   const bool show = trainer == 0;
   if (show) {
     std::printf("EmbeddingBag(%lld ids x %lld, mean) on %d servers -> %s\n%d trainers, batch %d per trainer\n",
-                static_cast<long long>(784 * kLevels), static_cast<long long>(dim), servers,
+                static_cast<long long>(gw::examples::kPixelIds), static_cast<long long>(dim), servers,
                 head->ToString().c_str(), trainers, absl::GetFlag(FLAGS_batch_size));
   }
   const auto start = std::chrono::steady_clock::now();
@@ -131,31 +101,27 @@ int Train(gw::rpc::AgentOptions options, int servers) {
     gw::data::Batch batch;
     loader.Reset();
     while (loader.Next(&batch)) {
-      auto [ids, offsets] = Featurize(batch.inputs);
-      auto [distinct, local] = Distinct(ids);
+      auto [ids, offsets] = gw::examples::PixelBags(batch.inputs);
       // The rows this batch uses, as of this step (the servers answer once every
-      // trainer's push of the previous step was applied).
-      absl::StatusOr<Tensor> pulled = ps.PullRows("pixels", clock, distinct).Get();
-      if (!pulled.ok()) return Fail("pull rows", pulled.status());
-      Tensor weight = *pulled;
-      weight.set_requires_grad(true);
+      // trainer's push of the previous step was applied); backward pushes their gradient.
       for (size_t i = 0; i < params.size(); ++i) gw::kernels::CopyInPlace(params[i].second, values[i]);
       head->ZeroGrad();
-      Tensor logits = head->Forward(gw::nn::EmbeddingBagLookup(weight, local, offsets, gw::nn::BagMode::kMean));
+      absl::StatusOr<Tensor> bags = embedding.LookupBag(ids, offsets, gw::nn::BagMode::kMean);
+      if (!bags.ok()) return Fail("pull rows", bags.status());
+      Tensor logits = head->Forward(*bags);
       Tensor loss = gw::nn::CrossEntropyLoss(logits, batch.targets);
       gw::autograd::Backward({loss});
       std::vector<Tensor> grads;
       for (const auto& [name, p] : params) grads.push_back(p.grad());
-      gw::Future<bool> rows_pushed = ps.PushRows("pixels", clock, distinct, weight.grad());
       absl::StatusOr<std::vector<Tensor>> next = ps.PushPullMany(names, clock, grads).Get();
       if (!next.ok()) return Fail("push/pull", next.status());
-      if (absl::StatusOr<bool> p = rows_pushed.Get(); !p.ok()) return Fail("push rows", p.status());
+      if (absl::Status s = embedding.Step(); !s.ok()) return Fail("push rows", s);
       values = *std::move(next);
       ++clock;
       loss_sum += loss.item();
       correct += gw::nn::Accuracy(logits, batch.targets) * static_cast<double>(batch.targets.size(0));
       seen += batch.targets.size(0);
-      pulled_rows += distinct.numel();
+      pulled_rows += embedding.rows_pulled();
       if (bar) bar->Update(++step, fields());
     }
     // Evaluate with every row as the servers hold it after this epoch.

@@ -22,6 +22,7 @@
 #include "gradwire/gradwire.h"
 #include "gradwire/param_server/client.h"
 #include "gradwire/param_server/server.h"
+#include "gradwire/param_server/sparse_embedding.h"
 
 ABSL_FLAG(int, servers, 2, "how many of the ranks are parameter servers (the first ones)");
 ABSL_FLAG(int, batch_size, 64, "examples per step and trainer");
@@ -106,13 +107,15 @@ inline std::unique_ptr<param_server::Client> MakeClient(rpc::Agent& agent, int s
 
 // Loads Fashion-MNIST (--data_dir), joins the group and connects to the servers; on
 // failure returns the exit status (after saying why), else 0.
-inline int StartTrainer(const rpc::AgentOptions& options, int servers, TrainerSetup* setup) {
+// `more` runs in the agent's setup (to install more layers: collectives, distributed
+// autograd).
+inline int StartTrainer(const rpc::AgentOptions& options, int servers, TrainerSetup* setup, rpc::Setup more = {}) {
   const std::string dir = absl::GetFlag(FLAGS_data_dir);
   auto train = data::LoadFashionMnist(data::Split::kTrain, dir);
   auto test = data::LoadFashionMnist(data::Split::kTest, dir);
   if (!train.ok()) return Fail("training data", train.status());
   if (!test.ok()) return Fail("test data", test.status());
-  auto agent = rpc::Agent::Start(options);
+  auto agent = rpc::Agent::Start(options, std::move(more));
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
   ShowAddress(**agent);
   setup->train = *std::move(train);

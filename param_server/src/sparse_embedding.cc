@@ -42,7 +42,13 @@ absl::StatusOr<std::pair<Tensor, Tensor>> SparseEmbedding::Pull(const Tensor& id
     local.push_back(it->second);
   }
   Tensor distinct_ids = Tensor::FromVector(distinct, {static_cast<int64_t>(distinct.size())});
-  absl::StatusOr<Tensor> rows = client_.PullRows(table_, clock_, distinct_ids).Get();
+  absl::StatusOr<Tensor> rows;
+  {
+    // The pull is not part of the graph (the rows become a leaf here): outside any
+    // distributed-autograd context, so the servers never join it.
+    autograd::NoGradGuard outside_contexts;
+    rows = client_.PullRows(table_, clock_, distinct_ids).Get();
+  }
   if (!rows.ok()) return rows.status();
   rows_pulled_ = distinct_ids.numel();
   if (!autograd::GradMode::IsEnabled()) return std::pair{*std::move(rows), Tensor::FromVector(local, ids.sizes())};
