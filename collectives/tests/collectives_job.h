@@ -24,14 +24,20 @@ struct Job {
   // `more` is run in every agent's setup after the collectives were installed (e.g. to
   // install distributed autograd as well).
   static Job Start(int n, rpc::AgentOptions base = {}, rpc::Setup more = {}) {
+    return Start(n, base, [more](rpc::Agent& agent, const std::shared_ptr<Collectives>&) { return more(agent); });
+  }
+  // `more` also gets the agent's collectives layer (e.g. for layers built on it).
+  static Job Start(int n, rpc::AgentOptions base,
+                   std::function<absl::Status(rpc::Agent&, const std::shared_ptr<Collectives>&)> more) {
     Job job;
     job.layers.resize(static_cast<size_t>(n));
     auto* layers = &job.layers;
     job.agents = AgentGroup::Start(
         n,
         [layers, more](rpc::Agent& agent) {
-          absl::Status s = rpc::Assign(Collectives::Install(agent), (*layers)[static_cast<size_t>(agent.self().rank)]);
-          return s.ok() ? more(agent) : s;
+          auto& layer = (*layers)[static_cast<size_t>(agent.self().rank)];
+          absl::Status s = rpc::Assign(Collectives::Install(agent), layer);
+          return s.ok() ? more(agent, layer) : s;
         },
         base);
     return job;

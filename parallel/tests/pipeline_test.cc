@@ -1,11 +1,14 @@
 // Pipelines over RemoteModules on agents on threads of this process: with 1, 4 and 8
 // micro-batches and both schedules, training equals the same model trained in one
-// process (float64, parameter by parameter, every step); a stage that fails is named.
+// process (float64, parameter by parameter, every step); so do two replicas of a pipeline
+// (DDP of pipelines) on the concatenated batch; a stage that fails is named.
 #include "gradwire/parallel/pipeline.h"
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "collectives_job.h"
@@ -52,12 +55,10 @@ std::unique_ptr<Workers> Start(int n) {
   auto w = std::make_unique<Workers>();
   w->engines.resize(static_cast<size_t>(n));
   auto* engines = &w->engines;
-  w->job = Job::Start(n, {}, [engines](rpc::Agent& agent) -> absl::Status {
-    if (absl::Status s = rpc::Assign(dist_autograd::DistAutograd::Install(agent),
-                                     (*engines)[static_cast<size_t>(agent.self().rank)]);
-        !s.ok()) {
-      return s;
-    }
+  w->job = Job::Start(n, {}, [engines](rpc::Agent& agent, const std::shared_ptr<collectives::Collectives>& layer) -> absl::Status {
+    auto& engine = (*engines)[static_cast<size_t>(agent.self().rank)];
+    if (absl::Status s = rpc::Assign(dist_autograd::DistAutograd::Install(agent), engine); !s.ok()) return s;
+    if (absl::Status s = ServeStageReplicas(agent, layer, engine); !s.ok()) return s;
     if (absl::Status s = dist_nn::RegisterModuleFactory(agent, "stage", Stage); !s.ok()) return s;
     return dist_nn::RegisterModuleFactory(agent, "broken", [] { return std::make_shared<Broken>(); });
   });
@@ -147,6 +148,87 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, PipelineEqualsLocal,
                            return absl::StrCat(std::get<1>(info.param) == Schedule::kGPipe ? "GPipe" : "OneFOneB",
                                                std::get<0>(info.param), "MicroBatches");
                          });
+
+// DDP of pipelines: two replicas of a 2-stage pipeline (replica r: driver and stage 0 on
+// worker 2r, stage 1 on worker 2r+1), each on its own batch, starting from different
+// parameters; BroadcastParameters, then per step ForwardBackward, AverageGradients and
+// each replica's DistributedOptimizer step equal one model trained on the concatenated
+// batch, both replicas, every parameter, every step.
+TEST(PipelineTest, ReplicatedPipelinesTrainAsOneOnTheConcatenatedBatch) {
+  constexpr int kReplicas = 2;
+  auto w = Start(2 * kReplicas);
+  const std::vector<std::vector<int>> stage_hosts = {{0, 2}, {1, 3}};
+  struct Replica {
+    std::vector<dist_nn::RemoteModule> stages;
+    std::unique_ptr<Pipeline> pipe;
+    std::unique_ptr<dist_autograd::DistributedOptimizer> opt;
+  };
+  std::vector<Replica> replicas(kReplicas);
+  for (int r = 0; r < kReplicas; ++r) {
+    rpc::Agent& driver = (*w->job.agents)[2 * r];
+    std::vector<rpc::RRef<Tensor>> params;
+    for (int s = 0; s < 2; ++s) {
+      auto m = dist_nn::RemoteModule::Create(driver, absl::StrCat("worker", stage_hosts[s][r]), "stage", int64_t{s},
+                                             int64_t{s + 5 + 10 * r});  // replica 1 starts elsewhere
+      ASSERT_TRUE(m.ok()) << m.status();
+      replicas[r].stages.push_back(*m);
+      auto p = m->RemoteParameters();
+      ASSERT_TRUE(p.ok()) << p.status();
+      params.insert(params.end(), p->begin(), p->end());
+    }
+    auto opt = dist_autograd::DistributedOptimizer::Create(driver, kSgd, params);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    replicas[r].opt = *std::move(opt);
+    replicas[r].pipe = std::make_unique<Pipeline>(replicas[r].stages, PipelineOptions{.chunks = 4});
+  }
+  auto local = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{Stage(0, 5), Stage(1, 6)});
+  optim::Optimizer local_opt(local->Parameters(), kSgd);
+
+  auto replica_step = [&](int r, int step) {
+    dist_autograd::Context ctx(*w->engines[static_cast<size_t>(2 * r)]);
+    Batch b = MakeBatch(10 * step + r);
+    absl::StatusOr<double> loss = replicas[r].pipe->ForwardBackward(ctx, b.x, b.y, Loss);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    absl::Status averaged = replicas[r].pipe->AverageGradients(ctx, stage_hosts);
+    ASSERT_TRUE(averaged.ok()) << averaged;
+    ASSERT_TRUE(replicas[r].opt->Step(ctx).ok());
+  };
+  auto on_every_replica = [&](const std::function<void(int)>& fn) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kReplicas; ++r) threads.emplace_back(fn, r);
+    for (auto& t : threads) t.join();
+  };
+  on_every_replica([&](int r) { EXPECT_TRUE(replicas[r].pipe->BroadcastParameters(stage_hosts).ok()); });
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Tensor> xs, ys;
+    for (int r = 0; r < kReplicas; ++r) {
+      Batch b = MakeBatch(10 * step + r);
+      xs.push_back(b.x);
+      ys.push_back(b.y);
+    }
+    local_opt.ZeroGrad();
+    autograd::Backward({Loss(local->Forward(kernels::Cat(xs, 0)), kernels::Cat(ys, 0))});
+    local_opt.Step();
+    on_every_replica([&](int r) { replica_step(r, step); });
+
+    for (int r = 0; r < kReplicas; ++r) {
+      for (int s = 0; s < 2; ++s) {
+        auto fetched = replicas[r].stages[s].FetchParameters();
+        ASSERT_TRUE(fetched.ok()) << fetched.status();
+        for (const auto& [name, want] : local->children()[s].second->NamedParameters()) {
+          EXPECT_LT(kernels::MaxAbsDiff(fetched->at(name), want), 1e-6)
+              << "replica " << r << " stage " << s << " " << name << " step " << step;
+        }
+      }
+    }
+  }
+  // Hosts that do not hold the stage are refused, naming the stage.
+  dist_autograd::Context ctx(*w->engines[0]);
+  absl::Status wrong = replicas[0].pipe->AverageGradients(ctx, {{1, 3}, {0, 2}});
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
+  EXPECT_NE(wrong.message().find("pipeline stage 0 (on worker0)"), std::string::npos) << wrong;
+  EXPECT_EQ(replicas[0].pipe->AverageGradients(ctx, {{0, 2}}).code(), absl::StatusCode::kInvalidArgument);
+}
 
 TEST(PipelineTest, AFailingStageIsNamedWithItsWorker) {
   auto w = Start(3);

@@ -156,7 +156,10 @@ class Agent::Impl {
     if (options_.name.empty()) options_.name = absl::StrCat("worker", options_.rank);
   }
 
-  ~Impl() { Close(ShuttingDownError(options_.name, "the agent was destroyed")); }
+  ~Impl() {
+    Close(ShuttingDownError(options_.name, "the agent was destroyed"));
+    if (dispatcher_) dispatcher_->ClearHandlers();  // while the members their state may call are alive
+  }
 
   absl::Status Start(const Setup& setup, Agent& agent) {
     if (options_.world_size < 1 || options_.world_size > GlobalId::kMaxRanks || options_.rank < 0 ||

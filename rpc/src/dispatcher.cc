@@ -34,6 +34,15 @@ absl::Status Dispatcher::Register(const std::string& name, RawHandler handler, R
   return absl::OkStatus();
 }
 
+void Dispatcher::ClearHandlers() {
+  absl::flat_hash_map<std::string, std::shared_ptr<Handler>> gone;
+  {
+    absl::WriterMutexLock lock(&mu_);
+    gone.swap(handlers_);
+  }
+  gone.clear();  // outside the lock: a handler's state may call out
+}
+
 bool Dispatcher::Has(const std::string& name) const { return Find(name) != nullptr; }
 
 std::shared_ptr<Dispatcher::Handler> Dispatcher::Find(const std::string& name) const {

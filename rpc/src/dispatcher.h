@@ -55,6 +55,10 @@ class Dispatcher {
   void SetHooks(std::shared_ptr<CallHooks> hooks) { hooks_ = std::move(hooks); }
   absl::Status Register(const std::string& name, RawHandler handler, RegisterOptions options = {});
   bool Has(const std::string& name) const;
+  // Destroys the handlers (and what they own: a layer's state may close its resources,
+  // calling out through the agent). The agent does it once closed, while the rest of it
+  // still answers such calls with its closing error.
+  void ClearHandlers();
 
   // `from`: the rank of the connection's peer (the agent knows it from the hello).
   void OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env);

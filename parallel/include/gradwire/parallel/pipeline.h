@@ -27,13 +27,34 @@
 //     call is bounded by options.call's timeout (the agent's default without one) and
 //     every backward pass by options.backward.timeout.
 //   - Thread-safe for concurrent steps in different contexts.
+//
+// Data parallelism over pipelines (DDP of pipelines: each replica is a pipeline)
+//   - Replica r is a Pipeline of the same stages (same factories and arguments) driven by
+//     its own driver; its stage s lives on worker stage_hosts[s][r] (agent ranks). Every
+//     replica's driver passes the same `stage_hosts`. The workers hosting stages install
+//     ServeStageReplicas(agent, collectives, engine) in Agent::Start's setup.
+//   - BroadcastParameters(stage_hosts), called once by every replica before training:
+//     each stage takes replica 0's parameters (as DDP does at construction).
+//   - AverageGradients(ctx, stage_hosts), by every replica after its ForwardBackward of a
+//     step: each stage averages the gradients it holds in the replica's context with the
+//     same stage of the other replicas (an allreduce among the workers of stage_hosts[s],
+//     run on them, every stage at once). A DistributedOptimizer step per replica then
+//     keeps the replicas equal: together the replicas train as one pipeline on the
+//     concatenated batch.
+//   - Errors name the stage and its worker: INVALID_ARGUMENT when this pipeline's stage
+//     s is not on a worker of stage_hosts[s] or the lists differ in length;
+//     FAILED_PRECONDITION for a stage parameter without a gradient in the context; a
+//     replica that never takes part (its driver died) fails the others with the
+//     collective's error after the group's timeout (collectives/process_group.h).
 #ifndef GRADWIRE_PARALLEL_PIPELINE_H_
 #define GRADWIRE_PARALLEL_PIPELINE_H_
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gradwire/collectives/collectives.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/dist_nn/remote_module.h"
 #include "gradwire/rpc/agent.h"
@@ -60,6 +81,12 @@ class Pipeline {
                                          const PipelineLoss& loss) const;
   absl::StatusOr<Tensor> Forward(const Tensor& input) const;
 
+  // Data parallelism over pipelines (see the contract): stage_hosts[s] lists the agent
+  // ranks of stage s's replicas, replica 0's first.
+  absl::Status BroadcastParameters(const std::vector<std::vector<int>>& stage_hosts) const;
+  absl::Status AverageGradients(const dist_autograd::Context& ctx,
+                                const std::vector<std::vector<int>>& stage_hosts) const;
+
   const std::vector<dist_nn::RemoteModule>& stages() const { return stages_; }
   const PipelineOptions& options() const { return options_; }
 
@@ -69,10 +96,16 @@ class Pipeline {
   // a stage's call.
   Future<Tensor> Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx) const;
   std::vector<std::pair<int64_t, int64_t>> Split(int64_t rows) const;
+  // Sends every stage its StageSync message (stage_messages.h) and waits for them all.
+  absl::Status SyncStages(int64_t kind, rpc::GlobalId context, const std::vector<std::vector<int>>& stage_hosts) const;
 
   std::vector<dist_nn::RemoteModule> stages_;
   PipelineOptions options_;
 };
+
+// In Agent::Start's setup of every worker that hosts replicated stages.
+absl::Status ServeStageReplicas(rpc::Agent& agent, std::shared_ptr<collectives::Collectives> collectives,
+                                std::shared_ptr<dist_autograd::DistAutograd> engine);
 
 }  // namespace gw::parallel
 
