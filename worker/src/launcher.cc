@@ -254,6 +254,15 @@ absl::Status ValidateOptions(const LaunchOptions& options, std::FILE* out, std::
     return absl::InvalidArgumentError(
         "command is empty; give the program to run and its arguments");
   }
+  if (options.nnodes < 1 || options.node_rank < 0 || options.node_rank >= options.nnodes) {
+    return absl::InvalidArgumentError(absl::StrCat("node_rank must be in [0, nnodes) with nnodes >= 1, got node_rank ",
+                                                   options.node_rank, " of nnodes ", options.nnodes));
+  }
+  if (options.nnodes > 1 && options.master_port == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a job over ", options.nnodes, " nodes needs master_port: every node's launcher must be given the same port "
+        "(a free port picked here means nothing on the other machines), e.g. --master-port 29500"));
+  }
   if (options.master_addr.empty()) {
     return absl::InvalidArgumentError("master_addr is empty; use e.g. 127.0.0.1");
   }
@@ -309,8 +318,9 @@ std::vector<std::string> CommonEnvironment(const LaunchOptions& options, int por
   if (std::getenv("OMP_NUM_THREADS") == nullptr && options.extra_env.count("OMP_NUM_THREADS") == 0) {
     env.push_back(absl::StrCat("OMP_NUM_THREADS=", OmpThreadsPerWorker(options.num_workers)));
   }
-  env.push_back(absl::StrCat("WORLD_SIZE=", options.num_workers));
+  env.push_back(absl::StrCat("WORLD_SIZE=", options.nnodes * options.num_workers));
   env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", options.num_workers));
+  env.push_back(absl::StrCat("GROUP_RANK=", options.node_rank));
   env.push_back(absl::StrCat("MASTER_ADDR=", options.master_addr));
   env.push_back(absl::StrCat("MASTER_PORT=", port));
   return env;
@@ -441,13 +451,14 @@ class Supervisor {
 
     const std::vector<std::string> common = CommonEnvironment(options_, port);
     workers_.resize(static_cast<size_t>(options_.num_workers));
-    for (int rank = 0; rank < options_.num_workers; ++rank) {
-      Worker& w = workers_[static_cast<size_t>(rank)];
+    for (int local = 0; local < options_.num_workers; ++local) {
+      Worker& w = workers_[static_cast<size_t>(local)];
+      const int rank = options_.node_rank * options_.num_workers + local;
       w.name = absl::StrCat(options_.name_prefix, rank);
       w.prefix = absl::StrCat("[", w.name, "] ");
       std::vector<std::string> env = common;
       env.push_back(absl::StrCat("RANK=", rank));
-      env.push_back(absl::StrCat("LOCAL_RANK=", rank));
+      env.push_back(absl::StrCat("LOCAL_RANK=", local));
       env.push_back(absl::StrCat("GRADWIRE_WORKER_NAME=", w.name));
       if (absl::Status s = StartWorker(options_.command, std::move(env), devnull.get(), out_,
                                        err_, &w);

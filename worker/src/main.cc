@@ -16,26 +16,33 @@ namespace gw::worker {
 namespace {
 
 constexpr char kUsage[] =
-    R"(usage: gradwire launch [-n N] [--master-addr A] [--master-port P] [--name-prefix S]
-                       [--kill-grace SECONDS] PROGRAM [ARGS...]
+    R"(usage: gradwire launch [-n N] [--nnodes M --node-rank K] [--master-addr A] [--master-port P]
+                       [--name-prefix S] [--kill-grace SECONDS] PROGRAM [ARGS...]
        gradwire --help
 
 Commands:
-  launch   start N local worker processes of PROGRAM (like torchrun's local mode)
+  launch   start N worker processes of PROGRAM on this machine (like torchrun): the whole
+           job, or with --nnodes this machine's share of a job over several machines
 
 Options of launch (they end at PROGRAM; everything after it goes to PROGRAM untouched):
-  -n N, --nproc-per-node N  number of workers (default 1)
-  --master-addr A           MASTER_ADDR given to the workers (default 127.0.0.1)
-  --master-port P           MASTER_PORT given to the workers (default 0: pick a free port)
+  -n N, --nproc-per-node N  number of workers on this machine (default 1)
+  --nnodes M                machines the job spans (default 1); run one launcher on each,
+                            with the same -n, --master-addr and --master-port
+  --node-rank K             this machine's index in [0, M) (default 0); it starts ranks
+                            K*N ... K*N+N-1, and node 0 must be the host of --master-addr
+  --master-addr A           MASTER_ADDR given to the workers (default 127.0.0.1): the address
+                            of node 0, where rank 0 serves the rendezvous
+  --master-port P           MASTER_PORT given to the workers (default 0: pick a free port;
+                            required with --nnodes > 1)
   --name-prefix S           worker names S0, S1, ... (default "worker")
   --kill-grace SECONDS      when a worker fails, the others get SIGTERM, then SIGKILL
                             after this many seconds (default 5)
   -h, --help                print this help
 
-Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-and GRADWIRE_WORKER_NAME (and, unless already set, OMP_NUM_THREADS = cores / N, at least 1,
-as torchrun does), reads stdin from /dev/null, and has each line of its stdout and
-stderr prefixed with "[worker<rank>] ". SIGINT/SIGTERM are forwarded to the workers.
+Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the node
+rank), MASTER_ADDR, MASTER_PORT and GRADWIRE_WORKER_NAME (and, unless already set,
+OMP_NUM_THREADS = cores / N, at least 1, as torchrun does), reads stdin from /dev/null,
+and has each line of its stdout and stderr prefixed with "[worker<rank>] ". SIGINT/SIGTERM are forwarded to the workers.
 Exit status: 0 if every worker exited 0, else the first failing worker's status
 (128+N if it was killed by signal N); 2 for bad usage; 127 if PROGRAM is not found.
 )";
@@ -78,7 +85,8 @@ int RunLaunch(const std::vector<std::string>& args) {
       name = "-n";
       has_value = true;
     }
-    const bool known = name == "-n" || name == "--nproc-per-node" || name == "--master-addr" ||
+    const bool known = name == "-n" || name == "--nproc-per-node" || name == "--nnodes" || name == "--node-rank" ||
+                       name == "--master-addr" ||
                        name == "--master-port" || name == "--name-prefix" ||
                        name == "--kill-grace";
     if (!known) return UsageError(absl::StrCat(kWho, "unknown option '", arg, "'"));
@@ -90,6 +98,14 @@ int RunLaunch(const std::vector<std::string>& args) {
       if (!absl::SimpleAtoi(value, &options.num_workers) || options.num_workers < 1) {
         return UsageError(
             absl::StrCat(kWho, name, " expects a positive number of workers, got '", value, "'"));
+      }
+    } else if (name == "--nnodes") {
+      if (!absl::SimpleAtoi(value, &options.nnodes) || options.nnodes < 1) {
+        return UsageError(absl::StrCat(kWho, "--nnodes expects a positive number of machines, got '", value, "'"));
+      }
+    } else if (name == "--node-rank") {
+      if (!absl::SimpleAtoi(value, &options.node_rank) || options.node_rank < 0) {
+        return UsageError(absl::StrCat(kWho, "--node-rank expects this machine's index (0, 1, ...), got '", value, "'"));
       }
     } else if (name == "--master-addr") {
       if (value.empty()) return UsageError(absl::StrCat(kWho, "--master-addr is empty"));
@@ -114,6 +130,14 @@ int RunLaunch(const std::vector<std::string>& args) {
   if (i >= args.size()) return UsageError(absl::StrCat(kWho, "missing PROGRAM to launch"));
   options.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
 
+  if (options.node_rank >= options.nnodes) {
+    return UsageError(absl::StrCat(kWho, "--node-rank ", options.node_rank, " is not below --nnodes ", options.nnodes,
+                                   " (nodes are numbered 0 to ", options.nnodes - 1, ")"));
+  }
+  if (options.nnodes > 1 && options.master_port == 0) {
+    return UsageError(absl::StrCat(kWho, "--nnodes ", options.nnodes,
+                                   " needs --master-port: give every node's launcher the same port, e.g. 29500"));
+  }
   if (options.master_port == 0) {
     absl::StatusOr<int> port = PickFreePort(options.master_addr);
     if (!port.ok()) {
@@ -122,9 +146,15 @@ int RunLaunch(const std::vector<std::string>& args) {
     }
     options.master_port = *port;
   }
-  std::fprintf(stderr, "%sstarting %d worker%s (MASTER_ADDR=%s, MASTER_PORT=%d)\n", kWho,
-               options.num_workers, options.num_workers == 1 ? "" : "s",
-               options.master_addr.c_str(), options.master_port);
+  if (options.nnodes > 1) {
+    std::fprintf(stderr, "%snode %d of %d: starting ranks %d-%d of %d (MASTER_ADDR=%s, MASTER_PORT=%d)\n", kWho,
+                 options.node_rank, options.nnodes, options.node_rank * options.num_workers,
+                 (options.node_rank + 1) * options.num_workers - 1, options.nnodes * options.num_workers,
+                 options.master_addr.c_str(), options.master_port);
+  } else {
+    std::fprintf(stderr, "%sstarting %d worker%s (MASTER_ADDR=%s, MASTER_PORT=%d)\n", kWho, options.num_workers,
+                 options.num_workers == 1 ? "" : "s", options.master_addr.c_str(), options.master_port);
+  }
   std::fflush(stderr);
 
   absl::StatusOr<LaunchResult> result = Launch(options, stdout, stderr);

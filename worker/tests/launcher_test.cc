@@ -156,6 +156,32 @@ TEST(LaunchTest, ExplicitPortAndPrefixAreUsed) {
   EXPECT_NE(out.find("[trainer1] 29555 trainer1\n"), std::string::npos) << out;
 }
 
+// A job over several nodes: node 1 of 3 with 2 workers starts global ranks 2 and 3 of 6,
+// named by their global rank.
+TEST(LaunchTest, NodeRankGivesThisNodesShareOfTheGlobalRanks) {
+  LaunchOptions options = Shell(2, "echo \"rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE lws=$LOCAL_WORLD_SIZE node=$GROUP_RANK\"");
+  options.nnodes = 3;
+  options.node_rank = 1;
+  options.master_port = 29556;
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0);
+  const std::string out = cap.Out();
+  EXPECT_NE(out.find("[worker2] rank=2 local=0 world=6 lws=2 node=1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("[worker3] rank=3 local=1 world=6 lws=2 node=1\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("[worker0]"), std::string::npos) << out;
+
+  // Several nodes need an explicit port; a node rank must be below nnodes.
+  options.master_port = 0;
+  absl::Status status = Launch(options, cap.out, cap.err).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("master_port"), absl::string_view::npos) << status;
+  options.master_port = 29556;
+  options.node_rank = 3;
+  EXPECT_EQ(Launch(options, cap.out, cap.err).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Like torchrun: without OMP_NUM_THREADS, workers get an equal share of the cores; a
 // value the user set is kept.
 TEST(LaunchTest, OpenMpThreadsAreSharedUnlessSet) {

@@ -1,11 +1,22 @@
-// Launch: start N local worker processes of one program, like torchrun's local mode.
+// Launch: start the worker processes of one program on this machine, like torchrun:
+// all of a job's workers (one node), or this node's share of a job that spans
+// options.nnodes machines, each running its own launcher.
 //
 // Contract
 //   - Launch() starts options.num_workers processes of options.command (PROGRAM ARGS...,
 //     PROGRAM looked up in the launcher's PATH like execvp). Each gets the launcher's
 //     environment plus options.extra_env plus RANK, LOCAL_RANK, WORLD_SIZE,
-//     LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and GRADWIRE_WORKER_NAME ("worker1"),
-//     and reads stdin from /dev/null.
+//     LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and GRADWIRE_WORKER_NAME
+//     ("worker1"), and reads stdin from /dev/null.
+//   - Several nodes (nnodes > 1): node k's launcher starts global ranks
+//     k * num_workers ... (k+1) * num_workers - 1 (LOCAL_RANK 0 ... num_workers-1,
+//     GROUP_RANK = k, WORLD_SIZE = nnodes * num_workers); every node runs the same
+//     program with the same num_workers, master_addr and master_port. Rank 0 (on node 0,
+//     the host of master_addr) serves the rendezvous there; the agents of every node meet
+//     through it (rpc/agent.h), so process groups span the nodes. master_port must be
+//     given (a free port picked on one machine means nothing on another). Each launcher
+//     supervises its own workers; a worker that dies on another node fails its peers'
+//     calls (UNAVAILABLE naming it), so their programs fail and their launchers stop.
 //   - Each worker's stdout and stderr are copied line by line to `out` / `err`, each line
 //     prefixed with "[<name>] "; a last line without '\n' is written (with a '\n' added)
 //     when the worker closes its output. Lines longer than 64 KiB are split.
@@ -50,10 +61,12 @@
 namespace gw::worker {
 
 struct LaunchOptions {
-  int num_workers = 1;                 // -n
+  int num_workers = 1;                 // -n: workers on this node
+  int nnodes = 1;                      // machines the job spans
+  int node_rank = 0;                   // this machine's index in [0, nnodes)
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;                 // 0: pick a free port (PickFreePort(master_addr))
-  std::string name_prefix = "worker";  // worker names: worker0, worker1, ...
+  int master_port = 0;                 // 0: pick a free port (PickFreePort(master_addr)); one node only
+  std::string name_prefix = "worker";  // worker names by global rank: worker0, worker1, ...
   absl::Duration kill_grace = absl::Seconds(5);  // SIGTERM, then SIGKILL after this
   std::vector<std::string> command;    // PROGRAM ARGS...
   // Added to every worker's environment. Must not set the variables Launch() sets.
@@ -68,7 +81,7 @@ struct LaunchResult {
 
 // The environment variables Launch() sets in every worker.
 inline constexpr const char* kLaunchEnvVars[] = {
-    "RANK",        "LOCAL_RANK",  "WORLD_SIZE",          "LOCAL_WORLD_SIZE",
+    "RANK",        "LOCAL_RANK",  "WORLD_SIZE",          "LOCAL_WORLD_SIZE", "GROUP_RANK",
     "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_WORKER_NAME"};
 
 absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options, std::FILE* out = stdout,
