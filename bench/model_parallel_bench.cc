@@ -1,33 +1,31 @@
-// Benchmark W5 `model_parallel_mlp` of BENCHMARKS.md for gradwire: worker 0
-// (this process) holds Linear(1024,1024)+ReLU+Linear(1024,1024)+ReLU, worker 1 (a copy of
-// this program started with GW_BENCH_ROLE=server) holds Linear(1024,1024)+ReLU+
-// Linear(1024,10) as a RemoteModule; batch 128, cross-entropy on worker 0. One iteration
-// = a distributed-autograd context, forward, backward, DistributedOptimizer(SGD lr 0.01)
-// step. Also the same model in one process (the floor), and the difference.
+// Benchmarks W5 `model_parallel_mlp` and W12 `pipeline_mlp` of BENCHMARKS.md for
+// gradwire, over W5's model (w5_model.h) on two workers: this process (worker 0) and a
+// copy of this program started with GW_BENCH_ROLE=server (worker 1), which holds stage 2
+// as a RemoteModule. Batch 128, cross-entropy on worker 0; an iteration is a
+// distributed-autograd context, forward, backward, DistributedOptimizer(SGD lr 0.01) step.
+//   W5: worker 0 runs stage 1 itself, then calls stage 2 (one after the other).
+//   W12: a parallel::Pipeline (GPipe) over stage 1 as a RemoteModule on worker 0 and
+//        stage 2 on worker 1, the batch in 1, 4 and 8 micro-batches, so the two workers
+//        compute at the same time.
+// Both also time the same model in one process (the floor).
 //
-//   model_parallel_bench [--quick]
+//   bench_model_parallel [pipeline] [--quick]
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "bench_util.h"
 #include "gradwire/gradwire.h"
 #include "gradwire/dist_autograd/distributed_optimizer.h"
+#include "gradwire/parallel/pipeline.h"
+#include "w5_model.h"
 
 namespace {
 
-constexpr int64_t kBatch = 128, kWidth = 1024, kClasses = 10;
-
-std::shared_ptr<gw::nn::Module> Stage(bool first, uint64_t seed) {
-  gw::Generator gen(seed);
-  std::vector<std::shared_ptr<gw::nn::Module>> layers{std::make_shared<gw::nn::Linear>(kWidth, kWidth, gen),
-                                                      std::make_shared<gw::nn::ReLU>()};
-  layers.push_back(std::make_shared<gw::nn::Linear>(kWidth, first ? kWidth : kClasses, gen));
-  if (first) layers.push_back(std::make_shared<gw::nn::ReLU>());
-  return std::make_shared<gw::nn::Sequential>(layers);
-}
+using gw::bench::W5Stage;
 
 gw::rpc::AgentOptions Options(int rank, int port) {
   gw::rpc::AgentOptions o;
@@ -41,7 +39,10 @@ gw::rpc::AgentOptions Options(int rank, int port) {
 
 absl::Status Setup(gw::rpc::Agent& a, std::shared_ptr<gw::dist_autograd::DistAutograd>* engine) {
   if (absl::Status s = gw::rpc::Assign(gw::dist_autograd::DistAutograd::Install(a), *engine); !s.ok()) return s;
-  return gw::dist_nn::RegisterModuleFactory(a, "stage2", [] { return Stage(false, 2); });
+  if (absl::Status s = gw::dist_nn::RegisterModuleFactory(a, "stage1", [] { return W5Stage(true, 1); }); !s.ok()) {
+    return s;
+  }
+  return gw::dist_nn::RegisterModuleFactory(a, "stage2", [] { return W5Stage(false, 2); });
 }
 
 int Server(int port) {
@@ -55,35 +56,35 @@ void Fail(const char* what, const absl::Status& s) {
   std::fprintf(stderr, "model_parallel_mlp: %s: %s\n", what, std::string(s.message()).c_str());
   std::exit(1);
 }
+// The same 4-layer model in one process: median ms per iteration. With chunks > 1 the
+// batch goes through in that many micro-batches one after the other (gradients
+// accumulated, one step): what the pipeline's stages compute, without the overlap.
+double LocalMedianMs(const gw::Tensor& x, const gw::Tensor& y, int warmup, int iters, int chunks = 1) {
+  auto model = std::make_shared<gw::nn::Sequential>(
+      std::vector<std::shared_ptr<gw::nn::Module>>{W5Stage(true, 1), W5Stage(false, 2)});
+  gw::optim::Optimizer opt(model->Parameters(), gw::optim::Sgd{.lr = 0.01});
+  const int64_t rows = x.size(0) / chunks;
+  return gw::bench::Quantile(gw::bench::TimeMs(warmup, iters,
+                                               [&] {
+                                                 opt.ZeroGrad();
+                                                 for (int c = 0; c < chunks; ++c) {
+                                                   gw::Tensor loss = gw::nn::CrossEntropyLoss(
+                                                       model->Forward(gw::Narrow(x, 0, c * rows, rows)),
+                                                       gw::kernels::Narrow(y, 0, c * rows, rows));
+                                                   gw::autograd::Backward({loss * (1.0 / chunks)});
+                                                 }
+                                                 opt.Step();
+                                               }),
+                             0.5);
+}
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (const char* role = std::getenv("GW_BENCH_ROLE")) {
-    int port = 0;
-    if (std::strcmp(role, "server") != 0 || !absl::SimpleAtoi(std::getenv("GW_BENCH_PORT"), &port)) return 2;
-    return Server(port);
-  }
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+// W5: stage 1 here, stage 2 behind a RemoteModule, one after the other.
+void ModelParallel(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine, bool quick) {
   const int warmup = quick ? 2 : 5, iters = quick ? 5 : 50;
-  absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
-  if (!port.ok()) Fail("port", port.status());
-  const pid_t child = gw::bench::SpawnSelf({{"GW_BENCH_ROLE", "server"}, {"GW_BENCH_PORT", std::to_string(*port)}});
-
-  std::shared_ptr<gw::dist_autograd::DistAutograd> engine;
-  auto agent = gw::rpc::Agent::Start(Options(0, *port), [&](gw::rpc::Agent& a) { return Setup(a, &engine); });
-  if (!agent.ok()) Fail("start", agent.status());
-  gw::rpc::Agent& w0 = **agent;
-
-  gw::Generator gen(0);
-  const gw::Tensor x = gw::Tensor::Randn({kBatch, kWidth}, gen);
-  std::vector<int64_t> labels(kBatch);
-  for (auto& l : labels) l = static_cast<int64_t>(gen.NextBelow(kClasses));
-  const gw::Tensor y = gw::Tensor::FromVector<int64_t>(labels);
-
-  double dist_median = 0, local_median = 0;
+  const auto [x, y] = gw::bench::W5Batch();
+  double dist_median = 0;
   {
-    auto stage1 = Stage(true, 1);
+    auto stage1 = W5Stage(true, 1);
     absl::StatusOr<gw::dist_nn::RemoteModule> stage2 = gw::dist_nn::RemoteModule::Create(w0, "worker1", "stage2");
     if (!stage2.ok()) Fail("remote module", stage2.status());
     std::vector<gw::rpc::RRef<gw::Tensor>> params;
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
                  iters);
     double last_loss = 0;
     const std::vector<double> ms = gw::bench::TimeMs(warmup, iters, [&] {
-      gw::dist_autograd::Context ctx(*engine);
+      gw::dist_autograd::Context ctx(engine);
       absl::StatusOr<gw::Tensor> logits = stage2->Forward(stage1->Forward(x));
       if (!logits.ok()) Fail("forward", logits.status());
       gw::Tensor loss = gw::nn::CrossEntropyLoss(*logits, y);
@@ -111,21 +112,84 @@ int main(int argc, char** argv) {
     gw::bench::Report("model_parallel_mlp", "dist_ms_per_iter_p90", gw::bench::Quantile(ms, 0.9), "ms");
     std::fprintf(stderr, "model_parallel_mlp: distributed loss after %d steps %.4f\n", warmup + iters, last_loss);
   }
-  {
-    // The same 4-layer model in one process.
-    auto s1 = Stage(true, 1), s2 = Stage(false, 2);
-    auto model = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{s1, s2});
-    gw::optim::Optimizer opt(model->Parameters(), gw::optim::Sgd{.lr = 0.01});
-    const std::vector<double> ms = gw::bench::TimeMs(warmup, iters, [&] {
-      opt.ZeroGrad();
-      gw::Tensor loss = gw::nn::CrossEntropyLoss(model->Forward(x), y);
-      gw::autograd::Backward({loss});
-      opt.Step();
-    });
-    local_median = gw::bench::Quantile(ms, 0.5);
-    gw::bench::Report("model_parallel_mlp", "local_ms_per_iter_median", local_median, "ms");
-  }
+  const double local_median = LocalMedianMs(x, y, warmup, iters);
+  gw::bench::Report("model_parallel_mlp", "local_ms_per_iter_median", local_median, "ms");
   gw::bench::Report("model_parallel_mlp", "dist_overhead_ms", dist_median - local_median, "ms");
+}
+
+// W12: a GPipe pipeline over stage 1 (a RemoteModule on this worker) and stage 2 (on
+// worker 1), fresh stages for each micro-batch count.
+void PipelineMlp(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine, bool quick) {
+  const int warmup = quick ? 2 : 5, iters = quick ? 5 : 30;
+  const auto [x, y] = gw::bench::W5Batch();
+  const double local_median = LocalMedianMs(x, y, warmup, iters);
+  gw::bench::Report("pipeline_mlp", "local_ms_per_iter", local_median, "ms");
+  const auto loss = [](const gw::Tensor& out, const gw::Tensor& target) { return gw::nn::CrossEntropyLoss(out, target); };
+  for (int chunks : {1, 4, 8}) {
+    std::vector<gw::dist_nn::RemoteModule> stages;
+    std::vector<gw::rpc::RRef<gw::Tensor>> params;
+    for (const char* where : {"worker0", "worker1"}) {
+      absl::StatusOr<gw::dist_nn::RemoteModule> stage =
+          gw::dist_nn::RemoteModule::Create(w0, where, stages.empty() ? "stage1" : "stage2");
+      if (!stage.ok()) Fail("remote module", stage.status());
+      absl::StatusOr<std::vector<gw::rpc::RRef<gw::Tensor>>> p = stage->RemoteParameters();
+      if (!p.ok()) Fail("remote parameters", p.status());
+      params.insert(params.end(), p->begin(), p->end());
+      stages.push_back(*stage);
+    }
+    auto opt = gw::dist_autograd::DistributedOptimizer::Create(w0, gw::optim::Sgd{.lr = 0.01}, params);
+    if (!opt.ok()) Fail("optimizer", opt.status());
+    gw::parallel::Pipeline pipe(stages, {.chunks = chunks, .schedule = gw::parallel::Schedule::kGPipe});
+    std::fprintf(stderr, "pipeline_mlp: gradwire, %d micro-batches, %d warm-up + %d timed iterations\n", chunks,
+                 warmup, iters);
+    double last_loss = 0;
+    const std::vector<double> ms = gw::bench::TimeMs(warmup, iters, [&] {
+      gw::dist_autograd::Context ctx(engine);
+      absl::StatusOr<double> l = pipe.ForwardBackward(ctx, x, y, loss);
+      if (!l.ok()) Fail("pipeline step", l.status());
+      if (absl::Status s = (*opt)->Step(ctx); !s.ok()) Fail("step", s);
+      last_loss = *l;
+    });
+    const double median = gw::bench::Quantile(ms, 0.5);
+    gw::bench::Report("pipeline_mlp", absl::StrCat("pipe_ms_per_iter_chunks", chunks), median, "ms");
+    // Diagnostic: the same micro-batches in one process, one after the other.
+    gw::bench::Report("pipeline_mlp", absl::StrCat("local_ms_per_iter_chunks", chunks),
+                      LocalMedianMs(x, y, warmup, iters, chunks), "ms");
+    std::fprintf(stderr, "pipeline_mlp: %d micro-batches: %.2f ms/iter = %.2fx the local floor; loss after %d steps %.4f\n",
+                 chunks, median, median / local_median, warmup + iters, last_loss);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* role = std::getenv("GW_BENCH_ROLE")) {
+    int port = 0;
+    if (std::strcmp(role, "server") != 0 || !absl::SimpleAtoi(std::getenv("GW_BENCH_PORT"), &port)) return 2;
+    return Server(port);
+  }
+  bool quick = false, pipeline = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (std::strcmp(argv[i], "pipeline") == 0) pipeline = true;
+    else {
+      std::fprintf(stderr, "usage: bench_model_parallel [pipeline] [--quick]\n");
+      return 2;
+    }
+  }
+  absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
+  if (!port.ok()) Fail("port", port.status());
+  const pid_t child = gw::bench::SpawnSelf({{"GW_BENCH_ROLE", "server"}, {"GW_BENCH_PORT", std::to_string(*port)}});
+
+  std::shared_ptr<gw::dist_autograd::DistAutograd> engine;
+  auto agent = gw::rpc::Agent::Start(Options(0, *port), [&](gw::rpc::Agent& a) { return Setup(a, &engine); });
+  if (!agent.ok()) Fail("start", agent.status());
+  gw::rpc::Agent& w0 = **agent;
+  if (pipeline) {
+    PipelineMlp(w0, *engine, quick);
+  } else {
+    ModelParallel(w0, *engine, quick);
+  }
   const bool ok = w0.Shutdown().ok();
   int status = 0;
   ::waitpid(child, &status, 0);
