@@ -116,7 +116,13 @@ def bench_gpipe(torch, rpc, x, y, chunks, warmup, iters):
     opt = DistributedOptimizer(torch.optim.SGD,
                                [rpc.RRef(p) for p in stage0.parameters()] + remote_params,
                                lr=w5.LR)
-    stage1_async = stage1.rpc_async()   # proxy: stage1_async.forward(h) is an rpc_async
+    # The RRef proxy sends its rpc_async from a callback of the RRef's type look-up
+    # (rref._get_type(blocking=False), a future). The first look-up is an rpc, whose
+    # callback runs on an RPC thread outside the dist-autograd context: that iteration's
+    # stage-1 forward would go unrecorded (no gradients at all). Done here once, the
+    # future is cached complete, and the proxy then sends inline, in the caller's context.
+    stage1._get_type(blocking=False).wait()
+    stage1_async = stage1.rpc_async()   # stage1_async.forward(h): an rpc_async to worker 1
     xs, ys = x.chunk(chunks), y.chunk(chunks)
     note(f"rpc_gpipe chunks {chunks}: micro-batches of {[len(m) for m in ys]}; "
          f"{warmup} warm-up + {iters} timed iterations")
