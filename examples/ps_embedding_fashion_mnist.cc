@@ -125,7 +125,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       if (bar) bar->Update(++step, fields());
     }
     // Evaluate with every row as the servers hold it after this epoch.
-    absl::StatusOr<Tensor> table = ps.PullRows("pixels", clock, every_id).Get();
+    absl::StatusOr<Tensor> table = ps.PullRows("pixels", embedding.clock(), every_id).Get();
     if (!table.ok()) return Fail("pull rows", table.status());
     for (size_t i = 0; i < params.size(); ++i) gw::kernels::CopyInPlace(params[i].second, values[i]);
     {

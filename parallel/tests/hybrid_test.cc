@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -147,18 +148,24 @@ TEST_P(HybridTest, DdpWithServerEmbeddingEqualsOneProcess) {
 
     for (int s = 0; s < kSteps; ++s) {
       const Bags b = TrainerBags(s, trainer);
-      auto step = [&](auto backward) {
+      // Lookup, replica forward, and `backward` of the loss.
+      auto step = [&](const std::function<absl::Status(const Tensor&)>& backward) -> absl::Status {
         absl::StatusOr<Tensor> bags = embedding.LookupBag(b.ids, b.offsets, nn::BagMode::kMean);
-        ASSERT_TRUE(bags.ok()) << bags.status();
-        backward(nn::CrossEntropyLoss((*ddp)->Forward(*bags), b.labels));
+        if (!bags.ok()) return bags.status();
+        return backward(nn::CrossEntropyLoss((*ddp)->Forward(*bags), b.labels));
       };
       if (in_context) {
         dist_autograd::Context ctx(*d.engines[static_cast<size_t>(rank)]);
-        step([&](const Tensor& loss) { ASSERT_TRUE(ctx.Backward({loss}).ok()); });
+        absl::Status s = step([&](const Tensor& loss) { return ctx.Backward({loss}); });
+        ASSERT_TRUE(s.ok()) << s;
         ASSERT_TRUE((*dist_opt)->Step(ctx).ok());
       } else {
         local_opt.ZeroGrad();
-        step([&](const Tensor& loss) { autograd::Backward({loss}); });
+        absl::Status s = step([](const Tensor& loss) {
+          autograd::Backward({loss});
+          return absl::OkStatus();
+        });
+        ASSERT_TRUE(s.ok()) << s;
         local_opt.Step();
       }
       ASSERT_TRUE(embedding.Step().ok());

@@ -149,15 +149,17 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, PipelineEqualsLocal,
                                                std::get<0>(info.param), "MicroBatches");
                          });
 
-// DDP of pipelines: two replicas of a 2-stage pipeline (replica r: driver and stage 0 on
-// worker 2r, stage 1 on worker 2r+1), each on its own batch, starting from different
+// DDP of pipelines: two replicas of a 2-stage pipeline (replica r's driver on worker 2r;
+// replica 0's stages on workers 2 and 3, replica 1's on 0 and 1, so replica 0 is not the
+// lowest rank of its stage groups), each on its own batch, starting from different
 // parameters; BroadcastParameters, then per step ForwardBackward, AverageGradients and
 // each replica's DistributedOptimizer step equal one model trained on the concatenated
-// batch, both replicas, every parameter, every step.
+// batch, both replicas, every parameter, every step. A replica whose backward did not
+// reach its stages fails every replica's sync.
 TEST(PipelineTest, ReplicatedPipelinesTrainAsOneOnTheConcatenatedBatch) {
   constexpr int kReplicas = 2;
   auto w = Start(2 * kReplicas);
-  const std::vector<std::vector<int>> stage_hosts = {{0, 2}, {1, 3}};
+  const std::vector<std::vector<int>> stage_hosts = {{2, 0}, {3, 1}};
   struct Replica {
     std::vector<dist_nn::RemoteModule> stages;
     std::unique_ptr<Pipeline> pipe;
@@ -222,12 +224,23 @@ TEST(PipelineTest, ReplicatedPipelinesTrainAsOneOnTheConcatenatedBatch) {
       }
     }
   }
+  // Replica 0 syncs a context its backward never reached: every replica is told.
+  on_every_replica([&](int r) {
+    dist_autograd::Context ctx(*w->engines[static_cast<size_t>(2 * r)]);
+    if (r == 1) {
+      Batch b = MakeBatch(99);
+      ASSERT_TRUE(replicas[r].pipe->ForwardBackward(ctx, b.x, b.y, Loss).ok());
+    }
+    absl::Status s = replicas[r].pipe->AverageGradients(ctx, stage_hosts);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << "replica " << r << ": " << s;
+    EXPECT_NE(s.message().find("missing"), std::string::npos) << s;
+  });
   // Hosts that do not hold the stage are refused, naming the stage.
   dist_autograd::Context ctx(*w->engines[0]);
   absl::Status wrong = replicas[0].pipe->AverageGradients(ctx, {{1, 3}, {0, 2}});
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
-  EXPECT_NE(wrong.message().find("pipeline stage 0 (on worker0)"), std::string::npos) << wrong;
-  EXPECT_EQ(replicas[0].pipe->AverageGradients(ctx, {{0, 2}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("pipeline stage 0 (on worker2)"), std::string::npos) << wrong;
+  EXPECT_EQ(replicas[0].pipe->AverageGradients(ctx, {{2, 0}}).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(PipelineTest, AFailingStageIsNamedWithItsWorker) {

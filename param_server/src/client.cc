@@ -321,8 +321,12 @@ Future<Tensor> Client::PullRows(const std::string& name, int64_t clock, const Te
   auto split = std::make_shared<Split>(SplitIds(ids));
   std::vector<Future<Tensor>> parts;
   std::vector<size_t> asked;
+  // Outside kAsync every server is asked, for no rows if need be, so that a pull at
+  // `clock` means step clock-1 is complete on all of them (a push for `clock` is then
+  // accepted everywhere).
+  const bool every_server = table->consistency != Consistency::kAsync;
   for (size_t i = 0; i < servers_.size(); ++i) {
-    if (split->positions[i].empty()) continue;
+    if (split->positions[i].empty() && !every_server) continue;
     const Tensor part = split->ids[i];
     asked.push_back(i);
     parts.push_back(Call<Tensor>(WithPushResent(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,

@@ -20,6 +20,7 @@ struct SparseEmbedding::Pending {
   bool looked_up = false;  // a recording lookup happened this step
   Tensor ids;              // its distinct ids
   std::optional<Future<bool>> push ABSL_GUARDED_BY(mu);
+  int extra_passes ABSL_GUARDED_BY(mu) = 0;  // backward passes over the lookup after the first
 };
 
 SparseEmbedding::SparseEmbedding(Client& client, std::string table, int64_t first_clock)
@@ -31,6 +32,12 @@ absl::StatusOr<std::pair<Tensor, Tensor>> SparseEmbedding::Pull(const Tensor& id
   if (ids.dtype() != DType::kInt64) {
     return absl::InvalidArgumentError(
         absl::StrCat("embedding '", table_, "': ids must be int64, got ", DTypeName(ids.dtype())));
+  }
+  const bool recording = autograd::GradMode::IsEnabled();
+  if (recording && pending_->looked_up) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "embedding '", table_, "': a second lookup in step ", clock_,
+        " (the servers take one push per trainer and step): look up all of a step's ids at once, then call Step()"));
   }
   Tensor flat = kernels::Contiguous(ids);
   absl::flat_hash_map<int64_t, int64_t> position;
@@ -51,13 +58,8 @@ absl::StatusOr<std::pair<Tensor, Tensor>> SparseEmbedding::Pull(const Tensor& id
   }
   if (!rows.ok()) return rows.status();
   rows_pulled_ = distinct_ids.numel();
-  if (!autograd::GradMode::IsEnabled()) return std::pair{*std::move(rows), Tensor::FromVector(local, ids.sizes())};
+  if (!recording) return std::pair{*std::move(rows), Tensor::FromVector(local, ids.sizes())};
 
-  if (pending_->looked_up) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "embedding '", table_, "': a second lookup in step ", clock_,
-        " (the servers take one push per trainer and step): look up all of a step's ids at once, then call Step()"));
-  }
   pending_->looked_up = true;
   pending_->ids = distinct_ids;
   Tensor weight = *std::move(rows);
@@ -65,8 +67,13 @@ absl::StatusOr<std::pair<Tensor, Tensor>> SparseEmbedding::Pull(const Tensor& id
   hook_ = autograd::AddPostAccumulateHook(
       weight, [pending = pending_, client = &client_, table = table_, clock = clock_](const Tensor&, Tensor& grad) {
         absl::MutexLock lock(&pending->mu);
-        if (pending->push.has_value()) return;  // a second pass over the same lookup: pushed already
-        pending->push = client->PushRows(table, clock, pending->ids, grad);
+        if (pending->push.has_value()) {  // a second pass over the same lookup: Step() says so
+          ++pending->extra_passes;
+          return;
+        }
+        // A copy: the push may be sent again after a reconnection, and the pass's
+        // gradient may still change (accumulated by a later pass).
+        pending->push = client->PushRows(table, clock, pending->ids, kernels::Clone(grad));
       });
   return std::pair{weight, Tensor::FromVector(local, ids.sizes())};
 }
@@ -89,20 +96,36 @@ absl::StatusOr<Tensor> SparseEmbedding::LookupBag(const Tensor& ids, const Tenso
 absl::Status SparseEmbedding::Step() {
   hook_.Remove();
   std::optional<Future<bool>> push;
+  int extra_passes = 0;
+  const bool looked_up = pending_->looked_up;
   {
     absl::MutexLock lock(&pending_->mu);
     push = std::move(pending_->push);
+    extra_passes = pending_->extra_passes;
   }
   pending_ = std::make_shared<Pending>();
   const int64_t clock = clock_++;
   if (!push.has_value()) {
     // No gradient reached the rows this step: an empty push, so that the servers'
-    // synchronous step does not wait for this trainer.
+    // synchronous step does not wait for this trainer. Without a lookup this step, a
+    // pull of no rows first waits for the previous step (the servers refuse a push
+    // ahead of the step they are in).
+    const Tensor none = Tensor::Empty({0}, DType::kInt64);
+    if (!looked_up) {
+      autograd::NoGradGuard outside_contexts;
+      if (absl::Status s = client_.PullRows(table_, clock, none).Get().status(); !s.ok()) return s;
+    }
     absl::StatusOr<int64_t> dim = client_.RowDim(table_);
     if (!dim.ok()) return dim.status();
-    push = client_.PushRows(table_, clock, Tensor::Empty({0}, DType::kInt64), Tensor::Zeros({0, *dim}));
+    push = client_.PushRows(table_, clock, none, Tensor::Zeros({0, *dim}));
   }
-  return push->Get().status();
+  absl::Status pushed = push->Get().status();
+  if (pushed.ok() && extra_passes > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "embedding '", table_, "': step ", clock, " ran ", extra_passes + 1,
+        " backward passes over its lookup; only the first one's gradient was pushed (one backward per lookup)"));
+  }
+  return pushed;
 }
 
 }  // namespace gw::param_server

@@ -17,6 +17,8 @@
 #include "gradwire/autograd/functions.h"
 #include "gradwire/autograd/grad_mode.h"
 #include <thread>
+
+#include "absl/cleanup/cleanup.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::param_server {
@@ -246,10 +248,15 @@ TEST(SparseEmbeddingTest, BackwardPushesTheRowsGradientAndEveryTrainerEndsItsSte
   absl::StatusOr<Tensor> before = c0.PullRows("emb", 0, Ids({4, 9, 1000003})).Get();
   ASSERT_TRUE(before.ok()) << before.status();
 
-  std::thread other([&] {  // trainer 1 looks nothing up this step
+  // Trainer 1 looks nothing up in steps 0, 1 and 2.
+  std::thread other([&] {
     SparseEmbedding e1(c1, "emb");
-    EXPECT_TRUE(e1.Step().ok());
+    for (int step = 0; step < 3; ++step) {
+      absl::Status st = e1.Step();
+      EXPECT_TRUE(st.ok()) << "step " << step << ": " << st;
+    }
   });
+  auto join = absl::MakeCleanup([&] { other.join(); });
   SparseEmbedding e0(c0, "emb");
   absl::StatusOr<Tensor> rows = e0.Lookup(Tensor::FromVector<int64_t>({4, 9, 4, 1000003}, {2, 2}));
   ASSERT_TRUE(rows.ok()) << rows.status();
@@ -267,7 +274,6 @@ TEST(SparseEmbeddingTest, BackwardPushesTheRowsGradientAndEveryTrainerEndsItsSte
   const Tensor w = Tensor::Arange(1, 1 + 4 * kDim, 1, DType::kFloat32);
   autograd::Backward({gw::Sum(gw::Mul(*rows, gw::Reshape(w, {2, 2, kDim})))});
   ASSERT_TRUE(e0.Step().ok());
-  other.join();
   EXPECT_EQ(e0.clock(), 1);
 
   absl::StatusOr<Tensor> after = c0.PullRows("emb", 1, Ids({4, 9, 1000003})).Get();
@@ -283,6 +289,26 @@ TEST(SparseEmbeddingTest, BackwardPushesTheRowsGradientAndEveryTrainerEndsItsSte
     EXPECT_NEAR(a[static_cast<size_t>(2 * kDim + j)],
                 b[static_cast<size_t>(2 * kDim + j)] - wv[static_cast<size_t>(3 * kDim + j)] / 2, 1e-5);
   }
+
+  // Step 1: a lookup whose rows the backward never reaches still ends the step, and
+  // changes nothing.
+  absl::StatusOr<Tensor> unused = e0.Lookup(ids);
+  ASSERT_TRUE(unused.ok()) << unused.status();
+  ASSERT_TRUE(e0.Step().ok());
+  absl::StatusOr<Tensor> unchanged = c0.PullRows("emb", 2, Ids({4, 9, 1000003})).Get();
+  ASSERT_TRUE(unchanged.ok()) << unchanged.status();
+  EXPECT_EQ(unchanged->ToVector<float>(), a);
+
+  // Step 2: two backward passes over one lookup; the first one's gradient is pushed and
+  // Step() reports the second.
+  absl::StatusOr<Tensor> twice = e0.Lookup(ids);
+  ASSERT_TRUE(twice.ok()) << twice.status();
+  Tensor loss = gw::Sum(*twice);
+  autograd::Backward({loss}, {}, /*retain_graph=*/true);
+  autograd::Backward({loss});
+  absl::Status s = e0.Step();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("2 backward passes"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -43,9 +43,13 @@
 //     concatenated batch.
 //   - Errors name the stage and its worker: INVALID_ARGUMENT when this pipeline's stage
 //     s is not on a worker of stage_hosts[s] or the lists differ in length;
-//     FAILED_PRECONDITION for a stage parameter without a gradient in the context; a
+//     FAILED_PRECONDITION on every replica when some replica's stage had a parameter
+//     without a gradient in its context (the average would be wrong: do not step); a
 //     replica that never takes part (its driver died) fails the others with the
-//     collective's error after the group's timeout (collectives/process_group.h).
+//     collective's error after the group's timeout (collectives/process_group.h). A
+//     failed sync breaks only that sync: the stage's next sync uses a new group.
+//   - One replicated pipeline per set of stage hosts (their stage groups are keyed by
+//     stage number and hosts).
 #ifndef GRADWIRE_PARALLEL_PIPELINE_H_
 #define GRADWIRE_PARALLEL_PIPELINE_H_
 

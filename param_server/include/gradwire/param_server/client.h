@@ -19,7 +19,9 @@
 //     (int64 [n], duplicates allowed, unknown ids created from options.init); PushRows
 //     sends gradient rows [n, dim] for `ids` (duplicates are summed on the server). Ids
 //     are split by server, one message per server; under kSync and kBoundedStaleness
-//     every server gets this trainer's push (maybe empty) so that its step completes.
+//     every server gets this trainer's push (maybe empty) so that its step completes,
+//     and every server is asked by a pull (maybe for no rows, `ids` may be empty), so
+//     that a pull at `clock` returns once step clock-1 is complete on all of them.
 //     (SparseEmbedding, sparse_embedding.h, does both inside an autograd graph.)
 //   - Checkpoint() asks every server to write a checkpoint now; returns their paths.
 //   - The same tables through distributed autograd: ShardRRefs(name) returns a dense

@@ -21,10 +21,16 @@
 //     only one: a second before Step() is FAILED_PRECONDITION (the servers take one push
 //     per trainer and step; look up a step's ids at once). Lookups under NoGradGuard
 //     (evaluation) push nothing and may be repeated.
-//   - Step() ends the step: waits for the push and moves to the next clock. If the
-//     backward pass never reached the rows (or nothing was looked up) it pushes an empty
-//     gradient, so that a synchronous table's step still completes on the servers.
-//     Returns the push's error (it names the server); the step then counts as ended.
+//   - Step() ends the step, after the backward pass finished on this worker: waits for
+//     the push and moves to the next clock. If the backward pass never reached the rows
+//     (or nothing was looked up) it pushes an empty gradient, so that a synchronous
+//     table's step still completes on the servers. Returns the push's error (it names
+//     the server); the step then counts as ended. Only the first backward pass over a
+//     lookup pushes (a copy of the gradient); more passes (retain_graph) make Step()
+//     FAILED_PRECONDITION after that push.
+//   - Every trainer of a synchronous table calls Step() once per step: one that stops
+//     (or destroys its SparseEmbedding after a lookup without Step()) makes the others'
+//     next pull wait until the servers' sync timeout.
 //   - Errors: a pull's error (naming the server), ids that are not int64.
 //   - Not thread-safe: one training loop drives it (the hook may run on another thread;
 //     it only touches state of its own under a lock). The Client must outlive it.
