@@ -94,7 +94,7 @@ void GraphTask::Execute(const std::shared_ptr<Node>& node, std::vector<Tensor> i
     if (!any_defined) return;
     if (options_.sink != nullptr) {
       const Tensor held = options_.sink->Accumulate(acc->variable(), std::move(inputs[0]));
-      RunPostAccumulateHooks(acc->variable(), &held);
+      RunPostAccumulateHooks(acc->variable(), &held, options_.sink);
     } else {
       acc->Apply(std::move(inputs));
       RunPostAccumulateHooks(acc->variable());

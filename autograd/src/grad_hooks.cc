@@ -1,5 +1,7 @@
 #include "gradwire/autograd/grad_hooks.h"
 
+#include "gradwire/autograd/engine.h"
+
 #include <algorithm>
 
 #include "gradwire/autograd/grad_mode.h"
@@ -46,14 +48,36 @@ HookHandle AddPostAccumulateHook(const Tensor& leaf, PostAccumulateHook hook) {
   return HookHandle(hooks, id);
 }
 
-void RunPostAccumulateHooks(const Tensor& leaf, const Tensor* held) {
+namespace {
+// While hooks run on this thread: whether, and the pass's sink (null: a local pass).
+thread_local int t_hook_depth = 0;
+thread_local GradSink* t_hook_sink = nullptr;
+}  // namespace
+
+void RunPostAccumulateHooks(const Tensor& leaf, const Tensor* held, GradSink* sink) {
   if (!leaf.requires_grad()) return;
   const std::shared_ptr<LeafHooks> hooks = leaf.autograd_meta().hooks;  // a hook may remove itself
   if (hooks == nullptr || hooks->empty()) return;
   Tensor grad = held != nullptr ? *held : leaf.grad();  // a handle: in-place changes reach the holder
   if (!grad.defined()) return;
   NoGradGuard no_grad;
+  GradSink* const outer_sink = t_hook_sink;
+  ++t_hook_depth;
+  t_hook_sink = sink;
+  struct Restore {
+    GradSink* sink;
+    ~Restore() {
+      t_hook_sink = sink;
+      --t_hook_depth;
+    }
+  } restore{outer_sink};
   hooks->Run(leaf, grad);
+}
+
+bool AccumulateInPassSink(const Tensor& leaf, Tensor grad) {
+  if (t_hook_depth == 0 || t_hook_sink == nullptr) return false;
+  t_hook_sink->Accumulate(leaf, std::move(grad));
+  return true;
 }
 
 }  // namespace gw::autograd

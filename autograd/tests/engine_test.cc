@@ -176,6 +176,30 @@ TEST(EngineSeamTest, PostAccumulateHookSeesTheAccumulatedGradientOncePerPass) {
   EXPECT_EQ(calls[0].first, "b");
 }
 
+// A hook may add the gradient of a leaf the pass never reached to the pass's sink; in a
+// local pass (no sink) and outside hooks that is refused (false) and changes nothing.
+TEST(EngineSeamTest, AHookAddsAnUnreachedLeafsGradientToThePassSink) {
+  Tensor w = Leaf({1, 2}), unused = Leaf({7, 7});
+  bool added = false;
+  HookHandle h = AddPostAccumulateHook(
+      w, [&](const Tensor&, Tensor&) { added = AccumulateInPassSink(unused, Tensor::Ones({2}, DType::kFloat64)); });
+  MapSink sink;
+  GraphTask task(BackwardOptions{.sink = &sink});
+  Tensor y = Sum(w * w);
+  Edge root = GradientEdge(y);
+  task.ComputeDependencies({root});
+  task.AddInput(root, Tensor::Scalar(1, DType::kFloat64));
+  task.Run();
+  EXPECT_TRUE(added);
+  EXPECT_EQ(V(sink.grads[unused.unsafe_impl()]), std::vector<double>({1, 1}));
+  EXPECT_FALSE(unused.grad().defined());
+
+  Backward({Sum(w * w)});  // local: no sink
+  EXPECT_FALSE(added);
+  EXPECT_FALSE(unused.grad().defined());
+  EXPECT_FALSE(AccumulateInPassSink(unused, Tensor::Ones({2}, DType::kFloat64)));  // not in a hook
+}
+
 TEST(EngineSeamTest, PostAccumulateHookRunsOnTheSinksGradientAndItsErrorsEndThePass) {
   Tensor w = Leaf({1, 2});
   MapSink sink;

@@ -203,6 +203,9 @@ void DdpReducer::Finalize() {
       } else {
         kernels::CopyInPlace(grads_[i], p.slot);  // e.g. a distributed-autograd context's gradient
       }
+    } else if (autograd::AccumulateInPassSink(p.tensor, kernels::Clone(p.slot))) {
+      // Unused here in a distributed-autograd pass: its average goes where that pass
+      // keeps gradients (the context), not to .grad().
     } else if (Tensor local = p.tensor.grad(); local.defined()) {
       kernels::CopyInPlace(local, p.slot);
     } else {

@@ -17,6 +17,7 @@
 #include "gradwire/autograd/engine.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/autograd/grad_mode.h"
+#include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/nn/layers.h"
 #include "gradwire/nn/loss.h"
 #include "gradwire/optim/optimizer.h"
@@ -169,8 +170,16 @@ class Branchy : public nn::Module {
   std::shared_ptr<nn::Linear> a_, b_;
 };
 
-TEST(DdpTest, UnusedParametersDifferentOnEachReplicaWithFindUnusedParameters) {
-  Job job = Job::Start(2);
+// Outside and inside a distributed-autograd context: inside, every averaged gradient,
+// the unused parameter's too, is in the context and .grad() stays empty.
+class DdpUnused : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DdpUnused, DifferentOnEachReplicaWithFindUnusedParameters) {
+  const bool in_context = GetParam();
+  std::vector<std::shared_ptr<dist_autograd::DistAutograd>> engines(2);
+  Job job = Job::Start(2, {}, [&engines](rpc::Agent& agent) {
+    return rpc::Assign(dist_autograd::DistAutograd::Install(agent), engines[static_cast<size_t>(agent.self().rank)]);
+  });
   auto groups = job.Groups();
   // Reference: rank 0 uses b, rank 1 does not; the averaged gradient of b is half rank 0's.
   Branchy ref(0);
@@ -188,8 +197,17 @@ TEST(DdpTest, UnusedParametersDifferentOnEachReplicaWithFindUnusedParameters) {
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     module->use_b = r == 0;
     Batch b = r == 0 ? b0 : b1;
-    autograd::Backward({nn::CrossEntropyLoss((*ddp)->Forward(b.x), b.y)});
-    for (const Tensor& p : (*ddp)->Parameters()) grads[static_cast<size_t>(r)].push_back(p.grad());
+    if (!in_context) {
+      autograd::Backward({nn::CrossEntropyLoss((*ddp)->Forward(b.x), b.y)});
+      for (const Tensor& p : (*ddp)->Parameters()) grads[static_cast<size_t>(r)].push_back(p.grad());
+      return;
+    }
+    dist_autograd::Context ctx(*engines[static_cast<size_t>(r)]);
+    ASSERT_TRUE(ctx.Backward({nn::CrossEntropyLoss((*ddp)->Forward(b.x), b.y)}).ok());
+    for (const Tensor& p : (*ddp)->Parameters()) {
+      EXPECT_FALSE(p.grad().defined()) << "replica " << r;
+      grads[static_cast<size_t>(r)].push_back(ctx.GradOf(p));
+    }
   });
   const std::vector<Tensor> want = ref.Parameters();
   for (int r = 0; r < 2; ++r) {
@@ -201,6 +219,9 @@ TEST(DdpTest, UnusedParametersDifferentOnEachReplicaWithFindUnusedParameters) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(DdpTest, DdpUnused, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "InADistAutogradContext" : "Local"; });
 
 TEST(DdpTest, UnusedParametersWithoutTheOptionAreNamedAtTheNextForward) {
   Job job = Job::Start(2);

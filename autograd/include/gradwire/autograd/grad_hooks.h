@@ -17,6 +17,12 @@
 //   - The returned HookHandle removes the hook when it is destroyed or Remove()d; it may
 //     outlive the leaf. Adding and removing hooks while a pass runs over the same leaf
 //     needs external synchronisation (as any change of a tensor's autograd state).
+//   - AccumulateInPassSink(leaf, grad), called from inside a hook, adds grad to `leaf`'s
+//     gradient in the running pass's GradSink (e.g. the distributed-autograd context's
+//     store; runs no hooks) and returns true; it returns false, doing nothing, outside a
+//     hook or when the pass has no sink (a local pass: the caller writes .grad()
+//     itself). For gradients of leaves the pass never reached (DistributedDataParallel's
+//     unused parameters).
 #ifndef GRADWIRE_AUTOGRAD_GRAD_HOOKS_H_
 #define GRADWIRE_AUTOGRAD_GRAD_HOOKS_H_
 
@@ -64,9 +70,14 @@ class HookHandle {
 
 [[nodiscard]] HookHandle AddPostAccumulateHook(const Tensor& leaf, PostAccumulateHook hook);
 
+class GradSink;  // engine.h
+
 // Runs the leaf's hooks, if it has any (the engine calls this), on `held` (a sink's
-// gradient; an undefined one runs no hook) or, when null, on leaf.grad().
-void RunPostAccumulateHooks(const Tensor& leaf, const Tensor* held = nullptr);
+// gradient; an undefined one runs no hook) or, when null, on leaf.grad(). `sink` is the
+// pass's (for AccumulateInPassSink), null for a local pass.
+void RunPostAccumulateHooks(const Tensor& leaf, const Tensor* held = nullptr, GradSink* sink = nullptr);
+
+bool AccumulateInPassSink(const Tensor& leaf, Tensor grad);
 
 }  // namespace gw::autograd
 

@@ -25,8 +25,9 @@
 //     gradients locally; the first synchronised pass after it averages the sums.
 //   - find_unused_parameters: at each Forward the graph behind the outputs is walked and
 //     parameters it does not reach count as ready with a zero gradient (their averaged
-//     gradient is still written, to .grad()), so a model whose forward skips parameters,
-//     differently on each replica even, does not wait for them. Without it, an iteration
+//     gradient is still written: to .grad(), or inside a distributed-autograd context into
+//     the context, by autograd's AccumulateInPassSink), so a model whose forward skips
+//     parameters, differently on each replica even, does not wait for them. Without it, an iteration
 //     in which some parameter got no gradient ends with its buckets not reduced and the
 //     next Forward throws gw::Error naming the parameters and the option.
 //   - Failures: a failed allreduce (a dead replica: UNAVAILABLE naming it; a frozen one:
