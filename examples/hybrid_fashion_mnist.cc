@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_format.h"
 #include "gradwire/dist_autograd/distributed_optimizer.h"
+#include "epoch_progress.h"
 #include "pixel_bags.h"
 #include "ps_job.h"
 
@@ -96,21 +97,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   const auto start = std::chrono::steady_clock::now();
   double test_acc = 0;
   for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
-    std::unique_ptr<gw::data::ProgressBar> bar;
-    if (show) {
-      bar = std::make_unique<gw::data::ProgressBar>(absl::StrFormat("epoch %d/%d", epoch, absl::GetFlag(FLAGS_epochs)),
-                                                    loader.batches_per_epoch());
-    }
-    const auto epoch_start = std::chrono::steady_clock::now();
-    double loss_sum = 0, correct = 0;
-    int64_t seen = 0, step = 0, pulled_rows = 0;
-    auto fields = [&] {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-      return absl::StrFormat("loss=%.4f acc=%.4f rows/step=%.0f %.0f samples/s", loss_sum / std::max<int64_t>(step, 1),
-                             correct / std::max<int64_t>(seen, 1),
-                             static_cast<double>(pulled_rows) / static_cast<double>(std::max<int64_t>(step, 1)),
-                             trainers * seen / std::max(secs, 1e-9));
-    };
+    gw::examples::EpochProgress progress(show, epoch, absl::GetFlag(FLAGS_epochs), loader.batches_per_epoch(), trainers, /*count_rows=*/true);
     gw::data::Batch batch;
     loader.Reset();
     while (loader.Next(&batch)) {
@@ -128,11 +115,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
         if (absl::Status s = (*opt)->Step(ctx); !s.ok()) return Fail("optimizer step", s);
         if (absl::Status s = embedding.Step(); !s.ok()) return Fail("push rows", s);
       }
-      loss_sum += loss.item();
-      correct += gw::nn::Accuracy(logits, batch.targets) * static_cast<double>(batch.targets.size(0));
-      seen += batch.targets.size(0);
-      pulled_rows += embedding.rows_pulled();
-      if (bar) bar->Update(++step, fields());
+      progress.Step(loss, logits, batch.targets, embedding.rows_pulled());
     }
     {
       gw::autograd::NoGradGuard no_grad;  // every test row as the servers hold it now
@@ -140,7 +123,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       if (!bags.ok()) return Fail("pull rows", bags.status());
       test_acc = gw::nn::Accuracy((*ddp)->Forward(*bags), setup.test.labels);
     }
-    if (bar) bar->Finish(fields() + absl::StrFormat(" test_acc=%.4f", test_acc));
+    progress.Finish(test_acc);
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (show) std::printf("final test accuracy: %.4f (%.1f s)\n", test_acc, secs);

@@ -17,6 +17,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
+#include "epoch_progress.h"
 #include "ps_job.h"
 
 ABSL_FLAG(int, epochs, 10, "passes over the training set");
@@ -75,19 +76,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   double test_acc = 0, time_to_85 = -1, samples_to_85 = 0;
   const double stop_at = absl::GetFlag(FLAGS_stop_at);
   for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
-    std::unique_ptr<gw::data::ProgressBar> bar;
-    if (show) {
-      bar = std::make_unique<gw::data::ProgressBar>(absl::StrFormat("epoch %d/%d", epoch, absl::GetFlag(FLAGS_epochs)),
-                                                    loader.batches_per_epoch());
-    }
-    const auto epoch_start = std::chrono::steady_clock::now();
-    double loss_sum = 0, correct = 0;
-    int64_t seen = 0, step = 0;
-    auto fields = [&] {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-      return absl::StrFormat("loss=%.4f acc=%.4f %.0f samples/s", loss_sum / std::max<int64_t>(step, 1),
-                             correct / std::max<int64_t>(seen, 1), trainers * seen / std::max(secs, 1e-9));
-    };
+    gw::examples::EpochProgress progress(show, epoch, absl::GetFlag(FLAGS_epochs), loader.batches_per_epoch(), trainers);
     gw::data::Batch batch;
     loader.Reset();
     while (loader.Next(&batch)) {
@@ -104,11 +93,8 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       if (!next.ok()) return Fail("push/pull", next.status());
       values = *std::move(next);
       ++clock;
-      loss_sum += loss.item();
-      correct += gw::nn::Accuracy(logits, batch.targets) * static_cast<double>(batch.targets.size(0));
-      seen += batch.targets.size(0);
       samples += trainers * batch.targets.size(0);
-      if (bar) bar->Update(++step, fields());
+      progress.Step(loss, logits, batch.targets);
     }
     // Evaluate the parameters as the servers hold them after this epoch.
     for (size_t i = 0; i < params.size(); ++i) gw::kernels::CopyInPlace(params[i].second, values[i]);
@@ -116,7 +102,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       gw::autograd::NoGradGuard no_grad;
       test_acc = gw::nn::Accuracy(model->Forward(test->images), test->labels);
     }
-    if (bar) bar->Finish(fields() + absl::StrFormat(" test_acc=%.4f", test_acc));
+    progress.Finish(test_acc);
     if (time_to_85 < 0 && test_acc >= 0.85) {
       time_to_85 = elapsed();
       samples_to_85 = static_cast<double>(samples);

@@ -128,17 +128,19 @@ class MapSink : public GradSink {
   absl::flat_hash_map<TensorImpl*, Tensor> grads;
 };
 
+// A pass from the scalar `y` whose leaf gradients go to `sink`.
+void BackwardIntoSink(const Tensor& y, GradSink* sink) {
+  GraphTask task(BackwardOptions{.sink = sink});
+  Edge root = GradientEdge(y);
+  task.ComputeDependencies({root});
+  task.AddInput(root, Tensor::Scalar(1, DType::kFloat64));
+  task.Run();
+}
+
 TEST(EngineSeamTest, SinkReceivesLeafGradientsInsteadOfDotGrad) {
   Tensor w = Leaf({1, 2});
   MapSink sink1, sink2;
-  for (MapSink* sink : {&sink1, &sink2}) {
-    Tensor y = Sum(w * w);
-    GraphTask task(BackwardOptions{.sink = sink});
-    Edge root = GradientEdge(y);
-    task.ComputeDependencies({root});
-    task.AddInput(root, Tensor::Scalar(1, DType::kFloat64));
-    task.Run();
-  }
+  for (MapSink* sink : {&sink1, &sink2}) BackwardIntoSink(Sum(w * w), sink);
   EXPECT_FALSE(w.grad().defined());
   EXPECT_EQ(V(sink1.grads[w.unsafe_impl()]), std::vector<double>({2, 4}));
   EXPECT_EQ(V(sink2.grads[w.unsafe_impl()]), std::vector<double>({2, 4}));
@@ -184,12 +186,7 @@ TEST(EngineSeamTest, AHookAddsAnUnreachedLeafsGradientToThePassSink) {
   HookHandle h = AddPostAccumulateHook(
       w, [&](const Tensor&, Tensor&) { added = AccumulateInPassSink(unused, Tensor::Ones({2}, DType::kFloat64)); });
   MapSink sink;
-  GraphTask task(BackwardOptions{.sink = &sink});
-  Tensor y = Sum(w * w);
-  Edge root = GradientEdge(y);
-  task.ComputeDependencies({root});
-  task.AddInput(root, Tensor::Scalar(1, DType::kFloat64));
-  task.Run();
+  BackwardIntoSink(Sum(w * w), &sink);
   EXPECT_TRUE(added);
   EXPECT_EQ(V(sink.grads[unused.unsafe_impl()]), std::vector<double>({1, 1}));
   EXPECT_FALSE(unused.grad().defined());
@@ -208,12 +205,7 @@ TEST(EngineSeamTest, PostAccumulateHookRunsOnTheSinksGradientAndItsErrorsEndTheP
     ++runs;
     kernels::AddInPlace(grad, Tensor::Ones({2}, DType::kFloat64));
   });
-  GraphTask task(BackwardOptions{.sink = &sink});
-  Tensor y = Sum(w * w);
-  Edge root = GradientEdge(y);
-  task.ComputeDependencies({root});
-  task.AddInput(root, Tensor::Scalar(1, DType::kFloat64));
-  task.Run();
+  BackwardIntoSink(Sum(w * w), &sink);
   EXPECT_EQ(runs, 1);
   EXPECT_FALSE(w.grad().defined());
   EXPECT_EQ(V(sink.grads[w.unsafe_impl()]), std::vector<double>({3, 5}));
