@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench_util.h"
+#include "microbatch_gemms.h"
 #include "gradwire/gradwire.h"
 #include "gradwire/dist_autograd/distributed_optimizer.h"
 #include "gradwire/parallel/pipeline.h"
@@ -155,6 +156,12 @@ void PipelineMlp(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine, bo
     // Diagnostic: the same micro-batches in one process, one after the other.
     gw::bench::Report("pipeline_mlp", absl::StrCat("local_ms_per_iter_chunks", chunks),
                       LocalMedianMs(x, y, warmup, iters, chunks), "ms");
+    // Diagnostic: the GEMMs alone on these micro-batches, as called today and with weights
+    // packed once per step (bench/microbatch_gemms.h).
+    gw::bench::Report("pipeline_mlp", absl::StrCat("gemm_ms_chunks", chunks),
+                      gw::bench::MicroBatchGemmMs(chunks, false, warmup, iters), "ms");
+    gw::bench::Report("pipeline_mlp", absl::StrCat("gemm_packed_ms_chunks", chunks),
+                      gw::bench::MicroBatchGemmMs(chunks, true, warmup, iters), "ms");
     std::fprintf(stderr, "pipeline_mlp: %d micro-batches: %.2f ms/iter = %.2fx the local floor; loss after %d steps %.4f\n",
                  chunks, median, median / local_median, warmup + iters, last_loss);
   }

@@ -23,6 +23,7 @@
 #include "gradwire/dist_autograd/dist_autograd.h"  // DistAutograd, Context (distributed backward)
 #include "gradwire/collectives/collectives.h"  // Collectives, ProcessGroup (allreduce & co.)
 #include "gradwire/parallel/distributed_data_parallel.h"  // DistributedDataParallel
+#include "gradwire/serve/router.h"          // Serving, Router (batched model serving)
 #include "gradwire/worker/launcher.h"      // Launch (gradwire launch)
 
 #endif  // GRADWIRE_GRADWIRE_H_
