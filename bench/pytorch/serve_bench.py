@@ -14,10 +14,10 @@ client processes.
 The model: an MLP Linear 784-256-128-10 with ReLUs (Linear+ReLU+Linear+ReLU+Linear),
 float32, torch's default init from torch.manual_seed(0), eval mode, run under
 torch.no_grad() on worker 0. A request is one sample, a [1,784] float32 tensor; the
-reply its 10 logits, [1,10]. Two peers, each a module-level function on worker 0:
+reply its 10 logits, [1,10]. Two peers, each a module-level function on worker 0
+that the clients call (rpc_sync in the closed loop, rpc_async in the open loop):
 
-- plain: `infer(x)` runs the model on the sample (no batching); a client calls it
-  with rpc_async.
+- plain: `infer(x)` runs the model on the sample (no batching).
 - batching: `infer_batched(x)` is @rpc.functions.async_execution: it queues the
   sample with a fresh torch.futures.Future and returns that future; one batching
   thread flushes the queue at BATCH_MAX (32) requests or BATCH_WAIT_S (2 ms) after
@@ -31,29 +31,28 @@ locally; the run fails if a logit differs by more than CHECK_ATOL.
 
 Closed loop (phase `closed`): C = 1, 16, 64 clients, split over the two client
 processes as 1+0, 8+8, 32+32. Each client has exactly one request outstanding and
-sends the next one when the reply arrives. Clients are rpc_async calls with a
-done-callback (Future.add_done_callback) that takes the reply's time and sends the
-client's next request from the RPC thread that completed the future: no Python
-thread a client. This is the faster of the two ways tried on this 2-core VM; one
-thread a client, each looping over rpc_sync, gave lower requests/s at C=16 and 64
-(32 threads a process contending for the GIL and being woken up) and the same at C=1.
-1 s warm-up, then 5 s measured (--quick: 0.3 s, 1 s). Both client processes run the
+sends the next one when the reply arrives: each client is a Python thread looping
+over rpc_sync. Of the two ways tried on this 2-core VM (5 interleaved rounds of each
+configuration), it gave the batching peer 12-17% more requests/s at C=16 and 64
+than the other way, rpc_async with a done-callback (Future.add_done_callback) that
+sends the client's next request from the RPC thread completing the future, and the
+plain peer about the same (within the machine's noise) at every C. 1 s warm-up,
+then 5 s measured (--quick: 0.3 s, 1 s). Both client processes run the
 same window of the shared monotonic clock (CLOCK_MONOTONIC, one host): the
 coordinator first waits for both to be ready (an rpc_sync barrier: the correctness
 check), then sends both the same start instant START_LEAD_S ahead, so the measured
-windows coincide. Latency is from just before rpc_async to the reply's callback;
+windows coincide. Latency is from just before rpc_sync to its return;
 requests/s = requests completed in the measured window (both processes) / window;
 p50 and p99 (nearest rank) over those requests' latencies, both processes' merged.
 Metrics rps_c<C> (req/s), p50_ms_c<C>, p99_ms_c<C> (ms); batching_* for the
-batching peer. The BENCHMARKS.md headline names serve_c<C>_req_per_s,
-serve_c<C>_p50_ms and serve_c<C>_p99_ms are the best PyTorch peer at that C (the
-higher requests/s, with that peer's latencies); which one goes to stderr.
+batching peer.
 
 Open loop (phase `open`), the batching peer first, then plain: at rising rates
-OPEN_RATES (250, 500, 1000, 2000, 4000 req/s in total; --quick: 500, 2000) each
-client process sends at half the rate, Poisson arrivals (exponential gaps from a
-seeded generator), from one sender thread that sleeps until each scheduled time
-(sending at once when behind schedule). At most OPEN_CAP (4096) requests are
+OPEN_RATES (250, 500, 1000, 2000, 3000, 4000, 6000 req/s in total; --quick: 500,
+2000) each client process sends at half the rate, Poisson arrivals (exponential
+gaps from a seeded generator), with rpc_async from one sender thread that sleeps
+until each scheduled time (sending at once when behind schedule); the reply's time
+is taken in the future's done-callback. At most OPEN_CAP (4096) requests are
 outstanding a client process; the sender waits for replies beyond that. 0.5 s
 warm-up, 2 s measured (--quick: 0.2 s, 0.5 s). Latency counts from the *scheduled*
 send time, so a client's own backlog counts as queueing delay; p50 and p99 are over
@@ -99,7 +98,7 @@ CHECK_SAMPLES = 8
 CHECK_ATOL = 1e-5            # served vs local logits
 CONCURRENCY = {1: (1, 0), 16: (8, 8), 64: (32, 32)}   # C -> clients in each process
 CLOSED_WINDOW_S = {False: (1.0, 5.0), True: (0.3, 1.0)}   # (warm-up, measured)
-OPEN_RATES = {False: (250, 500, 1000, 2000, 4000), True: (500, 2000)}   # req/s, total
+OPEN_RATES = {False: (250, 500, 1000, 2000, 3000, 4000, 6000), True: (500, 2000)}   # req/s, total
 OPEN_WINDOW_S = {False: (0.5, 2.0), True: (0.2, 0.5)}     # (warm-up, measured)
 OPEN_P99_STOP_MS = 1000.0    # no higher rates for a peer once its p99 exceeds this
 OPEN_CAP = 4096              # most requests outstanding a client process (open loop)
@@ -247,67 +246,45 @@ def sleep_until(t):
         time.sleep(left)
 
 
-class ClosedLoop:
-    """n clients, each one request outstanding: every reply's callback takes its time
-    and sends that client's next request, until the window ends."""
-
-    def __init__(self, peer, t_meas, t_end):
-        self.fn = PEER_FN[peer]
-        self.t_meas, self.t_end = t_meas, t_end
-        self.lat_ms = []          # requests completed in the measured window
-        self.lock = threading.Lock()
-        self.live = 0
-        self.error = None
-        self.finished = threading.Event()
-
-    def send(self):
-        t0 = time.monotonic()
-        fut = rpc.rpc_async(SERVER, self.fn, args=(_SAMPLE,))
-        fut.add_done_callback(lambda f: self.on_reply(f, t0))
-
-    def on_reply(self, fut, t0):
-        t1 = time.monotonic()
-        try:
-            out = fut.value()
-            if out.shape != (1, SIZES[-1]):
-                raise RuntimeError(f"reply of shape {tuple(out.shape)}")
-            if self.t_meas <= t1 <= self.t_end:
-                self.lat_ms.append((t1 - t0) * 1e3)
-            if t1 < self.t_end and self.error is None:
-                self.send()
-                return
-        except Exception as e:   # noqa: BLE001 - reported by run()
-            self.error = self.error or e
-        self.client_done()
-
-    def client_done(self):
-        with self.lock:
-            self.live -= 1
-            if self.live == 0:
-                self.finished.set()
-
-    def run(self, n):
-        self.live = n
-        for _ in range(n):
-            self.send()
-        if not self.finished.wait(max(0.0, self.t_end - time.monotonic()) + IDLE_S):
-            raise RuntimeError(f"closed loop: {self.live} clients still waiting for a "
-                               f"reply {IDLE_S} s after the window")
-        if self.error is not None:
-            raise RuntimeError(f"closed loop: a request failed: {self.error}")
-
-
 def client_closed(peer, n, t_start, warmup_s, measured_s):
-    """n closed-loop clients from t_start (shared monotonic clock); (latencies in ms of
-    the requests completed in the measured window, float64; how late this process got
-    the start, s)."""
-    if n == 0:
-        return torch.zeros(0, dtype=torch.float64), 0.0
-    late = time.monotonic() - t_start
-    loop = ClosedLoop(peer, t_start + warmup_s, t_start + warmup_s + measured_s)
-    sleep_until(t_start)
-    loop.run(n)
-    return torch.tensor(loop.lat_ms, dtype=torch.float64), late
+    """n closed-loop clients, each a thread looping over rpc_sync, from t_start (shared
+    monotonic clock) to the end of the window; (latencies in ms of the requests
+    completed in the measured window, float64; how late this process got the start,
+    s)."""
+    fn = PEER_FN[peer]
+    late = time.monotonic() - t_start if n else 0.0
+    t_meas, t_end = t_start + warmup_s, t_start + warmup_s + measured_s
+    lat_ms = [[] for _ in range(n)]
+    errors = []
+
+    def client(mine):
+        try:
+            sleep_until(t_start)
+            t1 = t_start
+            while t1 < t_end and not errors:
+                t0 = time.monotonic()
+                out = rpc.rpc_sync(SERVER, fn, args=(_SAMPLE,))
+                t1 = time.monotonic()
+                if out.shape != (1, SIZES[-1]):
+                    raise RuntimeError(f"reply of shape {tuple(out.shape)}")
+                if t_meas <= t1 <= t_end:
+                    mine.append((t1 - t0) * 1e3)
+        except Exception as e:   # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(mine,), name=f"client{i}", daemon=True)
+               for i, mine in enumerate(lat_ms)]
+    for t in threads:
+        t.start()
+    give_up = t_end + IDLE_S   # every rpc_sync is bounded by the RPC timeout too
+    for t in threads:
+        t.join(timeout=max(0.0, give_up - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        raise RuntimeError(f"closed loop: clients still waiting for a reply {IDLE_S} s "
+                           f"after the window")
+    if errors:
+        raise RuntimeError(f"closed loop: a request failed: {errors[0]}")
+    return torch.tensor([x for mine in lat_ms for x in mine], dtype=torch.float64), late
 
 
 def client_open(peer, rate, seed, t_start, warmup_s, measured_s, drain_s):
@@ -466,7 +443,6 @@ def run(quick, phase):
         warmup_s, measured_s = CLOSED_WINDOW_S[quick]
         note(f"closed loop: C = {', '.join(map(str, CONCURRENCY))}; {warmup_s:g} s warm-up "
              f"+ {measured_s:g} s measured each")
-        best = {}
         for peer in PEERS:
             for c in CONCURRENCY:
                 rps, p50, p99 = closed_config(peer, c, quick)
@@ -474,13 +450,6 @@ def run(quick, phase):
                 lines += [line(WORKLOAD, f"{pre}rps_c{c}", rps, "req/s"),
                           line(WORKLOAD, f"{pre}p50_ms_c{c}", p50, "ms"),
                           line(WORKLOAD, f"{pre}p99_ms_c{c}", p99, "ms")]
-                if c not in best or rps > best[c][1]:
-                    best[c] = (peer, rps, p50, p99)
-        for c, (peer, rps, p50, p99) in best.items():
-            note(f"C={c}: best PyTorch peer {peer}")
-            lines += [line(WORKLOAD, f"serve_c{c}_req_per_s", rps, "req/s"),
-                      line(WORKLOAD, f"serve_c{c}_p50_ms", p50, "ms"),
-                      line(WORKLOAD, f"serve_c{c}_p99_ms", p99, "ms")]
     if phase in ("open", "all"):
         warmup_s, measured_s = OPEN_WINDOW_S[quick]
         note(f"open loop: Poisson arrivals at {', '.join(map(str, OPEN_RATES[quick]))} "

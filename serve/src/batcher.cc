@@ -149,26 +149,31 @@ void Batcher::ComputeBatch(std::deque<Request> batch) {
         " does not have one row per input row (", rows, ")"));
   }
   if (!out.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      stats_.failed += static_cast<int64_t>(live.size());
+      ++stats_.batches;
+    }
     const absl::Status error(out.status().code(), absl::StrCat(label_, ": ", out.status().message()));
     for (Request& r : live) r.done(error);
-    absl::MutexLock lock(&mu_);
-    stats_.failed += static_cast<int64_t>(live.size());
-    ++stats_.batches;
     return;
   }
+  // Counted before the answers go out, so a client that has its answer sees it counted.
   const absl::Time end = absl::Now();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Request& r : live) latency_.Add(end - r.queued);
+    stats_.answered += static_cast<int64_t>(live.size());
+    stats_.rows += rows;
+    ++stats_.batches;
+    stats_.max_batch_rows = std::max(stats_.max_batch_rows, rows);
+    version_ = out->version;
+  }
   int64_t offset = 0;
   for (Request& r : live) {
     r.done(Prediction{kernels::Narrow(out->output, 0, offset, r.rows), out->version, {}});
     offset += r.rows;
   }
-  absl::MutexLock lock(&mu_);
-  for (const Request& r : live) latency_.Add(end - r.queued);
-  stats_.answered += static_cast<int64_t>(live.size());
-  stats_.rows += rows;
-  ++stats_.batches;
-  stats_.max_batch_rows = std::max(stats_.max_batch_rows, rows);
-  version_ = out->version;
 }
 
 }  // namespace gw::serve
