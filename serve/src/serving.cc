@@ -130,6 +130,22 @@ class Serving::Impl : public std::enable_shared_from_this<Serving::Impl> {
     return absl::OkStatus();
   }
 
+  absl::Status LoadVersion(const std::string& model, const std::string& path, std::string version) {
+    absl::StatusOr<std::shared_ptr<Hosted>> hosted = Find(model);
+    if (!hosted.ok()) return hosted.status();
+    if (!(*hosted)->config.factory) {
+      return absl::FailedPreconditionError(absl::StrCat("LoadVersion '", model, "' on ", self_,
+                                                        ": the model was served without ModelConfig::factory"));
+    }
+    std::shared_ptr<nn::Module> module = (*hosted)->config.factory();
+    if (!module) return absl::FailedPreconditionError(absl::StrCat("LoadVersion '", model, "': the factory made no module"));
+    if (absl::Status s = module->Load(path); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("LoadVersion '", model, "' from ", path, " (", self_,
+                                                 " keeps serving its current version): ", s.message()));
+    }
+    return Swap(model, std::move(module), std::move(version));
+  }
+
   absl::Status Stop(const std::string& model) {
     std::shared_ptr<Hosted> hosted;
     {
@@ -285,6 +301,9 @@ absl::Status Serving::Serve(ModelConfig config, std::shared_ptr<nn::Module> modu
 }
 absl::Status Serving::Swap(const std::string& model, std::shared_ptr<nn::Module> module, std::string version) {
   return impl_->Swap(model, std::move(module), std::move(version));
+}
+absl::Status Serving::LoadVersion(const std::string& model, const std::string& path, std::string version) {
+  return impl_->LoadVersion(model, path, std::move(version));
 }
 absl::Status Serving::Stop(const std::string& model) { return impl_->Stop(model); }
 absl::StatusOr<ModelStats> Serving::Stats(const std::string& model) const { return impl_->Stats(model); }

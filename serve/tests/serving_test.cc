@@ -236,6 +236,42 @@ TEST(ServingTest, SwapUnderLoadNeverMixesVersions) {
   EXPECT_GT(versions.size(), 2u) << "swaps: " << swaps;  // answers came from several versions
 }
 
+TEST(ServingTest, LoadVersionSwapsInAStateDictFileAndABadFileChangesNothing) {
+  ServingGroup g(2);
+  ASSERT_NE(g.agents, nullptr);
+  const ModelConfig config{.name = "mnist", .input_shape = {784}, .factory = [] { return Mlp(0); }};
+  ASSERT_TRUE(g.serving[1]->Serve(config, Mlp(5), "v1").ok());
+  const std::string path = absl::StrCat(::testing::TempDir(), "/serve_v2_", ::getpid(), ".gwt");
+  const std::shared_ptr<nn::Module> v2 = Mlp(6);
+  ASSERT_TRUE(v2->Save(path).ok());
+  absl::StatusOr<Router> router = Router::Create(g.serving[0], "mnist");
+  ASSERT_TRUE(router.ok());
+  Generator gen(9);
+  const Tensor x = Tensor::Randn({3, 784}, gen);
+
+  ASSERT_TRUE(g.serving[1]->LoadVersion("mnist", path, "v2").ok());
+  absl::StatusOr<Prediction> p = router->PredictSync(x);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->version, "v2");
+  EXPECT_TRUE(kernels::AllClose(p->output, Forward(v2, x), 1e-5, 1e-6));
+
+  // A file that is not a state dict of this model: an error naming it, v2 still served.
+  const std::string wrong = absl::StrCat(::testing::TempDir(), "/serve_wrong_", ::getpid(), ".gwt");
+  ASSERT_TRUE(ConstantLinear(1)->Save(wrong).ok());
+  const absl::Status bad = g.serving[1]->LoadVersion("mnist", wrong, "v3");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find(wrong), std::string::npos) << bad;
+  EXPECT_FALSE(g.serving[1]->LoadVersion("mnist", "/nonexistent/model.gwt", "v3").ok());
+  p = router->PredictSync(x);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->version, "v2");
+  // Without a factory there is nothing to load into.
+  ASSERT_TRUE(g.serving[1]->Serve({.name = "plain", .input_shape = {784}}, Mlp(5), "v1").ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(g.serving[1]->LoadVersion("plain", path, "v2")));
+  std::remove(path.c_str());
+  std::remove(wrong.c_str());
+}
+
 // A module that blocks in Forward until released (to fill a replica's queue).
 class GatedModule : public nn::Module {
  public:

@@ -16,6 +16,10 @@
 //   - Swap(model, module, version) replaces the module atomically: every batch is
 //     computed wholly by the module that was current when it started, and its requests
 //     get that version; no request sees half of each. NOT_FOUND for a model not served.
+//   - LoadVersion(model, path, version) makes a module with config.factory, loads the
+//     state-dict file `path` into it (nn::Module::Save's format; strict: every parameter,
+//     same shapes) and swaps it in. A file that does not load leaves the served version
+//     untouched and returns the loader's error; FAILED_PRECONDITION without a factory.
 //   - Stop(model) withdraws this replica (acknowledged by every live worker first, as
 //     Serve, so routers stop choosing it), answers every queued request, then stops; requests that still arrive are refused
 //     with UNAVAILABLE, which routers take as "ask another replica". The destructor and
@@ -29,6 +33,7 @@
 #ifndef GRADWIRE_SERVE_SERVING_H_
 #define GRADWIRE_SERVE_SERVING_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +51,8 @@ struct ModelConfig {
   Shape input_shape = {};  // one sample; requests are [rows, *input_shape]
   DType dtype = DType::kFloat32;
   BatchingOptions batching = {};
+  // Makes a fresh module of the served architecture, for LoadVersion (optional).
+  std::function<std::shared_ptr<nn::Module>()> factory = {};
 };
 
 class Serving {
@@ -57,6 +64,7 @@ class Serving {
 
   absl::Status Serve(ModelConfig config, std::shared_ptr<nn::Module> module, std::string version);
   absl::Status Swap(const std::string& model, std::shared_ptr<nn::Module> module, std::string version);
+  absl::Status LoadVersion(const std::string& model, const std::string& path, std::string version);
   absl::Status Stop(const std::string& model);
   absl::StatusOr<ModelStats> Stats(const std::string& model) const;
   std::vector<std::string> models() const;
