@@ -28,14 +28,16 @@ struct PredictMessage {
   }
 };
 
-// Which models a worker serves. `incarnation` tells a restarted process from its
+// Which models `worker` serves (named here, not taken from the call: a connection may
+// not know its peer's name yet). `incarnation` tells a restarted process from its
 // predecessor; `version` orders one incarnation's announcements.
 struct ReplicaState {
+  std::string worker;
   int64_t incarnation = 0;
   int64_t version = 0;
   std::vector<std::string> models;
   static constexpr auto Fields() {
-    return std::make_tuple(rpc::Field("incarnation", &ReplicaState::incarnation),
+    return std::make_tuple(rpc::Field("worker", &ReplicaState::worker), rpc::Field("incarnation", &ReplicaState::incarnation),
                            rpc::Field("version", &ReplicaState::version), rpc::Field("models", &ReplicaState::models));
   }
 };

@@ -40,6 +40,7 @@ struct Hosted {
 class Serving::Impl : public std::enable_shared_from_this<Serving::Impl> {
  public:
   explicit Impl(rpc::Agent& agent) : agent_(agent), self_(agent.self().name) {
+    state_.worker = self_;
     state_.incarnation = absl::ToUnixNanos(absl::Now());
   }
   ~Impl() {
@@ -65,8 +66,8 @@ class Serving::Impl : public std::enable_shared_from_this<Serving::Impl> {
                  [self](const CallInfo&, const internal::ModelsQuery&) { return self->State(); },
                  {.mode = rpc::HandlerMode::kInline}),
              agent_.Handle<internal::ReplicaAnnounce>(
-                 [self](const CallInfo& info, const internal::ReplicaAnnounce& m) {
-                   self->directory_.Apply(info.caller, m.state);
+                 [self](const CallInfo&, const internal::ReplicaAnnounce& m) {
+                   self->directory_.Apply(m.state.worker, m.state);
                    return absl::OkStatus();
                  },
                  {.mode = rpc::HandlerMode::kInline}),
@@ -209,7 +210,7 @@ class Serving::Impl : public std::enable_shared_from_this<Serving::Impl> {
     }
     for (auto& [worker, answer] : asked) {
       absl::StatusOr<internal::ReplicaState> state = answer.Get(timeout + absl::Seconds(1));
-      if (state.ok()) directory_.Apply(worker, *state);
+      if (state.ok() && state->worker == worker) directory_.Apply(worker, *state);
     }
   }
 
