@@ -57,10 +57,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
 
   // The table, on the servers.
   const int64_t dim = absl::GetFlag(FLAGS_dim);
-  const gw::param_server::SparseOptions rows{
-      gw::param_server::RowInit{gw::param_server::RowInit::Kind::kNormal, 0, 1, absl::GetFlag(FLAGS_seed)}};
-  if (absl::Status s = ps.CreateSparse("pixels", dim, rows, gw::optim::Adagrad{.lr = absl::GetFlag(FLAGS_embedding_lr)},
-                                       gw::param_server::Consistency::kSync);
+  if (absl::Status s = gw::examples::CreatePixelTable(ps, dim, absl::GetFlag(FLAGS_seed), absl::GetFlag(FLAGS_embedding_lr));
       !s.ok()) {
     return Fail("cannot create the embedding table", s);
   }
@@ -72,9 +69,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   auto group = collectives->NewGroup(trainer_ranks);
   if (!group.ok()) return Fail("cannot make the trainers' process group", group.status());
   gw::Generator gen(absl::GetFlag(FLAGS_seed) + static_cast<uint64_t>(trainer));  // trainer 0's wins
-  auto head = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
-      std::make_shared<gw::nn::Linear>(dim, 128, gen), std::make_shared<gw::nn::ReLU>(),
-      std::make_shared<gw::nn::Linear>(128, 10, gen)});
+  auto head = gw::examples::PixelHead(dim, gen);
   auto ddp = gw::parallel::DistributedDataParallel::Create(head, *group);
   if (!ddp.ok()) return Fail("cannot replicate the dense layers", ddp.status());
   std::vector<gw::rpc::RRef<Tensor>> params;

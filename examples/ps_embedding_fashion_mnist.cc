@@ -43,18 +43,13 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   gw::param_server::Client& ps = *setup.ps;
 
   const int64_t dim = absl::GetFlag(FLAGS_dim);
-  const gw::param_server::SparseOptions rows{
-      gw::param_server::RowInit{gw::param_server::RowInit::Kind::kNormal, 0, 1, absl::GetFlag(FLAGS_seed)}};
-  if (absl::Status s = ps.CreateSparse("pixels", dim, rows, gw::optim::Adagrad{.lr = absl::GetFlag(FLAGS_embedding_lr)},
-                                       gw::param_server::Consistency::kSync);
+  if (absl::Status s = gw::examples::CreatePixelTable(ps, dim, absl::GetFlag(FLAGS_seed), absl::GetFlag(FLAGS_embedding_lr));
       !s.ok()) {
     return Fail("cannot create the embedding table", s);
   }
   gw::param_server::SparseEmbedding embedding(ps, "pixels");
   gw::Generator gen(absl::GetFlag(FLAGS_seed));
-  auto head = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
-      std::make_shared<gw::nn::Linear>(dim, 128, gen), std::make_shared<gw::nn::ReLU>(),
-      std::make_shared<gw::nn::Linear>(128, 10, gen)});
+  auto head = gw::examples::PixelHead(dim, gen);
   const gw::nn::NamedTensors params = head->NamedParameters();
   const gw::optim::Sgd sgd{.lr = absl::GetFlag(FLAGS_lr), .momentum = absl::GetFlag(FLAGS_momentum)};
   std::vector<std::string> names;

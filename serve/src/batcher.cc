@@ -26,9 +26,8 @@ Batcher::Batcher(std::string model, std::string worker, Shape sample_shape, DTyp
 Batcher::~Batcher() { Drain(); }
 
 std::string Batcher::expected_input() const {
-  Shape shape = sample_shape_;
   std::string dims = "[N";
-  for (int64_t d : shape) absl::StrAppend(&dims, ", ", d);
+  for (int64_t d : sample_shape_) absl::StrAppend(&dims, ", ", d);
   return absl::StrCat(dims, "] ", DTypeName(dtype_));
 }
 

@@ -60,10 +60,13 @@ struct Router::State : std::enable_shared_from_this<Router::State> {
   void Attempt(Tensor input, absl::Time deadline, std::vector<std::string> tried, absl::Status last,
                Promise<Prediction> promise) {
     const std::shared_ptr<const std::vector<std::string>> replicas = serving->ReplicaSnapshot(model);
-    std::vector<std::string> candidates;
-    for (const std::string& r : *replicas) {
-      if (std::find(tried.begin(), tried.end(), r) == tried.end()) candidates.push_back(r);
+    std::vector<std::string> untried;  // only after a failover: the first attempt picks among all
+    if (!tried.empty()) {
+      for (const std::string& r : *replicas) {
+        if (std::find(tried.begin(), tried.end(), r) == tried.end()) untried.push_back(r);
+      }
     }
+    const std::vector<std::string>& candidates = tried.empty() ? *replicas : untried;
     if (candidates.empty()) {
       if (tried.empty()) {
         promise.Set(absl::UnavailableError(absl::StrCat("no worker serves model '", model,
