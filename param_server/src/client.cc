@@ -117,16 +117,6 @@ Future<bool> AllAcknowledged(rpc::Executor& executor, std::vector<Future<Ack>> p
   });
 }
 
-// A dense table from its shards in server order (empty shards skipped; one shard: no copy).
-Tensor JoinShards(const std::vector<Tensor>& shards, const Shape& shape) {
-  std::vector<Tensor> nonempty;
-  for (const Tensor& p : shards) {
-    if (p.numel() > 0) nonempty.push_back(p);
-  }
-  Tensor flat = nonempty.size() == 1 ? nonempty[0] : kernels::Cat(nonempty, 0);
-  return kernels::Reshape(flat, shape);
-}
-
 }  // namespace
 
 absl::StatusOr<Client::Table> Client::FindForGradient(const std::string& name, const Tensor& grad) const {

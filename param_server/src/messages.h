@@ -147,6 +147,26 @@ struct ShardRRefMessage {
   static constexpr auto Fields() { return std::make_tuple(Field("table", &ShardRRefMessage::table)); }
 };
 
+// Dense shards as they are now, for a reader that does not train (reader.h): each
+// table's shard copied under its lock (when `values`) and the updates it has applied.
+struct TablesRead {
+  std::vector<Tensor> values;  // per table (none when not asked for values)
+  std::vector<int64_t> steps;  // per table: ParamState::step of the shard
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("values", &TablesRead::values), Field("steps", &TablesRead::steps));
+  }
+};
+
+struct ReadMessage {
+  static constexpr char kFunction[] = "__ps.read";
+  using Reply = TablesRead;
+  std::vector<std::string> tables;
+  bool values = true;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("tables", &ReadMessage::tables), Field("values", &ReadMessage::values));
+  }
+};
+
 }  // namespace gw::param_server::internal
 
 #endif  // GRADWIRE_PARAM_SERVER_SRC_MESSAGES_H_

@@ -77,6 +77,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                  [self](const CallInfo&, internal::CheckpointMessage) { return self->Checkpoint(); }),
              agent_.Handle<internal::ShardRRefMessage>(
                  [self](const CallInfo&, const internal::ShardRRefMessage& m) { return self->ShardRRef(m.table); }),
+             agent_.Handle<internal::ReadMessage>(
+                 [self](const CallInfo&, const internal::ReadMessage& m) { return self->Read(m); }),
          }) {
       if (!s.ok()) return s;
     }
@@ -243,6 +245,20 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                                                      sparse ? "dense: use Pull/Push" : "sparse: use PullRows/PushRows"));
     }
     return found;
+  }
+
+  // Dense shards copied for a reader that does not train (never waits for a step).
+  absl::StatusOr<internal::TablesRead> Read(const internal::ReadMessage& m) const {
+    internal::TablesRead out;
+    for (const std::string& table : m.tables) {
+      absl::StatusOr<std::shared_ptr<Shard>> found = FindKind(table, false);
+      if (!found.ok()) return found.status();
+      Shard& s = **found;
+      absl::MutexLock lock(&s.mu);
+      out.steps.push_back(s.state.step);
+      if (m.values) out.values.push_back(kernels::Clone(s.values));
+    }
+    return out;
   }
 
   // The dense shard as an RRef owned by this server: one per shard, so every trainer's

@@ -1,6 +1,7 @@
 #include "gradwire/param_server/sharding.h"
 
 #include "gradwire/tensor/error.h"
+#include "gradwire/tensor/kernels.h"
 
 namespace gw::param_server {
 
@@ -16,6 +17,15 @@ std::vector<KeyRange> ShardDense(int64_t size, int servers) {
     begin += length;
   }
   return ranges;
+}
+
+Tensor JoinShards(const std::vector<Tensor>& shards, const Shape& shape) {
+  std::vector<Tensor> nonempty;
+  for (const Tensor& p : shards) {
+    if (p.numel() > 0) nonempty.push_back(p);
+  }
+  Tensor flat = nonempty.size() == 1 ? nonempty[0] : kernels::Cat(nonempty, 0);
+  return kernels::Reshape(flat, shape);
 }
 
 int ServerOfId(uint64_t id, int servers) {

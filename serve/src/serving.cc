@@ -132,16 +132,36 @@ class Serving::Impl : public std::enable_shared_from_this<Serving::Impl> {
   }
 
   absl::Status LoadVersion(const std::string& model, const std::string& path, std::string version) {
+    return SwapInFresh(model, absl::StrCat("from ", path), [&](nn::Module& m) { return m.Load(path); }, std::move(version));
+  }
+
+  absl::StatusOr<std::vector<std::pair<std::string, Shape>>> ParameterShapes(const std::string& model) {
+    absl::StatusOr<std::shared_ptr<Hosted>> hosted = Find(model);
+    if (!hosted.ok()) return hosted.status();
+    std::vector<std::pair<std::string, Shape>> shapes;
+    for (const auto& [name, p] : (*hosted)->Snapshot()->module->NamedParameters()) shapes.emplace_back(name, p.sizes());
+    return shapes;
+  }
+
+  absl::Status LoadParameters(const std::string& model, const nn::NamedTensors& state, std::string version) {
+    return SwapInFresh(model, absl::StrCat("version ", version), [&](nn::Module& m) { return m.LoadStateDict(state); },
+                       std::move(version));
+  }
+
+  // A fresh module from the model's factory, filled by `fill`, swapped in; what fails
+  // leaves the served version untouched.
+  absl::Status SwapInFresh(const std::string& model, const std::string& source,
+                           const std::function<absl::Status(nn::Module&)>& fill, std::string version) {
     absl::StatusOr<std::shared_ptr<Hosted>> hosted = Find(model);
     if (!hosted.ok()) return hosted.status();
     if (!(*hosted)->config.factory) {
-      return absl::FailedPreconditionError(absl::StrCat("LoadVersion '", model, "' on ", self_,
+      return absl::FailedPreconditionError(absl::StrCat("loading '", model, "' ", source, " on ", self_,
                                                         ": the model was served without ModelConfig::factory"));
     }
     std::shared_ptr<nn::Module> module = (*hosted)->config.factory();
-    if (!module) return absl::FailedPreconditionError(absl::StrCat("LoadVersion '", model, "': the factory made no module"));
-    if (absl::Status s = module->Load(path); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("LoadVersion '", model, "' from ", path, " (", self_,
+    if (!module) return absl::FailedPreconditionError(absl::StrCat("loading '", model, "': the factory made no module"));
+    if (absl::Status s = fill(*module); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("loading '", model, "' ", source, " (", self_,
                                                  " keeps serving its current version): ", s.message()));
     }
     return Swap(model, std::move(module), std::move(version));
@@ -305,6 +325,12 @@ absl::Status Serving::Swap(const std::string& model, std::shared_ptr<nn::Module>
 }
 absl::Status Serving::LoadVersion(const std::string& model, const std::string& path, std::string version) {
   return impl_->LoadVersion(model, path, std::move(version));
+}
+absl::Status Serving::LoadParameters(const std::string& model, const nn::NamedTensors& state, std::string version) {
+  return impl_->LoadParameters(model, state, std::move(version));
+}
+absl::StatusOr<std::vector<std::pair<std::string, Shape>>> Serving::ParameterShapes(const std::string& model) const {
+  return impl_->ParameterShapes(model);
 }
 absl::Status Serving::Stop(const std::string& model) { return impl_->Stop(model); }
 absl::StatusOr<ModelStats> Serving::Stats(const std::string& model) const { return impl_->Stats(model); }

@@ -5,7 +5,8 @@
 //     server's messages on that agent; the Client (client.h) sends them. They are the
 //     records of param_server/src/messages.h: CreateDenseMessage and CreateSparseMessage
 //     (a TableConfig each), PullMessage, PushMessage, PushPullManyMessage,
-//     PullRowsMessage, PushRowsMessage, CheckpointMessage, ShardRRefMessage.
+//     PullRowsMessage, PushRowsMessage, CheckpointMessage, ShardRRefMessage, and ReadMessage
+//     (dense shards copied as they are now, with their update counts, for reader.h).
 //   - A dense table shard holds a contiguous key range of a flat float32 table; a sparse
 //     table shard holds the rows (row_store.h) whose ids hash to this server, created on
 //     first touch (pull or push) from a seeded initializer, optionally bounded by an LRU

@@ -5,6 +5,8 @@
 //     per server, in server order; the ranges cover [0, size) exactly, with no gap and no
 //     overlap, and their lengths differ by at most one (the first size % servers ranges
 //     are one longer). A server may get an empty range when size < servers.
+//   - JoinShards(shards, shape): a dense table from its shards in server order (empty
+//     ones skipped; one shard: no copy), reshaped to `shape`.
 //   - Sparse rows are keyed by 64-bit ids and placed by a hash of the id (SplitMix64), so
 //     consecutive ids spread over servers.
 //   - Pure functions; REQUIRES servers >= 1 and size >= 0 (checked, gw::Error).
@@ -13,6 +15,8 @@
 
 #include <cstdint>
 #include <vector>
+
+#include "gradwire/tensor/tensor.h"
 
 namespace gw::param_server {
 
@@ -23,6 +27,8 @@ struct KeyRange {
 };
 
 std::vector<KeyRange> ShardDense(int64_t size, int servers);
+
+Tensor JoinShards(const std::vector<Tensor>& shards, const Shape& shape);
 
 int ServerOfId(uint64_t id, int servers);
 

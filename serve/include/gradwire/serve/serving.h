@@ -20,6 +20,10 @@
 //     state-dict file `path` into it (nn::Module::Save's format; strict: every parameter,
 //     same shapes) and swaps it in. A file that does not load leaves the served version
 //     untouched and returns the loader's error; FAILED_PRECONDITION without a factory.
+//   - LoadParameters(model, state, version) does the same from named tensors (a state
+//     dict: every parameter by name, same shapes), e.g. read from parameter servers
+//     (follower.h). ParameterShapes(model) names the served module's parameters and
+//     their shapes, in NamedParameters order.
 //   - Stop(model) withdraws this replica (acknowledged by every live worker first, as
 //     Serve, so routers stop choosing it), answers every queued request, then stops; requests that still arrive are refused
 //     with UNAVAILABLE, which routers take as "ask another replica". The destructor and
@@ -36,6 +40,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -65,6 +70,8 @@ class Serving {
   absl::Status Serve(ModelConfig config, std::shared_ptr<nn::Module> module, std::string version);
   absl::Status Swap(const std::string& model, std::shared_ptr<nn::Module> module, std::string version);
   absl::Status LoadVersion(const std::string& model, const std::string& path, std::string version);
+  absl::Status LoadParameters(const std::string& model, const nn::NamedTensors& state, std::string version);
+  absl::StatusOr<std::vector<std::pair<std::string, Shape>>> ParameterShapes(const std::string& model) const;
   absl::Status Stop(const std::string& model);
   absl::StatusOr<ModelStats> Stats(const std::string& model) const;
   std::vector<std::string> models() const;
