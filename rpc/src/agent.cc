@@ -22,6 +22,7 @@
 #include "dispatcher.h"
 #include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/faults.h"
+#include "gradwire/rpc/statistics.h"
 #include "host_address.h"
 #include "peers.h"
 #include "rendezvous.h"
@@ -31,6 +32,13 @@
 
 namespace gw::rpc {
 namespace {
+
+// Another worker's statistics (Agent::StatisticsOf).
+struct StatisticsQuery {
+  static constexpr char kFunction[] = "__agent.statistics";
+  using Reply = std::vector<Sample>;
+  static constexpr auto Fields() { return std::tuple<>(); }
+};
 
 using internal::Envelope;
 using internal::Kind;
@@ -208,6 +216,12 @@ class Agent::Impl {
     hooks.has_function = [this](const std::string& function) { return dispatcher_->Has(function); };
     rrefs_ = std::make_shared<internal::RRefContext>(std::move(hooks));
     if (absl::Status s = rrefs_->RegisterFunctions(); !s.ok()) return s;
+    if (absl::Status s = agent.Handle<StatisticsQuery>(
+            [this](const CallInfo&, StatisticsQuery) { return statistics_.Collect(); }, RegisterOptions{HandlerMode::kInline});
+        !s.ok()) {
+      return s;
+    }
+    own_statistics_ = statistics_.Add("agent", [this](std::vector<Sample>& out) { AppendOwnStatistics(out); });
 
     absl::StatusOr<std::string> advertise = AdvertiseHost();
     if (!advertise.ok()) return advertise.status();
@@ -373,6 +387,19 @@ class Agent::Impl {
   TransportStats transport_stats() const { return transport_ ? transport_->stats() : TransportStats{}; }
   bool AwaitRRefs(const std::function<bool(const RRefStats&)>& until, absl::Time deadline) const {
     return rrefs_->AwaitStats(until, deadline);
+  }
+  Statistics& statistics() { return statistics_; }
+  void AppendOwnStatistics(std::vector<Sample>& out) const {
+    const RRefStats r = rrefs_->Stats();
+    const TransportStats t = transport_stats();
+    auto add = [&](const char* name, int64_t value) { out.push_back({name, {}, static_cast<double>(value)}); };
+    add("gradwire_rpc_workers", options_.world_size);
+    add("gradwire_rpc_calls_in_flight", static_cast<int64_t>(calls_->size()));
+    add("gradwire_rref_owned", r.owned);
+    add("gradwire_rref_users", r.users);
+    add("gradwire_rref_pending_control", r.pending_control);
+    add("gradwire_shm_connections", t.shared_memory_connections);
+    add("gradwire_shm_tensors_total", t.shared_memory_tensors);
   }
   void SetCallHooks(std::shared_ptr<CallHooks> hooks) {
     hooks_ = hooks;
@@ -556,6 +583,7 @@ class Agent::Impl {
 
   // Declared in destruction order's reverse: units that others refer to come first.
   AgentOptions options_;
+  Statistics statistics_;
   ThreadPool pool_;
   TimerQueue timers_;
   GlobalIdGenerator ids_;
@@ -569,6 +597,7 @@ class Agent::Impl {
   std::shared_ptr<CallHooks> hooks_;                // set in setup (SetCallHooks), then read-only
   std::shared_ptr<PeerWatchers> watchers_ = std::make_shared<PeerWatchers>();
   absl::flat_hash_map<std::string, int> by_name_;  // immutable after Start
+  Statistics::Source own_statistics_;               // reads the units above: dropped first
 
   absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kRunning;
@@ -619,6 +648,11 @@ RRefStats Agent::rref_stats() const { return impl_->rref_stats(); }
 TransportStats Agent::transport_stats() const { return impl_->transport_stats(); }
 bool Agent::AwaitRRefs(const std::function<bool(const RRefStats&)>& until, absl::Time deadline) const {
   return impl_->AwaitRRefs(until, deadline);
+}
+Statistics& Agent::statistics() { return impl_->statistics(); }
+Future<std::vector<Sample>> Agent::StatisticsOf(const std::string& worker) {
+  if (worker == self().name) return MakeReadyFuture<std::vector<Sample>>(executor(), statistics().Collect());
+  return Send(worker, StatisticsQuery{});
 }
 void Agent::SetCallHooks(std::shared_ptr<CallHooks> hooks) { impl_->SetCallHooks(std::move(hooks)); }
 Agent::PeerWatch Agent::WatchPeers(std::function<void(int)> fn) { return impl_->WatchPeers(std::move(fn)); }

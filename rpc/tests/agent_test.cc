@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <optional>
 #include <thread>
 
 #include "gradwire/tensor/kernels.h"
@@ -134,6 +135,38 @@ TEST(AgentTest, EchoesA256MiBTensor) {
   auto r = (*group)[0].Sync<Tensor>("worker1", "echo", big);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(kernels::MaxAbsDiff(*r, big), 0.0);
+  EXPECT_TRUE(group->ShutdownAll().ok());
+}
+
+// Statistics: the agent's own samples and a layer's, read here and from another worker;
+// a dropped source is gone; the text form is Prometheus's.
+TEST(AgentTest, StatisticsOfThisAndAnotherWorker) {
+  auto group = AgentGroup::Start(2, RegisterTestFunctions);
+  ASSERT_NE(group, nullptr);
+  std::atomic<int> calls{0};
+  Statistics::Source source = (*group)[1].statistics().Add("test", [&](std::vector<Sample>& out) {
+    out.push_back({"gradwire_test_calls_total", {{"kind", "a \"quoted\" one"}}, static_cast<double>(++calls)});
+  });
+  auto value = [](const std::vector<Sample>& samples, const std::string& name) -> std::optional<double> {
+    for (const Sample& s : samples) {
+      if (s.name == name) return s.value;
+    }
+    return std::nullopt;
+  };
+  absl::StatusOr<std::vector<Sample>> remote = (*group)[0].StatisticsOf("worker1").Get(absl::Seconds(10));
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  EXPECT_EQ(value(*remote, "gradwire_rpc_workers"), 2.0);
+  EXPECT_EQ(value(*remote, "gradwire_test_calls_total"), 1.0);
+  absl::StatusOr<std::vector<Sample>> local = (*group)[1].StatisticsOf("worker1").Get(absl::Seconds(10));
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(value(*local, "gradwire_test_calls_total"), 2.0);
+  const std::string text = ToText(*local);
+  EXPECT_NE(text.find("gradwire_test_calls_total{kind=\"a \\\"quoted\\\" one\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("gradwire_rpc_workers 2\n"), std::string::npos) << text;
+  source.reset();
+  EXPECT_FALSE(value((*group)[1].statistics().Collect(), "gradwire_test_calls_total").has_value());
+  EXPECT_EQ(calls, 2);
+  EXPECT_FALSE((*group)[0].StatisticsOf("nobody").Get(absl::Seconds(10)).ok());
   EXPECT_TRUE(group->ShutdownAll().ok());
 }
 

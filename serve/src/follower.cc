@@ -59,7 +59,19 @@ Follower::Follower(std::shared_ptr<Serving> serving, std::string model, FollowOp
       model_(std::move(model)),
       options_(std::move(options)),
       tables_(std::move(tables)),
-      reader_(serving_->agent(), options_.servers, options_.timeout) {}
+      reader_(serving_->agent(), options_.servers, options_.timeout) {
+  statistics_ = serving_->agent().statistics().Add("follow", [this](std::vector<rpc::Sample>& out) {
+    const FollowStatus s = Status();
+    auto add = [&](const char* name, double value) {
+      out.push_back({absl::StrCat("gradwire_serve_follow_", name), {{"model", model_}}, value});
+    };
+    add("served_step", static_cast<double>(s.served_step));
+    add("steps_behind", static_cast<double>(s.steps_behind));
+    add("age_seconds", absl::ToDoubleSeconds(s.age));
+    add("refreshes_total", static_cast<double>(s.refreshes));
+    add("failures_total", static_cast<double>(s.failures));
+  });
+}
 
 Follower::~Follower() { Stop(); }
 

@@ -1,7 +1,9 @@
 #include "gradwire/serve/model_stats.h"
 
 #include <algorithm>
+#include <map>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace gw::serve {
@@ -12,6 +14,31 @@ std::string ModelStats::ToString() const {
       "latency p50 %.2f ms p90 %.2f ms p99 %.2f ms; refused %d full + %d bad shape, %d expired, %d failed",
       model, worker, version, answered, batches, mean_batch_rows(), max_batch_rows, queue_depth, max_queue_depth,
       p50_ms, p90_ms, p99_ms, refused_full, refused_shape, expired, failed);
+}
+
+void AppendSamples(const ModelStats& s, std::vector<rpc::Sample>& out) {
+  const std::map<std::string, std::string> labels = {{"model", s.model}, {"worker", s.worker}};
+  auto add = [&](const char* name, double value, std::map<std::string, std::string> more = {}) {
+    more.insert(labels.begin(), labels.end());
+    out.push_back({absl::StrCat("gradwire_serve_", name), std::move(more), value});
+  };
+  auto count = [](int64_t v) { return static_cast<double>(v); };
+  add("requests_total", count(s.requests));
+  add("answered_total", count(s.answered));
+  add("rows_total", count(s.rows));
+  add("batches_total", count(s.batches));
+  add("refused_total", count(s.refused_full), {{"reason", "full"}});
+  add("refused_total", count(s.refused_shape), {{"reason", "shape"}});
+  add("expired_total", count(s.expired));
+  add("failed_total", count(s.failed));
+  add("queue_depth", count(s.queue_depth));
+  add("max_queue_depth", count(s.max_queue_depth));
+  add("max_batch_rows", count(s.max_batch_rows));
+  add("mean_batch_rows", s.mean_batch_rows());
+  add("latency_seconds", s.p50_ms / 1e3, {{"quantile", "0.5"}});
+  add("latency_seconds", s.p90_ms / 1e3, {{"quantile", "0.9"}});
+  add("latency_seconds", s.p99_ms / 1e3, {{"quantile", "0.99"}});
+  add("version_info", 1, {{"version", s.version}});
 }
 
 void LatencyWindow::Add(absl::Duration d) {

@@ -77,6 +77,12 @@ class Serving::Impl : public std::enable_shared_from_this<Serving::Impl> {
          }) {
       if (!s.ok()) return s;
     }
+    // The handle is the last member: dropped first, so a collect never sees a member gone.
+    statistics_ = agent_.statistics().Add("serve", [this](std::vector<rpc::Sample>& out) {
+      for (const std::string& model : models()) {
+        if (absl::StatusOr<ModelStats> s = Stats(model); s.ok()) AppendSamples(*s, out);
+      }
+    });
     peer_watch_ = agent_.WatchPeers([weak, this](int rank) {
       if (auto alive = weak.lock()) {
         if (rank >= 0 && rank < static_cast<int>(agent_.workers().size())) {
@@ -201,6 +207,7 @@ class Serving::Impl : public std::enable_shared_from_this<Serving::Impl> {
       agent_closed_ = true;
     }
     peer_watch_.reset();
+    statistics_.reset();
     StopAll();
   }
 
@@ -306,6 +313,7 @@ class Serving::Impl : public std::enable_shared_from_this<Serving::Impl> {
   absl::Mutex refresh_mu_;
   bool refreshed_ ABSL_GUARDED_BY(refresh_mu_) = false;
   rpc::Agent::PeerWatch peer_watch_;
+  rpc::Statistics::Source statistics_;
 };
 
 absl::StatusOr<std::shared_ptr<Serving>> Serving::Install(rpc::Agent& agent) {

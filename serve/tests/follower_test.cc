@@ -181,6 +181,15 @@ TEST(FollowerTest, ReportsStalenessAndRefreshesEveryNSteps) {
   EXPECT_EQ(s.served_step, 0) << s.ToString();
   EXPECT_EQ(s.steps_behind, 5) << s.ToString();
   EXPECT_GT(s.age, absl::ZeroDuration());
+  // The staleness in the serving worker's statistics too.
+  bool found = false;
+  for (const rpc::Sample& sample : (*job.group)[3].statistics().Collect()) {
+    if (sample.name == "gradwire_serve_follow_steps_behind" && sample.labels.at("model") == "mnist") {
+      EXPECT_EQ(sample.value, 5.0);
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
   for (int64_t step = 5; step < 10; ++step) job.Step(step);
   s = wait_for([](const FollowStatus& s) { return s.served_step == 10; });
   EXPECT_EQ(s.version, "step-10") << s.ToString();

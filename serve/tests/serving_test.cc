@@ -125,6 +125,22 @@ TEST(ServingTest, RouterSpreadsRequestsOverReplicasAndAnswersEqualTheLocalModel)
   EXPECT_EQ(stats->answered, loads.at("worker1").sent);
   EXPECT_GT(stats->mean_batch_rows(), 1.0) << stats->ToString();  // 16 clients on 2 replicas batch
   EXPECT_EQ(stats->version, "v1");
+
+  // The same counts in the replica's agent statistics, read from the router's worker.
+  absl::StatusOr<std::vector<rpc::Sample>> samples = g.agents->operator[](0).StatisticsOf("worker1").Get(absl::Seconds(10));
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  auto sample = [&](const std::string& name, std::map<std::string, std::string> labels) {
+    labels.insert({{"model", "mnist"}, {"worker", "worker1"}});
+    for (const rpc::Sample& s : *samples) {
+      if (s.name == name && s.labels == labels) return s.value;
+    }
+    ADD_FAILURE() << "no " << name << " in\n" << rpc::ToText(*samples);
+    return -1.0;
+  };
+  EXPECT_EQ(sample("gradwire_serve_answered_total", {}), static_cast<double>(stats->answered));
+  EXPECT_EQ(sample("gradwire_serve_batches_total", {}), static_cast<double>(stats->batches));
+  EXPECT_EQ(sample("gradwire_serve_version_info", {{"version", "v1"}}), 1.0);
+  EXPECT_GT(sample("gradwire_serve_latency_seconds", {{"quantile", "0.99"}}), 0.0);
 }
 
 TEST(ServingTest, TenThousandRequestsFromSixtyFourClientsNoneLost) {

@@ -57,6 +57,10 @@
 //     hosts needs addresses other than loopback (FromEnv picks them: see there).
 //     transport_stats() says how much went through shared memory, which is used only
 //     between processes that share this host's memory and network namespace.
+//   - statistics() is this worker's Statistics (statistics.h): the agent's own samples
+//     (gradwire_rpc_*, gradwire_rref_*, gradwire_shm_*) and those its layers add
+//     (serving: gradwire_serve_*). StatisticsOf(worker) collects another worker's (one
+//     message, answered on its transport thread) or, for this worker, its own.
 //   - WatchPeers(fn) tells a layer (collectives, serving) which workers were declared dead.
 //   - Remote/Own create remote references (rref.h); rref_stats() counts them and
 //     AwaitRRefs waits (on events, not by polling) until they satisfy a condition.
@@ -87,6 +91,7 @@
 #include "gradwire/rpc/future.h"
 #include "gradwire/rpc/global_id.h"
 #include "gradwire/rpc/message.h"
+#include "gradwire/rpc/statistics.h"
 #include "gradwire/rpc/store.h"
 #include "gradwire/rpc/timer_queue.h"
 #include "gradwire/rpc/transport.h"
@@ -476,6 +481,8 @@ class Agent {
   // Waits until `until(rref_stats())` holds (re-checked whenever the RRef tables change)
   // or the deadline passes; returns whether it holds.
   bool AwaitRRefs(const std::function<bool(const RRefStats&)>& until, absl::Time deadline) const;
+  Statistics& statistics();
+  Future<std::vector<Sample>> StatisticsOf(const std::string& worker);
   // Installs the hooks that follow every call (call_hooks.h). REQUIRES: called in
   // Start's setup, before any call is made or received.
   void SetCallHooks(std::shared_ptr<CallHooks> hooks);

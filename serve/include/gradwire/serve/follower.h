@@ -27,6 +27,9 @@
 //     staleness in time), refreshes, failures and the last error. A failed refresh (a
 //     server down, a table missing or of another shape) keeps the served version, is
 //     counted and reported, and the schedule goes on.
+//   - The status is also in the agent's statistics (rpc/statistics.h), labelled by model:
+//     gradwire_serve_follow_served_step, _steps_behind, _age_seconds, _refreshes_total,
+//     _failures_total.
 //   - Refresh() refreshes now on the calling thread (unless the tables have not moved
 //     since the served step: then it only updates the status). Returns the error of a
 //     failed refresh.
@@ -117,6 +120,7 @@ class Follower {
   absl::Time served_read_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
+  rpc::Statistics::Source statistics_;  // last: dropped first
 };
 
 absl::Status ServeCheckpoint(Serving& serving, const std::string& model, const std::vector<std::string>& paths,

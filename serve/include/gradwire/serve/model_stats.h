@@ -8,6 +8,12 @@
 //     kLatencyWindow answered requests, in milliseconds; 0 before the first answer.
 //   - It travels as a record (message.h), so any worker or the inference endpoint can
 //     read a replica's statistics (Serving::Stats, Router::Stats).
+//   - AppendSamples(stats, out) gives them as the agent's statistics (rpc/statistics.h),
+//     labelled by model and worker: gradwire_serve_requests_total, _answered_total,
+//     _rows_total, _batches_total, _refused_total{reason="full"|"shape"},
+//     _expired_total, _failed_total, _queue_depth, _max_queue_depth, _max_batch_rows,
+//     _mean_batch_rows, _latency_seconds{quantile="0.5"|"0.9"|"0.99"} and
+//     _version_info{version} (1). Serving adds them for every model it serves.
 #ifndef GRADWIRE_SERVE_MODEL_STATS_H_
 #define GRADWIRE_SERVE_MODEL_STATS_H_
 
@@ -18,6 +24,7 @@
 
 #include "absl/time/time.h"
 #include "gradwire/rpc/message.h"
+#include "gradwire/rpc/statistics.h"
 
 namespace gw::serve {
 
@@ -56,6 +63,8 @@ struct ModelStats {
         rpc::Field("p50_ms", &S::p50_ms), rpc::Field("p90_ms", &S::p90_ms), rpc::Field("p99_ms", &S::p99_ms));
   }
 };
+
+void AppendSamples(const ModelStats& stats, std::vector<rpc::Sample>& out);
 
 // The latencies of the most recent answered requests (a ring), and their percentiles.
 class LatencyWindow {
