@@ -75,98 +75,20 @@ struct Measured {
   int64_t failed = 0;
 };
 
-double Now() { return gw::bench::NowSeconds(); }
-
-Measured RunClosed(const gw::serve::Router& router, const Config& c, const Tensor& x) {
-  // Each client is a chain: a request's completion sends the client's next request.
-  struct Loop : std::enable_shared_from_this<Loop> {
-    const gw::serve::Router* router = nullptr;
-    Tensor x;
-    double from = 0, to = 0;
-    absl::Mutex mu;
-    std::vector<double> ms;
-    int64_t failed = 0;
-    std::string first_error;
-    std::atomic<int> chains{0};
-    absl::Notification done;
-
-    void Next() {
-      const double sent = Now();
-      if (sent >= to) {
-        if (--chains == 0) done.Notify();
-        return;
-      }
-      router->Predict(x).Subscribe([self = shared_from_this(), sent](const absl::StatusOr<gw::serve::Prediction>& r) {
-        const double now = Now();
-        {
-          absl::MutexLock lock(&self->mu);
-          if (!r.ok() && self->first_error.empty()) self->first_error = r.status().ToString();
-          if (now >= self->from && now < self->to) {
-            if (r.ok()) {
-              self->ms.push_back((now - sent) * 1e3);
-            } else {
-              ++self->failed;
-            }
-          }
-        }
-        if (!r.ok()) {  // never spin on errors: a failed chain ends
-          if (--self->chains == 0) self->done.Notify();
-          return;
-        }
-        self->Next();
-      });
-    }
-  };
-  auto loop = std::make_shared<Loop>();
-  loop->router = &router;
-  loop->x = x;
-  loop->from = Now() + c.warmup;
-  loop->to = loop->from + c.measure;
-  loop->chains = c.clients;
-  for (int i = 0; i < c.clients; ++i) loop->Next();
-  loop->done.WaitForNotificationWithTimeout(absl::Seconds(c.warmup + c.measure + 120));
-  absl::MutexLock lock(&loop->mu);
-  if (!loop->first_error.empty()) std::fprintf(stderr, "serve_bench client: %s\n", loop->first_error.c_str());
-  return Measured{loop->ms, loop->failed};
-}
-
-Measured RunOpen(const gw::serve::Router& router, const Config& c, const Tensor& x) {
-  struct Shared {
-    absl::Mutex mu;
-    std::vector<double> ms;
-    int64_t failed = 0;
-    std::atomic<int> outstanding{0};
-  };
-  auto shared = std::make_shared<Shared>();
-  const double start = Now() + c.offset, from = start + c.warmup, to = from + c.measure;
-  constexpr int kMaxOutstanding = 4096;
-  // Poisson arrivals (exponential gaps, seeded), as the PyTorch peer sends.
-  std::mt19937_64 rng(static_cast<uint64_t>(c.offset * 1e9) + 1);
-  std::exponential_distribution<double> gap(c.rate);
-  for (double scheduled = start + gap(rng); scheduled < to; scheduled += gap(rng)) {
-    while (Now() < scheduled) {
-      const double wait = scheduled - Now();
-      if (wait > 200e-6) std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(wait * 1e6) - 100));
-    }
-    while (shared->outstanding >= kMaxOutstanding) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    ++shared->outstanding;
-    router.Predict(x).Subscribe([shared, scheduled, from, to](const absl::StatusOr<gw::serve::Prediction>& r) {
-      if (scheduled >= from && scheduled < to) {
-        const double now = Now();
-        absl::MutexLock lock(&shared->mu);
-        if (r.ok()) {
-          shared->ms.push_back((now - scheduled) * 1e3);
-        } else {
-          ++shared->failed;
-        }
-      }
-      --shared->outstanding;
-    });
-  }
-  const double give_up = Now() + 120;
-  while (shared->outstanding > 0 && Now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  absl::MutexLock lock(&shared->mu);
-  return Measured{shared->ms, shared->failed};
+// Runs one configuration through serve::RunLoad (load_generator.h, which the example uses
+// too): an open-loop client starts `offset` seconds late so that the processes' arrivals
+// interleave.
+Measured Run(const gw::serve::Router& router, const Config& c, const Tensor& x) {
+  gw::serve::LoadOptions o;
+  o.clients = c.open ? 0 : c.clients;
+  o.rate = c.open ? c.rate : 0;
+  o.warmup = absl::Seconds(c.warmup);
+  o.duration = absl::Seconds(c.measure);
+  o.seed = static_cast<uint64_t>(c.offset * 1e9) + 1;
+  if (c.open) absl::SleepFor(absl::Seconds(c.offset));
+  gw::serve::LoadReport r = gw::serve::RunLoad(router, o, [&x](int64_t) { return x; });
+  if (!r.first_error.ok()) std::fprintf(stderr, "serve_bench client: %s\n", r.first_error.ToString().c_str());
+  return Measured{std::move(r.latency_ms), r.failed};
 }
 
 int Client(int rank, int port) {
@@ -200,7 +122,7 @@ int Client(int rank, int port) {
              absl::SimpleAtod(f[3], &c.measure));
     }
     Measured m;
-    if (c.open ? c.rate > 0 : c.clients > 0) m = c.open ? RunOpen(*router, c, x) : RunClosed(*router, c, x);
+    if (c.open ? c.rate > 0 : c.clients > 0) m = Run(*router, c, x);
     Tensor ms = Tensor::FromVector(m.ms, {static_cast<int64_t>(m.ms.size())});
     if (absl::StatusOr<bool> r = (*agent)->Sync<bool>("worker0", "bench.report", int64_t{i}, ms, m.failed); !r.ok()) {
       std::fprintf(stderr, "serve_bench client: %s\n", r.status().ToString().c_str());

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "example_util.h"
 #include "gradwire/gradwire.h"
+#include "fashion_mnist_mlp.h"
 
 ABSL_FLAG(int, epochs, 10, "passes over the training set");
 ABSL_FLAG(int, batch_size, 64, "examples per step and replica");
@@ -63,10 +64,7 @@ int Run() {
   const int rank = (*group)->rank(), replicas = (*group)->size();
 
   gw::Generator gen(absl::GetFlag(FLAGS_seed) + static_cast<uint64_t>(rank));  // rank 0's wins
-  auto mlp = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
-      std::make_shared<gw::nn::Linear>(784, 256, gen), std::make_shared<gw::nn::ReLU>(),
-      std::make_shared<gw::nn::Linear>(256, 128, gen), std::make_shared<gw::nn::ReLU>(),
-      std::make_shared<gw::nn::Linear>(128, 10, gen)});
+  auto mlp = gw::examples::FashionMnistMlp(gen);
   auto ddp = gw::parallel::DistributedDataParallel::Create(
       mlp, *group, gw::parallel::DdpOptions{.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_kb)) << 10});
   if (!ddp.ok()) return Fail("cannot replicate the model", ddp.status());

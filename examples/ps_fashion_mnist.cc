@@ -8,7 +8,7 @@
 //                                         [--lr=0.05] [--momentum=0.9] [--min_accuracy=0.85]
 //                                         [--stop_at=0.85] [--report] [--checkpoint_dir=DIR]
 //                                         [--checkpoint_every_s=S] [--reconnect_timeout_s=S]
-//                                         [--show_network]
+//                                         [--show_network] [--save=PATH]
 //
 // Trainer 0 shows the progress and the final test accuracy; exit status 1 when it ends
 // below --min_accuracy, 2 when the data or the group cannot be set up.
@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_format.h"
 #include "epoch_progress.h"
+#include "fashion_mnist_mlp.h"
 #include "ps_job.h"
 
 ABSL_FLAG(int, epochs, 10, "passes over the training set");
@@ -25,6 +26,8 @@ ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy e
 ABSL_FLAG(double, lr, 0.05, "learning rate");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(double, stop_at, 0, "stop after the first epoch whose test accuracy reaches this (0: run every epoch)");
+ABSL_FLAG(std::string, save, "",
+          "trainer 0 writes the trained model's state dict to this file (examples/serve_fashion_mnist serves it)");
 ABSL_FLAG(bool, report, false,
           "print benchmark W9's result lines (time_to_85, samples_per_s, final_test_acc) at the end");
 
@@ -42,10 +45,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
 
   // Every trainer builds the same initial model (same seed) and creates the tables.
   gw::Generator gen(absl::GetFlag(FLAGS_seed));
-  auto model = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
-      std::make_shared<gw::nn::Linear>(784, 256, gen), std::make_shared<gw::nn::ReLU>(),
-      std::make_shared<gw::nn::Linear>(256, 128, gen), std::make_shared<gw::nn::ReLU>(),
-      std::make_shared<gw::nn::Linear>(128, 10, gen)});
+  auto model = gw::examples::FashionMnistMlp(gen);
   const gw::nn::NamedTensors params = model->NamedParameters();
   const gw::optim::Sgd sgd{.lr = absl::GetFlag(FLAGS_lr), .momentum = absl::GetFlag(FLAGS_momentum)};
   for (const auto& [name, p] : params) {
@@ -111,6 +111,10 @@ int Train(gw::rpc::AgentOptions options, int servers) {
     if (stop_at > 0 && test_acc >= stop_at) break;
   }
   const double secs = elapsed();
+  if (const std::string path = absl::GetFlag(FLAGS_save); show && !path.empty()) {
+    if (absl::Status s = model->Save(path); !s.ok()) return Fail("cannot save the model", s);
+    std::printf("saved the model to %s\n", path.c_str());
+  }
   if (show) {
     std::printf("final test accuracy: %.4f (%.1f s, %.0f samples/s over %d trainers)\n", test_acc, secs,
                 static_cast<double>(samples) / secs, trainers);

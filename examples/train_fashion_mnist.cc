@@ -15,6 +15,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "gradwire/gradwire.h"
+#include "fashion_mnist_mlp.h"
 
 ABSL_FLAG(int, epochs, 10, "passes over the training set");
 ABSL_FLAG(int, batch_size, 64, "examples per step");
@@ -51,10 +52,7 @@ int main(int argc, char** argv) {
   }
 
   gw::Generator gen(absl::GetFlag(FLAGS_seed));
-  auto model = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
-      std::make_shared<gw::nn::Linear>(784, 256, gen), std::make_shared<gw::nn::ReLU>(),
-      std::make_shared<gw::nn::Linear>(256, 128, gen), std::make_shared<gw::nn::ReLU>(),
-      std::make_shared<gw::nn::Linear>(128, 10, gen)});
+  auto model = gw::examples::FashionMnistMlp(gen);
   gw::optim::Optimizer opt(model->Parameters(),
                            gw::optim::Sgd{.lr = absl::GetFlag(FLAGS_lr),
                                           .momentum = absl::GetFlag(FLAGS_momentum)});

@@ -24,6 +24,8 @@
 #include "gradwire/collectives/collectives.h"  // Collectives, ProcessGroup (allreduce & co.)
 #include "gradwire/parallel/distributed_data_parallel.h"  // DistributedDataParallel
 #include "gradwire/serve/router.h"          // Serving, Router (batched model serving)
+#include "gradwire/serve/follower.h"        // Follower (serve a parameter-server job as it trains)
+#include "gradwire/serve/load_generator.h"  // RunLoad (closed / open loop load, latency)
 #include "gradwire/worker/launcher.h"      // Launch (gradwire launch)
 
 #endif  // GRADWIRE_GRADWIRE_H_

@@ -1,6 +1,8 @@
 #include "gradwire/rpc/statistics.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -55,6 +57,19 @@ std::vector<Sample> Statistics::Collect() const {
   return out;
 }
 
+namespace {
+
+// Counts as integers, other values with 9 significant digits, NaN and infinities as
+// Prometheus spells them.
+std::string FormatValue(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (std::abs(v) < 9.0e15 && v == std::trunc(v)) return absl::StrCat(static_cast<int64_t>(v));
+  return absl::StrFormat("%.9g", v);
+}
+
+}  // namespace
+
 std::string ToText(const std::vector<Sample>& samples) {
   std::string out;
   for (const Sample& s : samples) {
@@ -69,7 +84,7 @@ std::string ToText(const std::vector<Sample>& samples) {
       }
       out += '}';
     }
-    absl::StrAppend(&out, " ", absl::StrFormat("%.17g", s.value), "\n");
+    absl::StrAppend(&out, " ", FormatValue(s.value), "\n");
   }
   return out;
 }
