@@ -1,5 +1,6 @@
 #include "gradwire/serve/inference_endpoint.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
@@ -162,6 +163,9 @@ class GrpcEndpoint final : public InferenceEndpoint {
   ~GrpcEndpoint() override { Shutdown(); }
 
   absl::Status Start(const std::string& host, int port, const EndpointOptions& options) {
+    // gRPC server reflection: tools that have no .proto (grpcurl, grpc_cli) can list the
+    // service and fetch its schema from the endpoint. (gRPC's plugin registry; idempotent.)
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
     builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(), &port_);
     builder.SetMaxReceiveMessageSize(options.max_message_bytes);

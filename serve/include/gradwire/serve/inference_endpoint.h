@@ -13,6 +13,10 @@
 //     or dtype, naming both) or a wrong shape for the model, UNAVAILABLE when no replica
 //     serves it, RESOURCE_EXHAUSTED when every replica's queue is full, DEADLINE_EXCEEDED,
 //     FAILED_PRECONDITION when the request names a version the replica does not serve.
+//   - Any gRPC client can call it from the .proto alone (tested with a Python grpcio client:
+//     serve/tests/grpc_python_client.py), and the endpoint also serves gRPC server
+//     reflection, so tools without the .proto (grpcurl, grpc_cli) can list the service and
+//     fetch its schema (the same test calls Predict from the reflected schema alone).
 //   - Requests are limited to options.max_message_bytes (gRPC refuses larger ones with
 //     RESOURCE_EXHAUSTED).
 //   - Shutdown (and the destructor) stops taking requests and waits for those running
