@@ -50,11 +50,9 @@ struct Run : std::enable_shared_from_this<Run> {
             absl::MutexLock lock(&self->mu);
             if (r.ok()) {
               ++self->report.answered;
-              if (now >= self->from && due < self->to) {
-                self->report.latency_ms.push_back((now - due) * 1e3);
-                self->recent_ms.push_back((now - due) * 1e3);
-                ++self->recent_answered;
-              }
+              self->recent_ms.push_back((now - due) * 1e3);  // progress shows the warm-up too
+              ++self->recent_answered;
+              if (now >= self->from && due < self->to) self->report.latency_ms.push_back((now - due) * 1e3);
             } else {
               ++self->report.failed;
               if (self->report.first_error.ok()) self->report.first_error = r.status();
