@@ -91,15 +91,21 @@ int64_t ArgMax(const gw::Tensor& row) {
   return std::max_element(v.begin(), v.end()) - v.begin();
 }
 
+// Joins the group with Serving installed (every worker serves or routes).
+absl::StatusOr<std::shared_ptr<gw::rpc::Agent>> JoinWithServing(const gw::rpc::AgentOptions& options,
+                                                                std::shared_ptr<gw::serve::Serving>* serving) {
+  return gw::rpc::Agent::Start(options, [serving](gw::rpc::Agent& a) -> absl::Status {
+    absl::StatusOr<std::shared_ptr<gw::serve::Serving>> s = gw::serve::Serving::Install(a);
+    if (s.ok()) *serving = *s;
+    return s.status();
+  });
+}
+
 // A replica: loads the model rank 0 names, serves it until every worker is done.
 int Replica(gw::rpc::AgentOptions options) {
   options.shutdown_timeout = absl::Hours(24);  // serves as long as rank 0 runs
   std::shared_ptr<gw::serve::Serving> serving;
-  auto agent = gw::rpc::Agent::Start(options, [&](gw::rpc::Agent& a) -> absl::Status {
-    absl::StatusOr<std::shared_ptr<gw::serve::Serving>> s = gw::serve::Serving::Install(a);
-    if (s.ok()) serving = *s;
-    return s.status();
-  });
+  auto agent = JoinWithServing(options, &serving);
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
   const std::string self = (*agent)->self().name;
   // Rank 0 may first train the model: wait as long as that takes.
@@ -156,11 +162,7 @@ int Client(const gw::rpc::AgentOptions& options) {
   }
 
   std::shared_ptr<gw::serve::Serving> serving;
-  auto agent = gw::rpc::Agent::Start(options, [&](gw::rpc::Agent& a) -> absl::Status {
-    absl::StatusOr<std::shared_ptr<gw::serve::Serving>> s = gw::serve::Serving::Install(a);
-    if (s.ok()) serving = *s;
-    return s.status();
-  });
+  auto agent = JoinWithServing(options, &serving);
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
   if (absl::Status s = (*agent)->store().Set(kModelKey, path); !s.ok()) return Fail("store", s);
   absl::StatusOr<gw::serve::Router> router = gw::serve::Router::Create(serving, kModel);

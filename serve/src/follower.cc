@@ -163,6 +163,16 @@ absl::Status Follower::Refresh() {
 
 FollowStatus Follower::Status() const {
   absl::MutexLock lock(&mu_);
+  return StatusLocked();
+}
+
+bool Follower::AwaitStatus(const std::function<bool(const FollowStatus&)>& until, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto holds = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return until(StatusLocked()); };
+  return mu_.AwaitWithDeadline(absl::Condition(&holds), deadline);
+}
+
+FollowStatus Follower::StatusLocked() const {
   FollowStatus s = status_;
   if (s.served_step >= 0) {
     s.steps_behind = s.latest_step - s.served_step;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "gradwire/serve/model_stats.h"
 
 namespace gw::serve {
 namespace {
@@ -90,9 +91,10 @@ struct Run : std::enable_shared_from_this<Run> {
     p.warming_up = now < from;
     const double since = std::max(1e-9, now - std::max(last_progress, start));
     p.recent_rps = static_cast<double>(recent_answered) / since;
-    p.recent_p50_ms = Quantile(recent_ms, 0.5);
-    p.recent_p90_ms = Quantile(recent_ms, 0.9);
-    p.recent_p99_ms = Quantile(recent_ms, 0.99);
+    std::sort(recent_ms.begin(), recent_ms.end());
+    p.recent_p50_ms = QuantileOfSorted(recent_ms, 0.5);
+    p.recent_p90_ms = QuantileOfSorted(recent_ms, 0.9);
+    p.recent_p99_ms = QuantileOfSorted(recent_ms, 0.99);
     if (reset) {
       recent_ms.clear();
       recent_answered = 0;
@@ -104,26 +106,22 @@ struct Run : std::enable_shared_from_this<Run> {
 
 }  // namespace
 
-double Quantile(std::vector<double>& values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const double rank = std::clamp(q, 0.0, 1.0) * static_cast<double>(values.size());
-  return values[std::min(values.size() - 1, static_cast<size_t>(rank))];
-}
-
 double LoadReport::throughput() const {
   return measured_seconds > 0 ? static_cast<double>(latency_ms.size()) / measured_seconds : 0;
 }
 
 double LoadReport::Percentile(double q) const {
-  std::vector<double> copy = latency_ms;
-  return Quantile(copy, q);
+  std::vector<double> sorted = latency_ms;
+  std::sort(sorted.begin(), sorted.end());
+  return QuantileOfSorted(sorted, q);
 }
 
 std::string LoadReport::ToString() const {
-  std::vector<double> copy = latency_ms;
+  std::vector<double> sorted = latency_ms;
+  std::sort(sorted.begin(), sorted.end());
   return absl::StrFormat("%.0f requests/s, p50 %.3f ms, p90 %.3f ms, p99 %.3f ms (%d answered, %d failed%s)",
-                         throughput(), Quantile(copy, 0.5), Quantile(copy, 0.9), Quantile(copy, 0.99), answered,
+                         throughput(), QuantileOfSorted(sorted, 0.5), QuantileOfSorted(sorted, 0.9),
+                         QuantileOfSorted(sorted, 0.99), answered,
                          failed, first_error.ok() ? "" : absl::StrCat("; first error: ", first_error.message()));
 }
 

@@ -55,12 +55,15 @@ void LatencyWindow::Percentiles(ModelStats* stats) const {
   if (ms_.empty()) return;
   std::vector<double> sorted = ms_;
   std::sort(sorted.begin(), sorted.end());
-  const auto at = [&](double q) {
-    return sorted[std::min(sorted.size() - 1, static_cast<size_t>(q * static_cast<double>(sorted.size())))];
-  };
-  stats->p50_ms = at(0.5);
-  stats->p90_ms = at(0.9);
-  stats->p99_ms = at(0.99);
+  stats->p50_ms = QuantileOfSorted(sorted, 0.5);
+  stats->p90_ms = QuantileOfSorted(sorted, 0.9);
+  stats->p99_ms = QuantileOfSorted(sorted, 0.99);
+}
+
+double QuantileOfSorted(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double rank = std::clamp(q, 0.0, 1.0) * static_cast<double>(sorted.size());
+  return sorted[std::min(sorted.size() - 1, static_cast<size_t>(rank))];
 }
 
 }  // namespace gw::serve

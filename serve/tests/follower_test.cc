@@ -165,14 +165,10 @@ TEST(FollowerTest, ReportsStalenessAndRefreshesEveryNSteps) {
   options.poll = absl::Milliseconds(1);
   absl::StatusOr<std::unique_ptr<Follower>> follower = Follower::Start(job.serving[3], "mnist", options);
   ASSERT_TRUE(follower.ok()) << follower.status();
+  // Waits on the follower's own status changes (bounded).
   auto wait_for = [&](const std::function<bool(const FollowStatus&)>& done) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    FollowStatus s = (*follower)->Status();
-    while (!done(s) && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(1));
-      s = (*follower)->Status();
-    }
-    return s;
+    EXPECT_TRUE((*follower)->AwaitStatus(done, absl::Now() + absl::Seconds(20))) << (*follower)->Status().ToString();
+    return (*follower)->Status();
   };
   FollowStatus s = wait_for([](const FollowStatus& s) { return s.served_step == 0; });
   ASSERT_EQ(s.version, "step-0") << s.ToString();

@@ -30,6 +30,9 @@
 //   - The status is also in the agent's statistics (rpc/statistics.h), labelled by model:
 //     gradwire_serve_follow_served_step, _steps_behind, _age_seconds, _refreshes_total,
 //     _failures_total.
+//   - AwaitStatus(until, deadline) waits (on the follower's own changes, not by polling)
+//     until `until(Status())` holds or the deadline passes; returns whether it holds (it
+//     is re-checked when the status changes, so a condition on `age` alone waits it out).
 //   - Refresh() refreshes now on the calling thread (unless the tables have not moved
 //     since the served step: then it only updates the status). Returns the error of a
 //     failed refresh.
@@ -43,6 +46,7 @@
 #define GRADWIRE_SERVE_FOLLOWER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -91,6 +95,7 @@ class Follower {
 
   absl::Status Refresh();
   FollowStatus Status() const;
+  bool AwaitStatus(const std::function<bool(const FollowStatus&)>& until, absl::Time deadline) const;
   void Stop();
 
  private:
@@ -108,6 +113,7 @@ class Follower {
   // The tables' step (oldest shard), recorded in the status.
   absl::StatusOr<int64_t> LatestStep();
   absl::Status Failed(absl::Status s);
+  FollowStatus StatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<Serving> serving_;
   const std::string model_;

@@ -69,9 +69,6 @@ struct LoadReport {
 LoadReport RunLoad(const Router& router, const LoadOptions& options, const std::function<Tensor(int64_t)>& input,
                    const std::function<void(int64_t, const Prediction&)>& on_answer = {});
 
-// The q-quantile (q in [0, 1]) of `values` by the nearest-rank rule; sorts them. 0 when empty.
-double Quantile(std::vector<double>& values, double q);
-
 }  // namespace gw::serve
 
 #endif  // GRADWIRE_SERVE_LOAD_GENERATOR_H_

@@ -66,6 +66,10 @@ struct ModelStats {
 
 void AppendSamples(const ModelStats& stats, std::vector<rpc::Sample>& out);
 
+// The q-quantile (q in [0, 1]) of `sorted` (ascending) by the nearest-rank rule; 0 when
+// empty. The one rule behind every latency percentile of serve/ (LatencyWindow, RunLoad).
+double QuantileOfSorted(const std::vector<double>& sorted, double q);
+
 // The latencies of the most recent answered requests (a ring), and their percentiles.
 class LatencyWindow {
  public:
