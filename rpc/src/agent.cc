@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <vector>
@@ -24,6 +25,8 @@
 #include "gradwire/rpc/faults.h"
 #include "gradwire/rpc/statistics.h"
 #include "host_address.h"
+#include "launch_env.h"
+#include "liveness.h"
 #include "peers.h"
 #include "rendezvous.h"
 #include "rref_context.h"
@@ -49,7 +52,7 @@ constexpr size_t kPipelinedCalls = 4;
 // How long the shutdown leak check waits for late RRef deletes.
 constexpr absl::Duration kLeakGrace = absl::Milliseconds(500);
 
-std::string Env(const char* name) {
+std::string Env(const char* name) {  // "" when unset
   const char* v = std::getenv(name);
   return v ? v : "";
 }
@@ -88,27 +91,24 @@ absl::Status ChooseAddresses(const std::string& master_addr, AgentOptions* o) {
 
 absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
   AgentOptions o;
-  const std::string rank = Env("RANK"), world = Env("WORLD_SIZE"), addr = Env("MASTER_ADDR"),
-                    port = Env("MASTER_PORT");
-  if (rank.empty() || world.empty() || addr.empty() || port.empty()) {
-    return absl::InvalidArgumentError(
-        "AgentOptions::FromEnv: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
-        "(run the program under `gradwire launch -n N ...` or torchrun)");
-  }
-  if (!absl::SimpleAtoi(rank, &o.rank) || !absl::SimpleAtoi(world, &o.world_size) ||
-      o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: bad RANK=", rank,
-                                                   " / WORLD_SIZE=", world));
-  }
-  int port_number = 0;
-  if (!absl::SimpleAtoi(port, &port_number) || port_number < 0 || port_number > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: bad MASTER_PORT=", port));
-  }
-  o.rendezvous = internal::JoinHostPort(addr, port_number);
-  if (absl::Status s = ChooseAddresses(addr, &o); !s.ok()) return s;
+  absl::StatusOr<internal::LaunchEnv> launch = internal::ReadLaunchEnv(Env);
+  if (!launch.ok()) return launch.status();
+  o.rank = launch->rank;
+  o.world_size = launch->world_size;
+  o.rendezvous = internal::JoinHostPort(launch->master_addr, launch->master_port);
+  if (absl::Status s = ChooseAddresses(launch->master_addr, &o); !s.ok()) return s;
   o.name = Env("GRADWIRE_WORKER_NAME");
   if (std::string t = Env("GRADWIRE_TRANSPORT"); !t.empty()) o.transport = t;
   if (std::string r = Env("GRADWIRE_RUN_ID"); !r.empty()) o.run_id = r;
+  for (auto [name, field] : {std::pair{"GRADWIRE_HEARTBEAT_INTERVAL", &o.heartbeat_interval},
+                             std::pair{"GRADWIRE_PEER_TIMEOUT", &o.peer_timeout}}) {
+    const std::string v = Env(name);
+    if (v.empty()) continue;
+    if (!absl::ParseDuration(v, field) || *field < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: bad ", name, "=", v,
+                                                     " (a duration such as 500ms or 3s)"));
+    }
+  }
   if (std::string f = Env("GRADWIRE_FAULTS"); !f.empty()) {
     absl::StatusOr<FaultSpec> faults = ParseFaults(f);
     if (!faults.ok()) {
@@ -160,7 +160,10 @@ class Agent::Impl {
       : options_(std::move(options)),
         pool_(static_cast<size_t>(std::max(1, options_.worker_threads)), "gw-worker"),
         timers_("gw-timer"),
-        ids_(std::clamp(options_.rank, 0, GlobalId::kMaxRanks - 1)) {
+        ids_(std::clamp(options_.rank, 0, GlobalId::kMaxRanks - 1)),
+        liveness_(std::clamp(options_.world_size, 0, GlobalId::kMaxRanks),
+                  options_.heartbeat_interval > absl::ZeroDuration() ? options_.heartbeat_interval : absl::Seconds(1),
+                  options_.peer_timeout) {
     if (options_.name.empty()) options_.name = absl::StrCat("worker", options_.rank);
   }
 
@@ -248,6 +251,7 @@ class Agent::Impl {
     for (const WorkerInfo& w : *workers) names.push_back(w.name);
     rrefs_->SetWorkerNames(std::move(names));
     peers_->SetWorkers(*std::move(workers));
+    if (options_.heartbeat_interval > absl::ZeroDuration()) timers_.After(liveness_.interval(), [this] { Heartbeat(); });
     return absl::OkStatus();
   }
 
@@ -400,6 +404,8 @@ class Agent::Impl {
     add("gradwire_rref_pending_control", r.pending_control);
     add("gradwire_shm_connections", t.shared_memory_connections);
     add("gradwire_shm_tensors_total", t.shared_memory_tensors);
+    add("gradwire_rpc_heartbeats_sent_total", heartbeats_sent_.load(std::memory_order_relaxed));
+    add("gradwire_rpc_peers_declared_silent_total", peers_declared_dead_.load(std::memory_order_relaxed));
   }
   void SetCallHooks(std::shared_ptr<CallHooks> hooks) {
     hooks_ = hooks;
@@ -445,21 +451,66 @@ class Agent::Impl {
       conn->Close(absl::DataLossError(absl::StrCat("bad envelope from ", conn->peer(), ": ", env.status().message())));
       return;
     }
+    const int from = peers_->RankOf(conn.get());  // -1 before its hello
+    if (from >= 0) liveness_.Heard(from);
     switch (env->kind) {
       case Kind::kHello:
         (void)peers_->OnHello(conn, *env);
         return;
       case Kind::kRequest:
-        OnRequest(conn, *std::move(env));
+        OnRequest(conn, from, *std::move(env));
         return;
       case Kind::kResponse:
-        OnResponse(conn, *std::move(env));
+        OnResponse(from, *std::move(env));
         return;
+      case Kind::kPing:
+        if (from >= 0) SendHeartbeat(*conn, Kind::kPong);  // here, on the I/O thread: never behind a handler
+        return;
+      case Kind::kPong:
+        return;  // hearing it was the point
     }
   }
 
-  void OnRequest(const std::shared_ptr<Connection>& conn, Envelope env) {
-    const int from = peers_->RankOf(conn.get());
+  // ---------------------------------------------------------------- failure detection
+
+  void SendHeartbeat(Connection& conn, Kind kind) {
+    Envelope beat;
+    beat.kind = kind;
+    if (absl::StatusOr<Message> m = internal::EncodeEnvelope(beat); m.ok()) conn.Send(*std::move(m));
+  }
+
+  // Every heartbeat_interval on the timer thread (liveness.h): pings the peers it has not
+  // heard from, declares dead those silent for peer_timeout.
+  void Heartbeat() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (state_ == State::kClosed) return;
+    }
+    std::vector<std::pair<int, std::shared_ptr<Connection>>> connected = peers_->Connected();
+    std::vector<int> ranks;
+    ranks.reserve(connected.size());
+    for (const auto& [rank, conn] : connected) ranks.push_back(rank);
+    internal::Liveness::Actions actions = liveness_.Tick(absl::Now(), ranks);
+    for (int rank : actions.ping) {
+      for (const auto& [r, conn] : connected) {
+        if (r == rank) SendHeartbeat(*conn, Kind::kPing);
+      }
+    }
+    heartbeats_sent_.fetch_add(static_cast<int64_t>(actions.ping.size()), std::memory_order_relaxed);
+    peers_declared_dead_.fetch_add(static_cast<int64_t>(actions.dead.size()), std::memory_order_relaxed);
+    for (int rank : actions.dead) {
+      absl::Status why = UnavailableError(
+          peers_->Describe(rank),
+          absl::StrCat("declared dead by ", options_.name, ": nothing heard from it, not even a heartbeat answer, for ",
+                       absl::FormatDuration(liveness_.timeout()),
+                       " (frozen, its host down, or the network between them cut; AgentOptions::peer_timeout)"));
+      std::fprintf(stderr, "gradwire: %s\n", std::string(why.message()).c_str());
+      peers_->CloseRank(rank, why);  // OnClose fails its calls and tells every layer
+    }
+    timers_.After(liveness_.interval(), [this] { Heartbeat(); });
+  }
+
+  void OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env) {
     if (from < 0) {
       if (!conn->closed()) {
         conn->Close(absl::DataLossError(absl::StrCat(conn->peer(), " sent a request before its hello")));
@@ -478,9 +529,7 @@ class Agent::Impl {
     dispatcher_->OnRequest(conn, from, std::move(env));
   }
 
-  void OnResponse(const std::shared_ptr<Connection>& conn, Envelope env) {
-    // Who answered matters only to RRefs and hooks (a lookup under the peers' lock).
-    const int from = env.has_rrefs || hooks_ ? peers_->RankOf(conn.get()) : -1;
+  void OnResponse(int from, Envelope env) {
     if (env.has_rrefs) {
       // Also for a reply to a call that already timed out: its RRefs must still be
       // adopted (and then dropped), or their owner would keep them.
@@ -587,6 +636,9 @@ class Agent::Impl {
   ThreadPool pool_;
   TimerQueue timers_;
   GlobalIdGenerator ids_;
+  internal::Liveness liveness_;  // Heard on I/O threads; ticked on the timer thread
+  std::atomic<int64_t> heartbeats_sent_{0};
+  std::atomic<int64_t> peers_declared_dead_{0};  // for silence (heartbeats), not closed connections
   WorkerInfo self_;
   std::unique_ptr<internal::Rendezvous> rendezvous_;
   std::unique_ptr<Transport> transport_;

@@ -162,6 +162,8 @@ absl::StatusOr<Envelope> DecodeEnvelope(Message m) {
     case pb::Envelope::REQUEST: e.kind = Kind::kRequest; break;
     case pb::Envelope::RESPONSE: e.kind = Kind::kResponse; break;
     case pb::Envelope::HELLO: e.kind = Kind::kHello; break;
+    case pb::Envelope::PING: e.kind = Kind::kPing; break;
+    case pb::Envelope::PONG: e.kind = Kind::kPong; break;
     default: return absl::DataLossError(absl::StrCat("unknown envelope kind ", env.kind()));
   }
   e.function = env.function();

@@ -12,7 +12,8 @@
 
 namespace gw::rpc::internal {
 
-enum class Kind { kRequest = 1, kResponse = 2, kHello = 3 };
+// kPing / kPong are heartbeats (liveness.h): no id, function or payload.
+enum class Kind { kRequest = 1, kResponse = 2, kHello = 3, kPing = 4, kPong = 5 };
 
 struct Envelope {
   uint64_t id = 0;

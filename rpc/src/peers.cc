@@ -47,7 +47,7 @@ absl::StatusOr<Message> Peers::EncodeHello(const absl::Status& refusal) const {
 
 absl::StatusOr<std::shared_ptr<Connection>> Peers::Outgoing(int rank) {
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReaderMutexLock lock(&mu_);
     if (outgoing_[rank] && !outgoing_[rank]->closed()) return outgoing_[rank];
   }
   absl::MutexLock dial(&dial_mu_[rank]);
@@ -75,7 +75,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Peers::Outgoing(int rank) {
   {
     absl::MutexLock lock(&mu_);
     outgoing_[rank] = *conn;
-    rank_of_[conn->get()] = rank;
+    rank_of_[conn->get()] = {rank, *conn};
   }
   (*conn)->Send(std::move(*hello));  // before any request: the connection keeps the order
   return *conn;
@@ -113,7 +113,7 @@ absl::Status Peers::OnHello(const std::shared_ptr<Connection>& conn, const Envel
     absl::MutexLock lock(&mu_);
     auto it = rank_of_.find(conn.get());
     if (it != rank_of_.end()) {
-      dialled = it->second;
+      dialled = it->second.rank;
       outgoing = outgoing_[static_cast<size_t>(dialled)] == conn;
     }
   }
@@ -146,7 +146,7 @@ absl::Status Peers::OnHello(const std::shared_ptr<Connection>& conn, const Envel
   }
   {
     absl::MutexLock lock(&mu_);
-    rank_of_[conn.get()] = static_cast<int>(peer.rank);
+    rank_of_[conn.get()] = {static_cast<int>(peer.rank), conn};
   }
   absl::StatusOr<Message> answer = EncodeHello(absl::OkStatus());
   if (answer.ok()) conn->Send(std::move(*answer));
@@ -154,9 +154,9 @@ absl::Status Peers::OnHello(const std::shared_ptr<Connection>& conn, const Envel
 }
 
 int Peers::RankOf(const Connection* conn) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   auto it = rank_of_.find(conn);
-  return it == rank_of_.end() ? -1 : it->second;
+  return it == rank_of_.end() ? -1 : it->second.rank;
 }
 
 std::pair<int, bool> Peers::Forget(const std::shared_ptr<Connection>& conn) {
@@ -164,7 +164,7 @@ std::pair<int, bool> Peers::Forget(const std::shared_ptr<Connection>& conn) {
   int rank = -1;
   auto it = rank_of_.find(conn.get());
   if (it != rank_of_.end()) {
-    rank = it->second;
+    rank = it->second.rank;
     rank_of_.erase(it);
   }
   bool outgoing = false;
@@ -173,6 +173,38 @@ std::pair<int, bool> Peers::Forget(const std::shared_ptr<Connection>& conn) {
     outgoing = true;
   }
   return {rank, outgoing};
+}
+
+std::vector<std::pair<int, std::shared_ptr<Connection>>> Peers::Connected() const {
+  std::vector<std::pair<int, std::shared_ptr<Connection>>> out;
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<bool> listed(outgoing_.size(), false);
+  for (size_t rank = 0; rank < outgoing_.size(); ++rank) {
+    if (outgoing_[rank] && !outgoing_[rank]->closed()) {
+      out.emplace_back(static_cast<int>(rank), outgoing_[rank]);
+      listed[rank] = true;
+    }
+  }
+  for (const auto& [raw, id] : rank_of_) {
+    if (id.rank < 0 || static_cast<size_t>(id.rank) >= listed.size() || listed[static_cast<size_t>(id.rank)]) continue;
+    std::shared_ptr<Connection> conn = id.conn.lock();
+    if (!conn || conn->closed()) continue;
+    out.emplace_back(id.rank, std::move(conn));
+    listed[static_cast<size_t>(id.rank)] = true;
+  }
+  return out;
+}
+
+void Peers::CloseRank(int rank, const absl::Status& reason) {
+  std::vector<std::shared_ptr<Connection>> conns;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [raw, id] : rank_of_) {
+      if (id.rank != rank) continue;
+      if (std::shared_ptr<Connection> conn = id.conn.lock()) conns.push_back(std::move(conn));
+    }
+  }
+  for (const auto& conn : conns) conn->Close(reason);  // outside the lock: on_close may run here
 }
 
 void Peers::CloseAll() {

@@ -20,6 +20,9 @@
 //   - RankOf(conn) is the peer of an identified connection, -1 before its hello.
 //   - Forget(conn) drops a closed connection; it returns the peer's rank (-1 if it was
 //     never identified) and whether it was our outgoing connection to that peer.
+//   - Connected() lists one open identified connection per peer that has any (our
+//     outgoing one first): what the failure detector watches and pings (liveness.h).
+//     CloseRank(rank, reason) closes every connection to that peer (declared dead).
 //   - Thread-safe.
 #ifndef GRADWIRE_RPC_SRC_PEERS_H_
 #define GRADWIRE_RPC_SRC_PEERS_H_
@@ -79,6 +82,8 @@ class Peers {
   absl::Status OnHello(const std::shared_ptr<Connection>& conn, const Envelope& hello);
   int RankOf(const Connection* conn) const;
   std::pair<int, bool> Forget(const std::shared_ptr<Connection>& conn);
+  std::vector<std::pair<int, std::shared_ptr<Connection>>> Connected() const;
+  void CloseRank(int rank, const absl::Status& reason);
   void CloseAll();
 
  private:
@@ -101,7 +106,12 @@ class Peers {
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Connection>> outgoing_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> dial_address_ ABSL_GUARDED_BY(mu_);  // a restarted worker's new one
-  absl::flat_hash_map<const Connection*, int> rank_of_ ABSL_GUARDED_BY(mu_);
+  // Identified connections, both directions (held weakly: the transport owns them).
+  struct Identified {
+    int rank;
+    std::weak_ptr<Connection> conn;
+  };
+  absl::flat_hash_map<const Connection*, Identified> rank_of_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gw::rpc::internal

@@ -4,6 +4,10 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/synchronization/mutex.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/tensor/kernels.h"
 #include "test_support.h"
@@ -16,7 +20,13 @@ struct Group {
   std::vector<pid_t> children;
 };
 
-Group StartWithChildren(int world) {
+// Heartbeats as the failure-detection tests set them, for every process of the group.
+struct Heartbeats {
+  absl::Duration interval = absl::Milliseconds(500);
+  absl::Duration peer_timeout = absl::Milliseconds(2500);
+};
+
+Group StartWithChildren(int world, Heartbeats beats = {}) {
   Group g;
   auto server = StoreServer::Start("127.0.0.1", 0);  // find a free port, then let rank 0 host
   EXPECT_TRUE(server.ok());
@@ -25,9 +35,13 @@ Group StartWithChildren(int world) {
   for (int r = 1; r < world; ++r) {
     g.children.push_back(testing::SpawnSelf(
         "worker", {{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(world)},
-                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}}));
+                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+                   {"GRADWIRE_HEARTBEAT_INTERVAL", absl::FormatDuration(beats.interval)},
+                   {"GRADWIRE_PEER_TIMEOUT", absl::FormatDuration(beats.peer_timeout)}}));
   }
   AgentOptions o;
+  o.heartbeat_interval = beats.interval;
+  o.peer_timeout = beats.peer_timeout;
   o.rank = 0;
   o.world_size = world;
   o.rendezvous = "127.0.0.1:" + std::to_string(port);
@@ -116,6 +130,80 @@ TEST(AgentProcessTest, UserKilledMakesTheOwnerDropItsReferences) {
     EXPECT_EQ(g.agent->rref_stats().owned, 1);  // ours is still alive
   }
   EXPECT_EQ(g.agent->rref_stats().owned, 0);
+}
+
+// Failure detection (liveness.h): a peer that computes in its handlers for longer than the
+// peer timeout is alive (its I/O thread answers heartbeats); a frozen one is declared dead
+// and its pending calls fail, long before their own deadline.
+constexpr Heartbeats kQuickBeats{absl::Milliseconds(100), absl::Milliseconds(600)};
+
+struct DeathLog {
+  absl::Mutex mu;
+  std::vector<int> ranks ABSL_GUARDED_BY(mu);
+  Agent::PeerWatch watch;
+  explicit DeathLog(Agent& agent) {
+    watch = agent.WatchPeers([this](int rank) {
+      absl::MutexLock lock(&mu);
+      ranks.push_back(rank);
+    });
+  }
+  std::vector<int> Get() {
+    absl::MutexLock lock(&mu);
+    return ranks;
+  }
+  bool AwaitRank(int rank, absl::Duration timeout) {
+    absl::MutexLock lock(&mu);
+    auto seen = [&] { return std::find(ranks.begin(), ranks.end(), rank) != ranks.end(); };
+    return mu.AwaitWithTimeout(absl::Condition(&seen), timeout);
+  }
+};
+
+TEST(AgentProcessTest, APeerComputingInAHandlerLongerThanThePeerTimeoutIsNotDeclaredDead) {
+  Group g = StartWithChildren(2, kQuickBeats);
+  ASSERT_NE(g.agent, nullptr);
+  DeathLog deaths(*g.agent);
+  // Both of worker1's pool threads compute for 5 peer timeouts; only its I/O thread is
+  // free to answer the heartbeats.
+  auto a = g.agent->Async<int64_t>("worker1", "spin_ms", int64_t{3000}, CallOptions{.timeout = absl::Seconds(60)});
+  auto b = g.agent->Async<int64_t>("worker1", "spin_ms", int64_t{3000}, CallOptions{.timeout = absl::Seconds(60)});
+  absl::StatusOr<int64_t> ra = a.Get(absl::Seconds(60)), rb = b.Get(absl::Seconds(60));
+  EXPECT_TRUE(ra.ok()) << ra.status();
+  EXPECT_TRUE(rb.ok()) << rb.status();
+  EXPECT_TRUE(deaths.Get().empty());
+  EXPECT_EQ(*g.agent->Sync<std::string>("worker1", "whoami"), "worker1");
+  EXPECT_TRUE(g.agent->Shutdown(/*graceful=*/true).ok());
+  EXPECT_EQ(testing::WaitForExit(g.children[0]), 0);
+}
+
+TEST(AgentProcessTest, AFrozenPeerIsDeclaredDeadAndItsPendingCallsFailNamingIt) {
+  Group g = StartWithChildren(3, kQuickBeats);
+  ASSERT_NE(g.agent, nullptr);
+  DeathLog deaths(*g.agent);
+  ASSERT_TRUE(g.agent->Sync<int64_t>("worker2", "noop").ok());
+  // The call's own deadline is a minute away: only the detector can end it sooner.
+  auto call = g.agent->Async<int64_t>("worker1", "sleep_ms", int64_t{1000}, CallOptions{.timeout = absl::Seconds(60)});
+  ASSERT_EQ(::kill(g.children[0], SIGSTOP), 0);
+  const absl::Time frozen = absl::Now();
+  absl::StatusOr<int64_t> r = call.Get(absl::Seconds(60));
+  const absl::Duration took = absl::Now() - frozen;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find("worker1"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("declared dead by worker0"), std::string::npos) << r.status();
+  EXPECT_TRUE(deaths.AwaitRank(1, absl::Seconds(30)));
+  std::printf("frozen peer reported after %s (peer_timeout %s, heartbeat interval %s)\n",
+              absl::FormatDuration(took).c_str(), absl::FormatDuration(kQuickBeats.peer_timeout).c_str(),
+              absl::FormatDuration(kQuickBeats.interval).c_str());
+  // The others are fine, and a call to the frozen peer now fails too (a new connection
+  // is accepted by its kernel, but nobody answers on it).
+  EXPECT_EQ(*g.agent->Sync<std::string>("worker2", "whoami"), "worker2");
+  auto again = g.agent->Sync<int64_t>("worker1", "noop", CallOptions{.timeout = absl::Seconds(60)});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable) << again.status();
+  for (int rank : deaths.Get()) EXPECT_EQ(rank, 1);
+  ::kill(g.children[0], SIGKILL);
+  ::kill(g.children[0], SIGCONT);
+  EXPECT_EQ(testing::WaitForExit(g.children[0]), 128 + SIGKILL);
+  ::kill(g.children[1], SIGKILL);
+  EXPECT_EQ(testing::WaitForExit(g.children[1]), 128 + SIGKILL);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "host_network.h"
 
 #include <fcntl.h>
+#include <sys/inotify.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -115,6 +116,25 @@ std::string HostProcess::Field(const std::string& key) const {
   return value;
 }
 
+std::string HostProcess::AwaitField(const std::string& key, absl::Time deadline) {
+  const int fd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (fd < 0) return "";
+  ::inotify_add_watch(fd, log_.c_str(), IN_MODIFY);
+  std::string value;
+  for (;;) {
+    value = Field(key);  // after the watch exists: no write is missed
+    if (!value.empty() || Reap() || absl::Now() >= deadline) break;
+    pollfd fds[2] = {{fd, POLLIN, 0}, {pidfd_, POLLIN, 0}};
+    const int64_t ms = std::clamp<int64_t>(absl::ToInt64Milliseconds(deadline - absl::Now()), 0, 1000);
+    ::poll(fds, 2, static_cast<int>(ms));
+    char events[4096];
+    while (::read(fd, events, sizeof events) > 0) {
+    }
+  }
+  ::close(fd);
+  return value.empty() ? Field(key) : value;
+}
+
 bool HostProcess::Reap() {
   if (exited()) return true;
   int status = 0;
@@ -213,6 +233,11 @@ absl::Status HostNetwork::Build(int hosts) {
     hosts_.push_back(std::move(host));
   }
   return absl::OkStatus();
+}
+
+absl::Status HostNetwork::SetLink(int host, bool up) {
+  if (host < 0 || host >= size()) return absl::InvalidArgumentError(absl::StrCat("no host ", host));
+  return Ip({"-n", base_ + "-sw", "link", "set", absl::StrCat("p", host), up ? "up" : "down"});
 }
 
 HostNetwork::~HostNetwork() {

@@ -51,6 +51,10 @@ class HostProcess {
   std::string output() const;
   // The value of the last line "key=value" of output() ("" if none).
   std::string Field(const std::string& key) const;
+  // Waits (on the log file's changes, inotify) until output() has a line "key=..." and
+  // returns its value; "" if the deadline passed or the process exited without one. The
+  // process must flush its output after printing the line.
+  std::string AwaitField(const std::string& key, absl::Time deadline);
   // Kills it (SIGKILL) and reaps it, if it still runs.
   void Kill();
 
@@ -78,6 +82,12 @@ class HostNetwork {
   const std::string& namespace_name(int host) const { return hosts_.at(static_cast<size_t>(host)).name; }
   // Every namespace it made (the hosts and the switch).
   std::vector<std::string> namespaces() const { return made_; }
+
+  // Pulls (up = false) or plugs back in the host's cable: its port on the switch goes
+  // down, so nothing passes either way and no connection is told (no FIN, no RST): the
+  // host is cut off, as by a partition or a dead switch port. (Delay: this machine's
+  // kernel has no netem qdisc, so tests add latency with the fault transport's delay.)
+  absl::Status SetLink(int host, bool up);
 
   // REQUIRES: argv[0] is a path to an executable.
   absl::StatusOr<HostProcess*> Start(int host, const std::vector<std::string>& argv,

@@ -5,6 +5,9 @@
 // Needs root and iproute2 (skipped otherwise; CI runs as root).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
 #include "host_network.h"
 
 namespace gw::rpc {
@@ -74,6 +77,42 @@ INSTANTIATE_TEST_SUITE_P(
                  {{"GRADWIRE_LISTEN", "0.0.0.0"}, {"GRADWIRE_TRANSPORT", "grpc"}}, false},
         PairCase{"TwoHostsOverTcp", 1, {{"GRADWIRE_TRANSPORT", "tcp"}}, false}),
     [](const ::testing::TestParamInfo<PairCase>& info) { return info.param.name; });
+
+// A host cut off mid-call (its cable pulled: no FIN, no RST, nothing arrives): the heartbeats
+// declare its worker dead, the pending call fails with UNAVAILABLE naming it long before
+// its own two-minute deadline, and the third host's worker is unaffected.
+TEST(MultiHostTest, AHostCutOffMidCallIsDeclaredDeadByTheHeartbeats) {
+  if (std::string why = HostNetwork::Unsupported(); !why.empty()) GTEST_SKIP() << why;
+  std::unique_ptr<HostNetwork> network = MakeNetwork(3);
+  ASSERT_NE(network, nullptr);
+  std::vector<HostProcess*> workers;
+  for (int rank = 0; rank < 3; ++rank) {
+    absl::StatusOr<HostProcess*> p = network->Start(
+        rank, {"/proc/self/exe"},
+        {{"GW_TEST_ROLE", "partition"}, {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "3"},
+         {"MASTER_ADDR", network->address(0)}, {"MASTER_PORT", "29500"}});
+    ASSERT_TRUE(p.ok()) << p.status();
+    workers.push_back(*p);
+  }
+  ASSERT_EQ(workers[0]->AwaitField("connected", absl::Now() + kJobTimeout), "1") << workers[0]->output();
+  ASSERT_TRUE(network->SetLink(1, /*up=*/false).ok());
+  const absl::Time cut = absl::Now();
+  const std::string failed_at = workers[0]->AwaitField("failed_at_unix_ms", absl::Now() + absl::Minutes(3));
+  ASSERT_FALSE(failed_at.empty()) << workers[0]->output();
+  workers[1]->Kill();
+  const std::vector<int> codes = HostNetwork::WaitAll({workers[0], workers[2]}, absl::Now() + kJobTimeout);
+  EXPECT_EQ(codes[0], 0) << workers[0]->output();
+  EXPECT_EQ(codes[1], 0) << workers[2]->output();
+  EXPECT_EQ(workers[0]->Field("call_code"), "UNAVAILABLE") << workers[0]->output();
+  EXPECT_NE(workers[0]->Field("call_error").find("worker1 (rank 1) is unavailable: declared dead by worker0"),
+            std::string::npos)
+      << workers[0]->output();
+  EXPECT_EQ(workers[0]->Field("other"), "worker2") << workers[0]->output();
+  int64_t failed_ms = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(failed_at, &failed_ms));
+  std::printf("cut-off host reported after %s (default heartbeats)\n",
+              absl::FormatDuration(absl::FromUnixMillis(failed_ms) - cut).c_str());
+}
 
 // FromEnv's default on a host that is not the master's: the address of the interface
 // that reaches MASTER_ADDR; without a route there, an error that says what to set.

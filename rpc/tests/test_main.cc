@@ -29,6 +29,12 @@ void RegisterTestFunctions(Agent& agent) {
     absl::SleepFor(absl::Milliseconds(ms));
     return ms;
   });
+  (void)agent.Register("spin_ms", [](int64_t ms) {  // computes (burns CPU) for ms
+    const absl::Time end = absl::Now() + absl::Milliseconds(ms);
+    int64_t spins = 0;
+    while (absl::Now() < end) ++spins;
+    return spins;
+  });
   (void)agent.Register("fail", [](std::string why) { return absl::FailedPreconditionError(why); });
   (void)agent.Register("throw", [](Tensor a, Tensor b) { return kernels::MatMul(a, b); });
   (void)agent.Register("kinds", [](int64_t i, double d, bool b, std::string s, std::vector<Tensor> ts,
@@ -185,6 +191,45 @@ int RunRole(const std::string& role) {
                 static_cast<long long>(stats.shared_memory_connections),
                 static_cast<long long>(stats.shared_memory_tensors));
     return code;
+  }
+  if (role == "partition") {
+    // One of three workers on three hosts (multi_host_test.cc): rank 0 calls ranks 1 and 2,
+    // starts a long call to rank 1 and prints connected=1; the test then cuts rank 1's
+    // host off. Rank 0 prints how that call ended and when, checks rank 2 still answers,
+    // and says done in the store; rank 2 waits for that. Rank 1 is killed by the test.
+    auto options = AgentOptions::FromEnv();
+    if (!options.ok()) {
+      std::printf("error=%s\n", std::string(options.status().message()).c_str());
+      return 2;
+    }
+    options->start_timeout = absl::Seconds(30);
+    auto agent = Agent::Start(*options, RegisterTestFunctions);
+    if (!agent.ok()) {
+      std::printf("error=%s\n", std::string(agent.status().message()).c_str());
+      return 3;
+    }
+    Agent& a = **agent;
+    if (a.self().rank == 0) {
+      if (!a.Sync<int64_t>("worker1", "noop").ok() || !a.Sync<int64_t>("worker2", "noop").ok()) return 4;
+      Future<int64_t> call = a.Async<int64_t>("worker1", "sleep_ms", int64_t{60000}, CallOptions{.timeout = absl::Minutes(2)});
+      std::printf("connected=1\n");
+      std::fflush(stdout);
+      absl::StatusOr<int64_t> r = call.Get(absl::Minutes(3));
+      std::printf("failed_at_unix_ms=%lld\ncall_code=%s\ncall_error=%s\n",
+                  static_cast<long long>(absl::ToUnixMillis(absl::Now())),
+                  absl::StatusCodeToString(r.status().code()).c_str(), std::string(r.status().message()).c_str());
+      absl::StatusOr<std::string> other = a.Sync<std::string>("worker2", "whoami");
+      std::printf("other=%s\n", other.ok() ? other->c_str() : std::string(other.status().message()).c_str());
+      (void)a.store().Set("partition/done", "1");
+      std::fflush(stdout);
+      return a.store().Get("partition/seen", absl::Minutes(1)).ok() ? 0 : 5;  // it hosts the store
+    }
+    if (a.self().rank == 2) {
+      if (!a.store().Get("partition/done", absl::Minutes(3)).ok()) return 5;
+      return a.store().Set("partition/seen", "1").ok() ? 0 : 6;
+    }
+    absl::SleepFor(absl::Minutes(3));  // rank 1: cut off, then killed
+    return 0;
   }
   std::fprintf(stderr, "unknown GW_TEST_ROLE %s\n", role.c_str());
   return 2;

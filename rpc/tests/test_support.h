@@ -30,7 +30,8 @@ class Counter {
   int64_t total_ ABSL_GUARDED_BY(mu_);
 };
 
-// Registers the functions every test worker offers: "add", "echo", "sleep_ms", "fail",
+// Registers the functions every test worker offers: "add", "echo", "sleep_ms", "spin_ms"
+// (computes for that long), "fail",
 // "throw", "kinds", "later" (answers through a Future), "whoami"; for RRefs
 // "rref_stash" (keeps an RRef<Tensor>, returns the sum of its value), "rref_clear",
 // "rref_forward" (stashes it on another worker), "rref_own" (returns an RRef owned by

@@ -29,8 +29,12 @@
 //                        ("<peer> is unavailable: ..." or "call to <peer>.<function>
 //                        failed: ..."). The only error a retry can fix (IsRetryable).
 //                        A connection that closes while the agent runs declares its peer
-//                        dead: plain calls dial again, but RRefs and autograd contexts
-//                        refuse that peer from then on (DeclaredDeadError).
+//                        dead, and so does silence: a peer that answers no heartbeat
+//                        for peer_timeout (frozen, or cut off) has its connections
+//                        closed, every call pending on it fails, and the layers above
+//                        are told (WatchPeers, RRefs, autograd contexts). Plain calls
+//                        dial again, but RRefs and autograd contexts refuse that peer
+//                        from then on (DeclaredDeadError).
 //     DEADLINE_EXCEEDED  the call (or operation) did not finish in time; names the peer.
 //     NOT_FOUND          no such worker, or the callee has no such function (names both).
 //     INVALID_ARGUMENT   an argument or the result has the wrong type or count, or the
@@ -128,6 +132,17 @@ struct AgentOptions {
   absl::Duration start_timeout = absl::Seconds(60);
   absl::Duration default_timeout = absl::Seconds(60);
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  // Failure detection (the failure model above): a peer this worker has a connection to
+  // and has heard nothing from for heartbeat_interval is sent a heartbeat, which its I/O
+  // thread answers at once (however long its handlers compute); a peer silent for
+  // peer_timeout is declared dead (frozen, its host gone, or cut off), so it is reported
+  // within peer_timeout + heartbeat_interval (3 s by default) of the last frame it sent.
+  // Traffic counts as hearing: a busy connection is never pinged. A zero interval turns
+  // heartbeats off (then only a closed connection declares a peer dead). A single frame
+  // that takes longer than peer_timeout to arrive (gigabytes over a slow link) looks like
+  // silence: raise peer_timeout for such links.
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration peer_timeout = absl::Milliseconds(2500);
   // How long Sync() polls for the reply before sleeping (0: never polls).
   absl::Duration sync_spin = absl::Microseconds(200);
   int worker_threads = 2;
@@ -138,8 +153,13 @@ struct AgentOptions {
   LeakCheck rref_leak_check = LeakCheck::kWarn;
 
   // From the environment, as set by `gradwire launch` or torchrun: RANK, WORLD_SIZE,
-  // MASTER_ADDR, MASTER_PORT (required); GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT,
-  // GRADWIRE_RUN_ID (optional); GRADWIRE_FAULTS (optional: faults to inject, as
+  // MASTER_ADDR, MASTER_PORT (required); or by srun (SLURM_PROCID, SLURM_NTASKS, rank 0's
+  // host from SLURM_NODELIST, MASTER_PORT 29500 + SLURM_JOB_ID % 10000 unless set), or
+  // by mpirun (OMPI_COMM_WORLD_RANK/SIZE, or PMI_RANK/SIZE; MASTER_ADDR required,
+  // MASTER_PORT 29500 unless set); GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT,
+  // GRADWIRE_RUN_ID (optional); GRADWIRE_HEARTBEAT_INTERVAL and GRADWIRE_PEER_TIMEOUT
+  // (optional durations such as "500ms", "3s": heartbeat_interval, peer_timeout);
+  // GRADWIRE_FAULTS (optional: faults to inject, as
   // ParseFaults reads them, into transport_options.faults; every worker needs it; the
   // agent names itself to its transport, TransportOptions::self_name). Addresses (as
   // torchrun and NCCL let users pick an interface):

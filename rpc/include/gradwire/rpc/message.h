@@ -52,8 +52,9 @@
 
 namespace gw::rpc {
 
-inline constexpr int kProtocolVersion = 2;
-inline constexpr int kMinProtocolVersion = 2;
+// 3: heartbeat frames (PING / PONG envelopes).
+inline constexpr int kProtocolVersion = 3;
+inline constexpr int kMinProtocolVersion = 3;
 inline constexpr char kReservedPrefix[] = "__";
 
 constexpr bool IsReservedName(std::string_view name) { return name.substr(0, 2) == std::string_view(kReservedPrefix); }
