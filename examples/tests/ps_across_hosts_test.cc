@@ -1,7 +1,9 @@
-// The README's main job across two hosts: the real ps_fashion_mnist binary started as 4
-// processes with the rendezvous environment (no launcher), the 2 parameter servers
-// (ranks 0 and 1, rank 0 hosting the store at MASTER_ADDR) on one simulated host and
-// the 2 trainers on another (testing::HostNetwork: network namespaces on a bridge).
+// The README's main job across three hosts: the real ps_fashion_mnist binary started as 4
+// processes with the rendezvous environment (no launcher), each of the 2 parameter
+// servers (ranks 0 and 1, rank 0 hosting the store at MASTER_ADDR) on a simulated host of
+// its own and the 2 trainers on a third (testing::HostNetwork: network namespaces on a
+// bridge), with 1 ms of round trip between any two processes (0.5 ms each way, added by
+// the fault transport's delay: this machine's kernel has no netem).
 // Every process must exit 0, trainer 0 must reach the required accuracy, every process
 // must have announced an address of its own host, and no tensor may have gone through
 // shared memory (the processes could read each other's memory, but hosts do not share
@@ -32,12 +34,12 @@ std::string After(const std::string& text, const std::string& prefix) {
   return rest;
 }
 
-TEST(PsAcrossHostsTest, ServersOnOneHostAndTrainersOnAnotherTrainOverTheNetwork) {
+TEST(PsAcrossHostsTest, TwoServerHostsAndATrainerHostTrainOverTheNetworkWithAMillisecondOfRoundTrip) {
   if (std::string why = HostNetwork::Unsupported(); !why.empty()) GTEST_SKIP() << why;
-  absl::StatusOr<std::unique_ptr<HostNetwork>> network = HostNetwork::Create(2);
+  absl::StatusOr<std::unique_ptr<HostNetwork>> network = HostNetwork::Create(3);
   ASSERT_TRUE(network.ok()) << network.status();
   const int world = kServers + kTrainers;
-  auto host_of = [](int rank) { return rank < kServers ? 0 : 1; };
+  auto host_of = [](int rank) { return rank < kServers ? rank : kServers; };
   std::vector<HostProcess*> workers;
   for (int rank = 0; rank < world; ++rank) {
     absl::StatusOr<HostProcess*> p = (*network)->Start(
@@ -48,6 +50,7 @@ TEST(PsAcrossHostsTest, ServersOnOneHostAndTrainersOnAnotherTrainOverTheNetwork)
          {"WORLD_SIZE", std::to_string(world)},
          {"MASTER_ADDR", (*network)->address(0)},
          {"MASTER_PORT", "29500"},
+         {"GRADWIRE_FAULTS", "delay:500us-500us,seed:1"},
          {"OMP_NUM_THREADS", "1"}});  // four processes share this machine's cores
     ASSERT_TRUE(p.ok()) << p.status();
     workers.push_back(*p);

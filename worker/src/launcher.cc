@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <iterator>
 #include <optional>
 #include <thread>
@@ -208,6 +209,9 @@ struct Stream {
 struct Worker {
   std::string name;
   std::string prefix;  // "[worker1] "
+  int rank = 0;
+  std::vector<std::string> env;  // as started, less GRADWIRE_RESTART_COUNT
+  int restarts = 0;              // earlier incarnations of this rank
   pid_t pid = -1;      // also its process group id
   bool reaped = false;  // the main process
   int wait_status = 0;
@@ -269,6 +273,9 @@ absl::Status ValidateOptions(const LaunchOptions& options, std::FILE* out, std::
   if (options.master_port < 0 || options.master_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "master_port must be in [0, 65535] (0 picks a free port), got ", options.master_port));
+  }
+  if (options.max_restarts < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_restarts must not be negative, got ", options.max_restarts));
   }
   if (options.kill_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -453,26 +460,57 @@ class Supervisor {
     workers_.resize(static_cast<size_t>(options_.num_workers));
     for (int local = 0; local < options_.num_workers; ++local) {
       Worker& w = workers_[static_cast<size_t>(local)];
-      const int rank = options_.node_rank * options_.num_workers + local;
-      w.name = absl::StrCat(options_.name_prefix, rank);
+      w.rank = options_.node_rank * options_.num_workers + local;
+      w.name = absl::StrCat(options_.name_prefix, w.rank);
       w.prefix = absl::StrCat("[", w.name, "] ");
-      std::vector<std::string> env = common;
-      env.push_back(absl::StrCat("RANK=", rank));
-      env.push_back(absl::StrCat("LOCAL_RANK=", local));
-      env.push_back(absl::StrCat("GRADWIRE_WORKER_NAME=", w.name));
-      if (absl::Status s = StartWorker(options_.command, std::move(env), devnull.get(), out_,
-                                       err_, &w);
-          !s.ok()) {
+      w.env = common;
+      w.env.push_back(absl::StrCat("RANK=", w.rank));
+      w.env.push_back(absl::StrCat("LOCAL_RANK=", local));
+      w.env.push_back(absl::StrCat("GRADWIRE_WORKER_NAME=", w.name));
+      if (absl::Status s = Start(w, devnull.get()); !s.ok()) {
         KillStarted();
         return s;
       }
     }
-    devnull.Reset();
-    Supervise();
+    Supervise(devnull.get());
     return Result();
   }
 
  private:
+  absl::Status Start(Worker& w, int devnull) {
+    std::vector<std::string> env = w.env;
+    env.push_back(absl::StrCat("GRADWIRE_RESTART_COUNT=", w.restarts));
+    return StartWorker(options_.command, std::move(env), devnull, out_, err_, &w);
+  }
+
+  // Whether a worker that just failed is started again (max_restarts) instead of
+  // stopping the job.
+  bool Restartable(const Worker& w) const {
+    return w.restarts < options_.max_restarts && w.rank != 0 && !failure_ && launcher_signals_ == 0;
+  }
+
+  // The workers OnExit chose to restart: a new incarnation of each, under the same rank.
+  void RestartPending(int devnull) {
+    std::vector<size_t> pending;
+    pending.swap(restart_pending_);
+    for (size_t index : pending) {
+      if (failure_ || launcher_signals_ > 0) return;  // the job is stopping after all
+      const Worker& old = workers_[index];
+      Worker& w = workers_.emplace_back();
+      w.name = old.name;
+      w.prefix = old.prefix;
+      w.rank = old.rank;
+      w.env = old.env;
+      w.restarts = old.restarts + 1;
+      std::fprintf(err_, "gradwire launch: restarting %s (restart %d of %d)\n", w.name.c_str(), w.restarts,
+                   options_.max_restarts);
+      if (absl::Status s = Start(w, devnull); !s.ok()) {
+        w.reaped = w.group_empty = true;  // never ran
+        Fail(w, LaunchResult{.exit_code = 1, .failed_worker = w.name,
+                             .reason = absl::StrCat("could not be restarted: ", s.message())});
+      }
+    }
+  }
   // Startup failed: SIGKILL and reap whatever was started; their output is dropped.
   void KillStarted() {
     for (Worker& w : workers_) {
@@ -487,7 +525,7 @@ class Supervisor {
     }
   }
 
-  void Supervise() {
+  void Supervise(int devnull) {
     std::vector<pollfd> fds;
     std::vector<Stream*> polled;
     for (;;) {
@@ -531,6 +569,7 @@ class Supervisor {
         if (sig == SIGINT || sig == SIGTERM) OnLauncherSignal(sig);
       }
       ReapExited();
+      RestartPending(devnull);
       std::fflush(out_);
       std::fflush(err_);
     }
@@ -667,15 +706,26 @@ class Supervisor {
     w.leftover_kill_at = now + options_.kill_grace;  // for what it left in its group
     const bool ok = known && WIFEXITED(w.wait_status) && WEXITSTATUS(w.wait_status) == 0;
     if (ok || failure_ || launcher_signals_ > 0) return;  // later exits are consequences
-    failure_ = LaunchResult{
-        .exit_code = known ? ExitCodeOf(w.wait_status) : 1,
-        .failed_worker = w.name,
-        .reason = known ? DescribeStatus(w.wait_status)
-                        : "was reaped by someone else in the launcher process; exit status unknown"};
+    const std::string reason = known ? DescribeStatus(w.wait_status)
+                                     : "was reaped by someone else in the launcher process; exit status unknown";
+    if (Restartable(w)) {
+      std::fprintf(err_, "gradwire launch: %s %s\n", w.name.c_str(), reason.c_str());
+      for (size_t i = 0; i < workers_.size(); ++i) {
+        if (&workers_[i] == &w) restart_pending_.push_back(i);
+      }
+      return;
+    }
+    Fail(w, LaunchResult{.exit_code = known ? ExitCodeOf(w.wait_status) : 1, .failed_worker = w.name,
+                         .reason = w.restarts > 0 ? absl::StrCat(reason, " (after ", w.restarts, " restart(s))") : reason});
+  }
+
+  // The job fails with `result`: every other worker gets SIGTERM, then SIGKILL.
+  void Fail(const Worker& w, LaunchResult result) {
+    failure_ = std::move(result);
     for (const Worker& other : workers_) {
       if (&other != &w) other.SignalGroup(SIGTERM);
     }
-    if (!kill_at_) kill_at_ = now + options_.kill_grace;
+    if (!kill_at_) kill_at_ = absl::Now() + options_.kill_grace;
   }
 
   void OnLauncherSignal(int sig) {
@@ -704,7 +754,8 @@ class Supervisor {
   std::FILE* err_;
   SignalPipe signals_;
   SubreaperScope subreaper_;
-  std::vector<Worker> workers_;
+  std::deque<Worker> workers_;          // every incarnation (references stay valid as it grows)
+  std::vector<size_t> restart_pending_;  // indices into workers_, from OnExit
   std::optional<absl::Time> kill_at_;         // SIGKILL every group at this time
   std::optional<absl::Time> drain_deadline_;  // stop waiting for output at this time
   std::optional<LaunchResult> failure_;

@@ -17,7 +17,8 @@ namespace {
 
 constexpr char kUsage[] =
     R"(usage: gradwire launch [-n N] [--nnodes M --node-rank K] [--master-addr A] [--master-port P]
-                       [--name-prefix S] [--kill-grace SECONDS] PROGRAM [ARGS...]
+                       [--name-prefix S] [--kill-grace SECONDS] [--max-restarts K]
+                       PROGRAM [ARGS...]
        gradwire --help
 
 Commands:
@@ -37,6 +38,9 @@ Options of launch (they end at PROGRAM; everything after it goes to PROGRAM unto
   --name-prefix S           worker names S0, S1, ... (default "worker")
   --kill-grace SECONDS      when a worker fails, the others get SIGTERM, then SIGKILL
                             after this many seconds (default 5)
+  --max-restarts K          start a failed worker again under the same rank and name, up
+                            to K times each (default 0: the first failure stops the job);
+                            rank 0 hosts the rendezvous and is never restarted
   -h, --help                print this help
 
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the node
@@ -88,7 +92,7 @@ int RunLaunch(const std::vector<std::string>& args) {
     const bool known = name == "-n" || name == "--nproc-per-node" || name == "--nnodes" || name == "--node-rank" ||
                        name == "--master-addr" ||
                        name == "--master-port" || name == "--name-prefix" ||
-                       name == "--kill-grace";
+                       name == "--kill-grace" || name == "--max-restarts";
     if (!known) return UsageError(absl::StrCat(kWho, "unknown option '", arg, "'"));
     if (!has_value) {
       if (i + 1 >= args.size()) return UsageError(absl::StrCat(kWho, name, " needs a value"));
@@ -115,6 +119,10 @@ int RunLaunch(const std::vector<std::string>& args) {
           options.master_port > 65535) {
         return UsageError(absl::StrCat(kWho, "--master-port expects a port in [0, 65535] ",
                                        "(0 picks a free one), got '", value, "'"));
+      }
+    } else if (name == "--max-restarts") {
+      if (!absl::SimpleAtoi(value, &options.max_restarts) || options.max_restarts < 0) {
+        return UsageError(absl::StrCat(kWho, "--max-restarts expects a number of restarts (0, 1, ...), got '", value, "'"));
       }
     } else if (name == "--name-prefix") {
       options.name_prefix = value;

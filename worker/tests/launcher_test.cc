@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -374,6 +375,63 @@ TEST(LaunchTest, LauncherSignalsAreForwarded) {
   EXPECT_EQ(after.sa_handler, before.sa_handler);
 }
 
+TEST(LaunchTest, AFailedWorkerIsRestartedUnderItsRankAndTheJobGoesOn) {
+  TempDir dir;
+  // Rank 1 fails on its first two starts and succeeds on the third; rank 2 waits for that.
+  LaunchOptions options = Shell(
+      3,
+      "cd \"$DIR\"; echo \"$RANK:$GRADWIRE_WORKER_NAME:$GRADWIRE_RESTART_COUNT\" >> starts\n"
+      "if [ \"$RANK\" = 1 ]; then\n"
+      "  if [ \"$GRADWIRE_RESTART_COUNT\" -lt 2 ]; then echo \"failing $GRADWIRE_RESTART_COUNT\" >&2; exit 3; fi\n"
+      "  touch done1\n"
+      "fi\n"
+      "if [ \"$RANK\" = 2 ]; then while [ ! -e done1 ]; do sleep 0.02; done; fi");
+  options.extra_env["DIR"] = dir.path();
+  options.max_restarts = 2;
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0) << result->failed_worker << " " << result->reason << "\n" << cap.Err();
+  const std::string err = cap.Err();
+  EXPECT_NE(err.find("gradwire launch: worker1 exited with status 3\n"), std::string::npos) << err;
+  EXPECT_NE(err.find("gradwire launch: restarting worker1 (restart 1 of 2)\n"), std::string::npos) << err;
+  EXPECT_NE(err.find("gradwire launch: restarting worker1 (restart 2 of 2)\n"), std::string::npos) << err;
+  EXPECT_NE(err.find("[worker1] failing 1\n"), std::string::npos) << err;
+  std::vector<std::string> starts = Lines(dir.Read("starts"));
+  std::sort(starts.begin(), starts.end());
+  EXPECT_EQ(starts, (std::vector<std::string>{"0:worker0:0", "1:worker1:0", "1:worker1:1", "1:worker1:2",
+                                              "2:worker2:0"}));
+}
+
+TEST(LaunchTest, AWorkerFailingMoreThanMaxRestartsStopsTheJobAndRankZeroIsNeverRestarted) {
+  TempDir dir;
+  LaunchOptions options = Shell(2, "cd \"$DIR\"; echo \"$RANK:$GRADWIRE_RESTART_COUNT\" >> starts; "
+                                   "if [ \"$RANK\" = 1 ]; then exit 4; fi; sleep 30");
+  options.extra_env["DIR"] = dir.path();
+  options.max_restarts = 1;
+  options.kill_grace = absl::Seconds(1);
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 4);
+  EXPECT_EQ(result->failed_worker, "worker1");
+  EXPECT_EQ(result->reason, "exited with status 4 (after 1 restart(s))");
+  std::vector<std::string> starts = Lines(dir.Read("starts"));
+  std::sort(starts.begin(), starts.end());
+  EXPECT_EQ(starts, (std::vector<std::string>{"0:0", "1:0", "1:1"}));
+
+  // Rank 0 hosts the rendezvous store: its failure stops the job at once.
+  options = Shell(2, "if [ \"$RANK\" = 0 ]; then exit 5; fi; sleep 30");
+  options.max_restarts = 3;
+  options.kill_grace = absl::Seconds(1);
+  Capture cap0;
+  result = Launch(options, cap0.out, cap0.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 5);
+  EXPECT_EQ(result->failed_worker, "worker0");
+  EXPECT_EQ(cap0.Err().find("restarting"), std::string::npos) << cap0.Err();
+}
+
 TEST(LaunchTest, InvalidOptionsAreRejected) {
   Capture cap;
   LaunchOptions options = Shell(0, "true");
@@ -392,6 +450,9 @@ TEST(LaunchTest, InvalidOptionsAreRejected) {
   options.master_port = 70000;
   EXPECT_EQ(Launch(options, cap.out, cap.err).status().code(),
             absl::StatusCode::kInvalidArgument);
+  options = Shell(1, "true");
+  options.max_restarts = -1;
+  EXPECT_EQ(Launch(options, cap.out, cap.err).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(PickFreePortTest, ReturnsABindablePort) {

@@ -25,6 +25,15 @@
 //     after kill_grace, SIGKILL; the result names that first failing worker, with
 //     exit_code = its exit status, or 128 + signal number. When any worker exits,
 //     whatever it left running in its group gets SIGTERM (SIGKILL after kill_grace).
+//   - Restarts (max_restarts > 0, like torchrun's elastic agent, but per worker): a worker
+//     that fails is started again at once under the same rank and name, with the same
+//     environment plus GRADWIRE_RESTART_COUNT (how many times it was restarted), instead
+//     of stopping the job; the launcher says so on `err`. Its peers see it die and rejoin
+//     (rpc/agent.h: calls fail with UNAVAILABLE while it is down, reach it once it joined;
+//     a parameter server resumes from its checkpoint). A worker that has failed
+//     max_restarts + 1 times stops the job as above. Rank 0 is not restarted: it hosts the
+//     rendezvous store, which the others need. A worker killed by the launcher itself
+//     (after another failure, or a forwarded signal) is never restarted.
 //   - SIGINT / SIGTERM received by the launcher during Launch() are forwarded to every
 //     worker's group (SIGKILL follows after kill_grace; a second such signal sends
 //     SIGKILL at once) and the result's exit_code is 128 + that signal.
@@ -68,6 +77,7 @@ struct LaunchOptions {
   int master_port = 0;                 // 0: pick a free port (PickFreePort(master_addr)); one node only
   std::string name_prefix = "worker";  // worker names by global rank: worker0, worker1, ...
   absl::Duration kill_grace = absl::Seconds(5);  // SIGTERM, then SIGKILL after this
+  int max_restarts = 0;                // times each failed worker (rank > 0) is restarted
   std::vector<std::string> command;    // PROGRAM ARGS...
   // Added to every worker's environment. Must not set the variables Launch() sets.
   std::map<std::string, std::string> extra_env;
@@ -82,7 +92,7 @@ struct LaunchResult {
 // The environment variables Launch() sets in every worker.
 inline constexpr const char* kLaunchEnvVars[] = {
     "RANK",        "LOCAL_RANK",  "WORLD_SIZE",          "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_WORKER_NAME"};
+    "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_WORKER_NAME", "GRADWIRE_RESTART_COUNT"};
 
 absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options, std::FILE* out = stdout,
                                     std::FILE* err = stderr);
