@@ -322,7 +322,12 @@ class Agent::Impl {
       return;
     }
     auto on_sent = [this, id = env.id](absl::Status s) {
-      if (!s.ok()) calls_->Complete(id, s);
+      if (s.ok()) return;
+      if (std::optional<internal::CallTable::Call> call = calls_->Find(id)) {  // name the peer
+        s = absl::Status(s.code(), absl::StrCat("call to ", peers_->Describe(call->rank), ".", call->function,
+                                                " failed: ", s.message()));
+      }
+      calls_->Complete(id, s);
     };
     // Many calls in flight: let requests issued close together share one write.
     if (in_flight >= kPipelinedCalls) {

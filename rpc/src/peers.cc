@@ -55,6 +55,14 @@ absl::StatusOr<std::shared_ptr<Connection>> Peers::Outgoing(int rank) {
   {
     absl::MutexLock lock(&mu_);
     if (outgoing_[rank] && !outgoing_[rank]->closed()) return outgoing_[rank];
+    // The peer dialled us: call it on that connection too (one connection per pair).
+    for (const auto& [raw, id] : rank_of_) {
+      if (id.rank != rank) continue;
+      if (std::shared_ptr<Connection> in = id.conn.lock(); in && !in->closed()) {
+        outgoing_[rank] = in;
+        return in;
+      }
+    }
     address = dial_address_[rank];
   }
   auto conn = transport_.Connect(address, callbacks_, absl::Now() + kDialTimeout);
@@ -144,12 +152,11 @@ absl::Status Peers::OnHello(const std::shared_ptr<Connection>& conn, const Envel
     }
     return s;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    rank_of_[conn.get()] = {static_cast<int>(peer.rank), conn};
-  }
+  // Our hello goes first: once the connection is identified, Outgoing may send calls on it.
   absl::StatusOr<Message> answer = EncodeHello(absl::OkStatus());
   if (answer.ok()) conn->Send(std::move(*answer));
+  absl::MutexLock lock(&mu_);
+  rank_of_[conn.get()] = {static_cast<int>(peer.rank), conn};
   return absl::OkStatus();
 }
 

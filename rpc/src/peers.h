@@ -3,8 +3,11 @@
 // Contract
 //   - SetWorkers fixes the group (names, ranks, addresses) once the rendezvous is done;
 //     before that, no peer is known and no connection can be identified.
-//   - Outgoing(rank) returns the connection this worker calls `rank` on, dialling it (one
-//     dial per peer at a time) with the hello as its first message. When the dial fails it
+//   - Outgoing(rank) returns the connection this worker calls `rank` on: the one it has,
+//     else one the peer dialled (both ends send calls and replies on a connection, so two
+//     workers that call each other use one connection, unless both dial at the same
+//     moment), else a new one, dialled (one dial per peer at a time) with the hello as its
+//     first message. When the dial fails it
 //     re-reads the peer's record from the rendezvous (a worker restarted under the same
 //     rank announces a new address) and tries that once; then UNAVAILABLE naming the peer.
 //   - Every connection opens with a hello each way (HelloMessage: rank, name, protocol
@@ -19,7 +22,7 @@
 //     fail with it.
 //   - RankOf(conn) is the peer of an identified connection, -1 before its hello.
 //   - Forget(conn) drops a closed connection; it returns the peer's rank (-1 if it was
-//     never identified) and whether it was our outgoing connection to that peer.
+//     never identified) and whether this worker called that peer on it.
 //   - Connected() lists one open identified connection per peer that has any (our
 //     outgoing one first): what the failure detector watches and pings (liveness.h).
 //     CloseRank(rank, reason) closes every connection to that peer (declared dead).

@@ -8,6 +8,8 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gradwire/tensor/kernels.h"
 #include "test_support.h"
 
@@ -111,18 +113,28 @@ TEST(AgentTest, ConcurrentCallsFromManyThreads) {
   auto group = AgentGroup::Start(3, RegisterTestFunctions);
   ASSERT_NE(group, nullptr);
   std::atomic<int> ok{0};
+  absl::Mutex mu;
+  std::string first_failure;
   std::vector<std::thread> threads;
   for (int t = 0; t < 16; ++t) {
     threads.emplace_back([&, t] {
       Agent& a = (*group)[t % 3];
       for (int i = 0; i < 50; ++i) {
         auto r = a.Sync<Tensor>("worker" + std::to_string((t + 1) % 3), "echo", Tensor::Full({i + 1}, t));
-        if (r.ok() && r->numel() == i + 1 && r->ToVector<float>()[0] == static_cast<float>(t)) ++ok;
+        if (r.ok() && r->numel() == i + 1 && r->ToVector<float>()[0] == static_cast<float>(t)) {
+          ++ok;
+          continue;
+        }
+        absl::MutexLock lock(&mu);
+        if (first_failure.empty()) {
+          first_failure = absl::StrCat("thread ", t, " call ", i, ": ",
+                                       r.ok() ? absl::StrCat("wrong echo of ", r->numel(), " values") : r.status().ToString());
+        }
       }
     });
   }
   for (auto& th : threads) th.join();
-  EXPECT_EQ(ok.load(), 16 * 50);
+  EXPECT_EQ(ok.load(), 16 * 50) << first_failure;
   EXPECT_TRUE(group->ShutdownAll().ok());
 }
 

@@ -192,6 +192,27 @@ int RunRole(const std::string& role) {
                 static_cast<long long>(stats.shared_memory_tensors));
     return code;
   }
+  if (role == "scale") {
+    // One worker of a large group (scale_test.cc): meets the others, calls each once,
+    // reports "threads fds sockets" under scale/<rank>, shuts down gracefully.
+    auto options = AgentOptions::FromEnv();
+    if (!options.ok()) return 2;
+    options->host_store = false;
+    options->start_timeout = absl::Seconds(60);
+    options->shutdown_timeout = absl::Seconds(60);
+    auto agent = Agent::Start(*options, RegisterTestFunctions);
+    if (!agent.ok()) {
+      std::fprintf(stderr, "scale: %s\n", std::string(agent.status().message()).c_str());
+      return 3;
+    }
+    if (absl::Status s = CallEveryOtherWorker(**agent); !s.ok()) {
+      std::fprintf(stderr, "scale: %s\n", std::string(s.message()).c_str());
+      return 4;
+    }
+    (void)(*agent)->store().Set(absl::StrCat("scale/", (*agent)->self().rank),
+                                absl::StrCat(CountThreads(), " ", CountOpenFds(), " ", CountSockets()));
+    return (*agent)->Shutdown(/*graceful=*/true).ok() ? 0 : 5;
+  }
   if (role == "partition") {
     // One of three workers on three hosts (multi_host_test.cc): rank 0 calls ranks 1 and 2,
     // starts a long call to rank 1 and prints connected=1; the test then cuts rank 1's
@@ -248,6 +269,31 @@ int CountDir(const char* path) {
 
 int CountThreads() { return CountDir("/proc/self/task"); }
 int CountOpenFds() { return CountDir("/proc/self/fd") - 1; }  // minus the DIR itself
+
+int CountSockets() {
+  int sockets = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (dirent* e = ::readdir(dir)) {
+    char target[64] = {};
+    const std::string path = std::string("/proc/self/fd/") + e->d_name;
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+    if (n > 0 && std::strncmp(target, "socket:", 7) == 0) ++sockets;
+  }
+  ::closedir(dir);
+  return sockets;
+}
+
+absl::Status CallEveryOtherWorker(Agent& agent) {
+  std::vector<Future<int64_t>> calls;
+  for (const WorkerInfo& w : agent.workers()) {
+    if (w.rank != agent.self().rank) calls.push_back(agent.Async<int64_t>(w.name, "noop"));
+  }
+  for (Future<int64_t>& call : calls) {
+    if (absl::StatusOr<int64_t> r = call.Get(absl::Seconds(60)); !r.ok()) return r.status();
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace gw::rpc::testing
 

@@ -44,11 +44,16 @@ void RegisterTestFunctions(Agent& agent);
 // (serves the test functions until the group shuts down), "options" (prints the
 // addresses AgentOptions::FromEnv picks), "host_pair" (rank 1 of two sends rank 0 a large
 // tensor; both print their addresses and shared-memory stats), "probe" (a TCP connect to
-// PROBE_ADDR:PROBE_PORT, printing the local address and the outcome).
+// PROBE_ADDR:PROBE_PORT, printing the local address and the outcome), "partition" (one of
+// three workers whose second host is cut off, multi_host_test.cc), "scale" (meets the
+// group, calls every other worker once, reports its footprint, scale_test.cc).
 int RunRole(const std::string& role);
 
 int CountThreads();
 int CountOpenFds();
+int CountSockets();
+// Calls "noop" on every other worker at once and waits for every answer.
+absl::Status CallEveryOtherWorker(Agent& agent);
 
 }  // namespace gw::rpc::testing
 
