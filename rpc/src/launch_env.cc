@@ -19,6 +19,8 @@ constexpr Launcher kLaunchers[] = {
     {"SLURM", "SLURM_PROCID", "SLURM_NTASKS"},
     {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
     {"PMI", "PMI_RANK", "PMI_SIZE"},
+    // A Kubernetes Indexed Job gives each pod its index; WORLD_SIZE comes from the manifest.
+    {"Kubernetes", "JOB_COMPLETION_INDEX", "WORLD_SIZE"},
 };
 
 }  // namespace
@@ -52,7 +54,7 @@ absl::StatusOr<std::string> FirstSlurmHost(const std::string& nodelist) {
 absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& env) {
   const Launcher* found = nullptr;
   for (const Launcher& l : kLaunchers) {
-    if (!env(l.rank).empty() || !env(l.size).empty()) {
+    if (!env(l.rank).empty()) {
       found = &l;
       break;
     }

@@ -10,10 +10,13 @@
 //                       MASTER_PORT to 29500 + SLURM_JOB_ID % 10000, so that every task of
 //                       one job agrees on it without a shared file;
 //       Open MPI (mpirun): OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE;
-//       MPICH / Intel MPI (Hydra): PMI_RANK and PMI_SIZE.
+//       MPICH / Intel MPI (Hydra): PMI_RANK and PMI_SIZE;
+//       a Kubernetes Indexed Job: JOB_COMPLETION_INDEX, with WORLD_SIZE, MASTER_ADDR (pod
+//       0's name through the Job's headless service) and MASTER_PORT set in the manifest.
 //     MASTER_ADDR and MASTER_PORT, when set, always win. Under an MPI launcher MASTER_ADDR
 //     must be set (MPI says nothing about rank 0's host); MASTER_PORT defaults to 29500.
-//     `source` names the launcher found ("RANK", "SLURM", "Open MPI", "PMI").
+//     `source` names the launcher found ("RANK", "SLURM", "Open MPI", "PMI",
+//     "Kubernetes"). A launcher is found by its rank variable.
 //   - INVALID_ARGUMENT, naming the variables, when none is set, a number is malformed, the
 //     rank is outside [0, world_size), or no master address can be found; the message says
 //     what to set.

@@ -71,6 +71,19 @@ TEST(LaunchEnvTest, OpenMpiAndPmiNeedMasterAddr) {
   EXPECT_EQ(e->source, "PMI");
 }
 
+TEST(LaunchEnvTest, AKubernetesIndexedJobGivesTheRankAndTheManifestTheRest) {
+  absl::StatusOr<LaunchEnv> e = ReadLaunchEnv(From({{"JOB_COMPLETION_INDEX", "3"}, {"WORLD_SIZE", "4"},
+                                                    {"MASTER_ADDR", "train-0.train"}, {"MASTER_PORT", "29500"}}));
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->rank, 3);
+  EXPECT_EQ(e->world_size, 4);
+  EXPECT_EQ(e->master_addr, "train-0.train");
+  EXPECT_EQ(e->source, "Kubernetes");
+  absl::StatusOr<LaunchEnv> no_size = ReadLaunchEnv(From({{"JOB_COMPLETION_INDEX", "3"}, {"MASTER_ADDR", "h"}}));
+  EXPECT_EQ(no_size.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_size.status().message().find("WORLD_SIZE"), std::string::npos) << no_size.status();
+}
+
 TEST(LaunchEnvTest, NothingOrNonsenseSaysWhatToSet) {
   absl::StatusOr<LaunchEnv> e = ReadLaunchEnv(From({}));
   EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
