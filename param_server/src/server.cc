@@ -18,6 +18,7 @@
 #include "gradwire/tensor/kernels.h"
 #include "messages.h"
 #include "shard.h"
+#include "trainer_registry.h"
 
 namespace gw::param_server {
 namespace {
@@ -64,15 +65,22 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                  [self](const CallInfo&, const internal::CreateSparseMessage& m) { return self->CreateSparse(m); }),
              agent_.Handle<internal::PullMessage>(
                  [self](const CallInfo&, const internal::PullMessage& m) { return self->Pull(m.table, m.clock); }),
-             agent_.Handle<internal::PushMessage>([self](const CallInfo&, const internal::PushMessage& m) {
+             agent_.Handle<internal::PushMessage>([self](const CallInfo& info, const internal::PushMessage& m) {
+               self->trainers_.Pushed(m.trainer, info.caller_rank, info.caller);
                return self->Push(m.table, m.clock, m.trainer, m.grad);
              }),
              agent_.Handle<internal::PullRowsMessage>(
                  [self](const CallInfo&, const internal::PullRowsMessage& m) { return self->PullRows(m); }),
              agent_.Handle<internal::PushRowsMessage>(
-                 [self](const CallInfo&, const internal::PushRowsMessage& m) { return self->PushRows(m); }),
+                 [self](const CallInfo& info, const internal::PushRowsMessage& m) {
+                   self->trainers_.Pushed(m.trainer, info.caller_rank, info.caller);
+                   return self->PushRows(m);
+                 }),
              agent_.Handle<internal::PushPullManyMessage>(
-                 [self](const CallInfo&, const internal::PushPullManyMessage& m) { return self->PushPullMany(m); }),
+                 [self](const CallInfo& info, const internal::PushPullManyMessage& m) {
+                   self->trainers_.Pushed(m.trainer, info.caller_rank, info.caller);
+                   return self->PushPullMany(m);
+                 }),
              agent_.Handle<internal::CheckpointMessage>(
                  [self](const CallInfo&, internal::CheckpointMessage) { return self->Checkpoint(); }),
              agent_.Handle<internal::ShardRRefMessage>(
@@ -83,6 +91,10 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       if (!s.ok()) return s;
     }
     watchdog_ = std::thread([this] { Watch(); });
+    // A trainer declared dead fails the steps waiting for its push at once.
+    peer_watch_ = agent_.WatchPeers([weak = weak_from_this()](int rank) {
+      if (std::shared_ptr<Impl> self = weak.lock()) self->OnWorkerGone(rank);
+    });
     return absl::OkStatus();
   }
 
@@ -280,13 +292,16 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
 
   // Serves `read` now if `clock` is readable, else when it becomes so. `read` runs under
   // the shard's mutex.
-  Future<Tensor> PullWhenReadable(Shard& s, int64_t clock, std::function<Tensor()> read) {
+  Future<Tensor> PullWhenReadable(const std::string& table, Shard& s, int64_t clock, std::function<Tensor()> read) {
     // Sparse rows have their own locks (StripedRows); asynchronous pulls never wait.
     if (s.config.sparse && s.config.consistency == Consistency::kAsync) {
       return MakeReadyFuture<Tensor>(agent_.executor(), read());
     }
     absl::MutexLock lock(&s.mu);
     if (s.clock.Readable(clock)) return MakeReadyFuture<Tensor>(agent_.executor(), read());
+    if (std::string dead = trainers_.DeadAmong(s.clock.Lagging(clock)); !dead.empty()) {
+      return MakeReadyFuture<Tensor>(agent_.executor(), DeadTrainerError(table, s, clock, dead));
+    }
     Promise<Tensor> answer(agent_.executor());
     s.waiting.push_back({clock, answer, std::move(read)});
     if (s.step_deadline == absl::InfiniteFuture()) s.step_deadline = absl::Now() + s.config.sync_timeout;
@@ -299,7 +314,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     Shard* s = shard->get();
     // kSync: the values change again only when every trainer has pushed the next step,
     // which each does after receiving this answer, so they may travel without a copy.
-    return PullWhenReadable(*s, clock, [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+    return PullWhenReadable(table, *s, clock, [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
       return s->config.consistency == Consistency::kSync ? s->values : kernels::Clone(s->values);
     });
   }
@@ -314,7 +329,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     }
     Shard* s = shard->get();
     const Tensor ids = kernels::Contiguous(m.ids);
-    return PullWhenReadable(*s, m.clock, [s, ids] { return internal::ReadRows(*s->rows, ids); });
+    return PullWhenReadable(m.table, *s, m.clock, [s, ids] { return internal::ReadRows(*s->rows, ids); });
   }
 
   // Answers the waiting pulls that became readable: (answer, value read now).
@@ -486,10 +501,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       for (const Waiter& w : s.waiting) needed = std::max(needed, w.clock);
       std::vector<std::string> missing;
       for (int t : s.clock.Lagging(needed)) missing.push_back(absl::StrCat("trainer ", t));
-      const std::string what = s.config.consistency == Consistency::kBoundedStaleness
-                                   ? absl::StrCat("a bounded-staleness pull (clock ", needed - s.config.staleness, " needed)")
-                                   : absl::StrCat("synchronous step ", s.clock.applied());
-      why = absl::DeadlineExceededError(absl::StrCat(what, " of table '", table, "' on ", name_, " is missing the push of ",
+      why = absl::DeadlineExceededError(absl::StrCat(Waiting(table, s, needed), " is missing the push of ",
                                                      absl::StrJoin(missing, ", "), " after ",
                                                      absl::FormatDuration(s.config.sync_timeout),
                                                      " (a trainer is slow or dead)"));
@@ -500,9 +512,55 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     for (auto& p : failed) p.Set(why);
   }
 
+  // "synchronous step 3 of table 'w' on worker1" (or a bounded-staleness pull's clock):
+  // what a pull for `needed` waits for.
+  std::string Waiting(const std::string& table, const Shard& s, int64_t needed) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    const std::string what = s.config.consistency == Consistency::kBoundedStaleness
+                                 ? absl::StrCat("a bounded-staleness pull (clock ", needed - s.config.staleness, " needed)")
+                                 : absl::StrCat("synchronous step ", s.clock.applied());
+    return absl::StrCat(what, " of table '", table, "' on ", name_);
+  }
+
+  absl::Status DeadTrainerError(const std::string& table, const Shard& s, int64_t needed, const std::string& dead) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    return absl::UnavailableError(absl::StrCat(Waiting(table, s, needed), " cannot complete: ", dead,
+                                               " was declared dead before its push (a restarted trainer pushes "
+                                               "again; retry then)"));
+  }
+
+  // A worker was declared dead: the pulls waiting for a push of one of its trainers fail.
+  void OnWorkerGone(int rank) {
+    if (!trainers_.WorkerGone(rank)) return;
+    std::vector<std::pair<std::string, std::shared_ptr<Shard>>> shards;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [name, s] : shards_) shards.emplace_back(name, s);
+    }
+    for (auto& [table, s] : shards) {
+      std::vector<Promise<Tensor>> failed;
+      absl::Status why;
+      {
+        absl::MutexLock lock(&s->mu);
+        if (s->waiting.empty()) continue;
+        int64_t needed = 0;
+        for (const Waiter& w : s->waiting) needed = std::max(needed, w.clock);
+        const std::string dead = trainers_.DeadAmong(s->clock.Lagging(needed));
+        if (dead.empty()) continue;
+        why = DeadTrainerError(table, *s, needed, dead);
+        for (Waiter& w : s->waiting) failed.push_back(w.answer);
+        s->waiting.clear();
+        s->step_deadline = absl::InfiniteFuture();
+      }
+      for (auto& p : failed) p.Set(why);
+    }
+  }
+
   rpc::Agent& agent_;
   const std::string name_;
   const ServerOptions options_;
+  internal::TrainerRegistry trainers_;
+  rpc::Agent::PeerWatch peer_watch_;
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<Shard>> shards_ ABSL_GUARDED_BY(mu_);

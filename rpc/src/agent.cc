@@ -588,18 +588,20 @@ class Agent::Impl {
   void OnClose(const std::shared_ptr<Connection>& conn, const absl::Status& reason) {
     dispatcher_->OnFlush(conn);  // requests read before the close still run (their replies are dropped)
     auto [rank, outgoing] = peers_->Forget(conn);
-    bool running;
+    State state;
     {
       absl::MutexLock lock(&mu_);
-      running = state_ == State::kRunning;
+      state = state_;
     }
-    // Connections close when the peer is dead or shut down: its references go (rref.h).
-    // Not while we shut down ourselves: peers closing then is expected, and dropping their
-    // forks would hide the leaks the shutdown check reports. Only a peer that closed or
-    // reset the connection counts as gone (not a malformed frame or a refused hello, after
-    // which the peer may well be alive).
-    if (rank >= 0 && running && reason.code() == absl::StatusCode::kUnavailable) {
-      rrefs_->OnPeerGone(rank);
+    // Connections close when the peer is dead or shut down (or was declared dead: the
+    // heartbeats close them). Only a peer that closed or reset the connection counts as
+    // gone (not a malformed frame or a refused hello, after which the peer may well be
+    // alive). Its references go (rref.h), but not while we shut down ourselves: peers
+    // closing then is expected, and dropping their forks would hide the leaks the shutdown
+    // check reports. The other layers are told while this worker still serves, also during
+    // its graceful shutdown (a parameter server serves its trainers from there).
+    if (rank >= 0 && state != State::kClosed && reason.code() == absl::StatusCode::kUnavailable) {
+      if (state == State::kRunning) rrefs_->OnPeerGone(rank);
       if (hooks_) hooks_->OnPeerGone(rank);
       watchers_->Notify(rank);
     }

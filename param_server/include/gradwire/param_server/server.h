@@ -25,6 +25,11 @@
 //                 the clock of its last push; a pull for clock c waits until every
 //                 trainer has reached c - s (then fails after `sync_timeout` naming the
 //                 slow ones).
+//     A trainer whose worker is declared dead (rpc's failure detection: it died, froze or
+//     was cut off) fails the pulls waiting for its push at once, and those that would
+//     wait for it later, with UNAVAILABLE naming it ("synchronous step 3 of table 'w' on
+//     worker1 cannot complete: trainer 1 (worker2) was declared dead before its push"),
+//     instead of at sync_timeout; once it pushes again (restarted) it counts as alive.
 //     A push is identified by (trainer, clock): under kSync and kBoundedStaleness a push
 //     for a clock the server has already passed is acknowledged without being applied
 //     again, so a client may retry a push whose answer was lost (exactly once). kAsync

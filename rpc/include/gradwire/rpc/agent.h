@@ -506,9 +506,10 @@ class Agent {
   // Installs the hooks that follow every call (call_hooks.h). REQUIRES: called in
   // Start's setup, before any call is made or received.
   void SetCallHooks(std::shared_ptr<CallHooks> hooks);
-  // Runs fn(rank) on a transport thread whenever a worker is declared dead (it closed or
-  // reset its connections while this agent runs: the event CallHooks::OnPeerGone and the
-  // RRef protocol see). fn must be quick and must not block; it may still run once while
+  // Runs fn(rank) on a transport or timer thread whenever a worker is declared dead (it
+  // closed or reset its connections, or fell silent past peer_timeout, while this agent
+  // serves, also during its graceful shutdown: the event CallHooks::OnPeerGone sees, and
+  // while it runs, the RRef protocol). fn must be quick and must not block; it may still run once while
   // the returned watch is being destroyed, so it should hold its state weakly. Dropping
   // the watch (the last copy) stops it.
   using PeerWatch = std::shared_ptr<void>;
