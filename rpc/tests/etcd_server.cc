@@ -23,10 +23,8 @@
 #include "gradwire/rpc/store.h"
 
 namespace gw::rpc::testing {
-namespace {
 
-// A port of 127.0.0.1 that was free a moment ago.
-absl::StatusOr<int> FreePort() {
+absl::StatusOr<int> FreeLoopbackPort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -38,6 +36,8 @@ absl::StatusOr<int> FreePort() {
   if (!ok) return absl::InternalError("cannot find a free loopback port");
   return static_cast<int>(ntohs(a.sin_port));
 }
+
+namespace {
 
 // The body of GET `path` from 127.0.0.1:port (HTTP/1.0: the server closes when done).
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start() {
   char dir[] = "/tmp/gw-etcd-XXXXXX";
   if (::mkdtemp(dir) == nullptr) return absl::InternalError("mkdtemp failed");
   server->dir_ = dir;
-  absl::StatusOr<int> client = FreePort(), peer = FreePort();
+  absl::StatusOr<int> client = FreeLoopbackPort(), peer = FreeLoopbackPort();
   if (!client.ok()) return client.status();
   if (!peer.ok()) return peer.status();
   server->client_port_ = *client;

@@ -19,6 +19,7 @@
 //     does not answer. AwaitMetric waits (re-reading every 10 ms, up to `timeout`) until
 //     a metric reaches a value: the tests' way to know that a client is watching.
 //   - The destructor kills etcd, reaps it and removes the directory.
+//   - FreeLoopbackPort() is a port of 127.0.0.1 that was free a moment ago.
 //   - etcd dies with the thread that started it (PR_SET_PDEATHSIG), so that no test leaves
 //     one behind: Start and Restart from the test's main thread. Not thread-safe.
 #ifndef GRADWIRE_RPC_TESTS_ETCD_SERVER_H_
@@ -34,6 +35,8 @@
 #include "absl/time/time.h"
 
 namespace gw::rpc::testing {
+
+absl::StatusOr<int> FreeLoopbackPort();
 
 class EtcdServer {
  public:
