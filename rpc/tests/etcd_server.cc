@@ -118,6 +118,9 @@ absl::Status EtcdServer::Launch() {
                                          "--initial-cluster-state=new",
                                          "--initial-cluster-token=gw-test"};
   const std::string log = absl::StrCat(dir_, "/etcd.log");
+  std::vector<char*> argv;  // made before fork: the child of a threaded process must not allocate
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
@@ -129,9 +132,6 @@ absl::Status EtcdServer::Launch() {
       ::dup2(out, STDERR_FILENO);
     }
     if (in >= 0) ::dup2(in, STDIN_FILENO);
-    std::vector<char*> argv;
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
     ::execv(kBinary, argv.data());
     ::_exit(127);
   }
