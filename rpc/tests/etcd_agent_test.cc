@@ -13,7 +13,7 @@
 namespace gw::rpc::testing {
 namespace {
 
-constexpr char kWatchers[] = "etcd_debugging_mvcc_watcher_total";
+bool Watching(double watchers) { return watchers >= 1; }
 
 class EtcdAgentTest : public ::testing::Test {
  protected:
@@ -94,7 +94,7 @@ TEST_F(EtcdAgentTest, AnEtcdRestartDuringTheRendezvousOnlyDelaysIt) {
   absl::StatusOr<std::shared_ptr<Agent>> first;
   std::thread rank0([&] { first = Agent::Start(Options(0, 2, "restart"), RegisterTestFunctions); });
   // Rank 0 has announced itself and watches for rank 1.
-  ASSERT_TRUE(etcd_->AwaitMetric(kWatchers, "", 1));
+  ASSERT_TRUE(etcd_->AwaitWatchers(Watching));
   etcd_->Stop();
   ASSERT_TRUE(etcd_->Restart().ok());
   absl::StatusOr<std::shared_ptr<Agent>> second = Agent::Start(Options(1, 2, "restart"), RegisterTestFunctions);

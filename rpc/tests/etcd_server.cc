@@ -169,10 +169,10 @@ double EtcdServer::Metric(absl::string_view name, absl::string_view labels) cons
   return sum;
 }
 
-bool EtcdServer::AwaitMetric(absl::string_view name, absl::string_view labels, double at_least,
-                             absl::Duration timeout) const {
+bool EtcdServer::AwaitMetric(absl::string_view name, absl::string_view labels,
+                             const std::function<bool(double)>& holds, absl::Duration timeout) const {
   const absl::Time deadline = absl::Now() + timeout;
-  while (Metric(name, labels) < at_least) {
+  while (!holds(Metric(name, labels))) {
     if (absl::Now() >= deadline) return false;
     absl::SleepFor(absl::Milliseconds(10));  // etcd tells nobody: its metrics are read
   }

@@ -17,7 +17,9 @@
 //   - Metric(name, labels) reads etcd's Prometheus endpoint (GET /metrics on the client
 //     port) and sums the samples of `name` whose labels contain `labels`; -1 when etcd
 //     does not answer. AwaitMetric waits (re-reading every 10 ms, up to `timeout`) until
-//     a metric reaches a value: the tests' way to know that a client is watching.
+//     `holds` accepts the metric's value: the tests' way to know that a client watches
+//     (etcd_debugging_mvcc_watcher_total >= 1), or that its watch is gone (== 0);
+//     AwaitWatchers(holds) is that for the number of watchers.
 //   - The destructor kills etcd, reaps it and removes the directory.
 //   - FreeLoopbackPort() is a port of 127.0.0.1 that was free a moment ago.
 //   - etcd dies with the thread that started it (PR_SET_PDEATHSIG), so that no test leaves
@@ -27,6 +29,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -54,8 +57,11 @@ class EtcdServer {
   std::string endpoint() const;
   std::string Url(absl::string_view job) const;
   double Metric(absl::string_view name, absl::string_view labels = "") const;
-  bool AwaitMetric(absl::string_view name, absl::string_view labels, double at_least,
+  bool AwaitMetric(absl::string_view name, absl::string_view labels, const std::function<bool(double)>& holds,
                    absl::Duration timeout = absl::Seconds(20)) const;
+  bool AwaitWatchers(const std::function<bool(double)>& holds) const {
+    return AwaitMetric("etcd_debugging_mvcc_watcher_total", "", holds);
+  }
 
  private:
   EtcdServer() = default;

@@ -16,8 +16,8 @@
 namespace gw::rpc {
 namespace {
 
-using testing::HostNetwork;
-using testing::HostProcess;
+using gw::testing::HostNetwork;
+using gw::testing::HostProcess;
 
 constexpr absl::Duration kJobTimeout = absl::Seconds(60);
 
