@@ -176,7 +176,7 @@ class EtcdStoreImpl final : public EtcdStore {
       pb::TxnResponse resp;
       grpc::ClientContext ctx;
       Prepare(&ctx, deadline);
-      grpc::Status s = kv_->Txn(&ctx, txn, &resp);
+      grpc::Status s = AtDeadline(kv_->Txn(&ctx, txn, &resp), deadline);
       if (s.ok()) {
         if (resp.succeeded()) return next;
         counter = resp.responses(0).response_range();  // another client got in first
@@ -215,6 +215,13 @@ class EtcdStoreImpl final : public EtcdStore {
     return absl::StrCat("store ", url_.url, " ", op, "('", key, "')");
   }
 
+  // etcd may see a call's deadline pass before the client does and answer UNKNOWN
+  // "context deadline exceeded": past the deadline, any failure is DEADLINE_EXCEEDED.
+  static grpc::Status AtDeadline(grpc::Status s, absl::Time deadline) {
+    if (s.ok() || absl::Now() < deadline) return s;
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, s.error_message());
+  }
+
   // Runs one RPC (`rpc(ctx)`) until it returns anything but UNAVAILABLE or `deadline`
   // passes; each attempt waits for the channel to be connected.
   template <typename Rpc>
@@ -222,7 +229,7 @@ class EtcdStoreImpl final : public EtcdStore {
     for (int attempt = 0;; ++attempt) {
       grpc::ClientContext ctx;
       Prepare(&ctx, deadline);
-      grpc::Status s = rpc(ctx);
+      grpc::Status s = AtDeadline(rpc(ctx), deadline);
       if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return s;
       const absl::Duration backoff = Backoff().Backoff(attempt);
       if (absl::Now() + backoff >= deadline) return s;
@@ -280,9 +287,10 @@ class EtcdStoreImpl final : public EtcdStore {
         }
       }
       if (missing.empty()) return values;
-      grpc::Status watched = absl::Now() < deadline
-                                 ? WatchUntilPut(missing, snapshot.header().revision() + 1, deadline)
-                                 : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed");
+      grpc::Status watched =
+          absl::Now() < deadline
+              ? AtDeadline(WatchUntilPut(missing, snapshot.header().revision() + 1, deadline), deadline)
+              : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed");
       if (watched.ok()) continue;  // read again
       const absl::Duration backoff = Backoff().Backoff(attempt);
       if (watched.error_code() == grpc::StatusCode::UNAVAILABLE && absl::Now() + backoff < deadline) {
