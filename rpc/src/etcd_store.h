@@ -21,7 +21,10 @@
 //     client changed the key in between, so concurrent Adds from any number of clients
 //     are atomic. It counts exactly once even when etcd fails while the Txn is in flight:
 //     the same Txn writes a receipt ("/gradwire/JOB#adds/<client>" = the Add's number),
-//     which the retry reads first. Adds of one client are serialised.
+//     which the retry reads first; the client deletes its receipt when destroyed (a
+//     crashed client leaves that one small key). Adds of one client are serialised.
+//     Delete is not made exactly-once: one retried after its answer was lost may say
+//     false for the key it removed.
 //   - Every operation has a deadline: Get/Wait their timeout, the others kRpcTimeout.
 //     Until then UNAVAILABLE (etcd down or restarting, no leader yet) is retried: calls
 //     wait for the channel to reconnect (gRPC's wait_for_ready) after a short backoff
