@@ -308,7 +308,8 @@ class EtcdStoreImpl final : public EtcdStore {
   }
 
   // Watches `keys` from `revision` (inclusive) until each has been put (OK) or etcd
-  // cancels the watch (OK too: its history was compacted, so the caller reads again);
+  // cancels the watch because its history was compacted (OK too: the caller reads
+  // again); a watch cancelled for another reason is FAILED_PRECONDITION with etcd's;
   // otherwise the stream's end: DEADLINE_EXCEEDED, or UNAVAILABLE when etcd went away.
   grpc::Status WatchUntilPut(const std::vector<std::string>& keys, int64_t revision, absl::Time deadline) {
     grpc::ClientContext ctx;
@@ -325,9 +326,13 @@ class EtcdStoreImpl final : public EtcdStore {
       if (!(writing = stream->Write(req))) break;
     }
     bool cancelled = false;
+    std::string refused;  // why etcd cancelled a watch, other than compaction
     pb::WatchResponse resp;
     while (writing && !pending.empty() && !cancelled && stream->Read(&resp)) {
       cancelled = resp.canceled();
+      if (cancelled && resp.compact_revision() == 0) {
+        refused = resp.cancel_reason().empty() ? "etcd cancelled the watch" : resp.cancel_reason();
+      }
       for (const pb::Event& e : resp.events()) {
         if (e.type() == pb::Event::PUT) {
           pending.erase(e.kv().key());
@@ -341,6 +346,7 @@ class EtcdStoreImpl final : public EtcdStore {
     while (stream->Read(&resp)) {
     }
     grpc::Status s = stream->Finish();
+    if (!refused.empty()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, refused);
     return done ? grpc::Status::OK : s;
   }
 
