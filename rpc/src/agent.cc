@@ -21,6 +21,7 @@
 #include "call_table.h"
 #include "codec.h"
 #include "dispatcher.h"
+#include "etcd_store.h"
 #include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/faults.h"
 #include "gradwire/rpc/statistics.h"
@@ -65,24 +66,25 @@ bool IsShutdownControl(const std::string& function) {
 }
 
 // FromEnv's addresses: GRADWIRE_LISTEN / GRADWIRE_ADVERTISE, else loopback for a local
-// job, else the address of the interface that reaches MASTER_ADDR.
-absl::Status ChooseAddresses(const std::string& master_addr, AgentOptions* o) {
+// job, else the address of the interface that reaches the rendezvous host (MASTER_ADDR,
+// or GRADWIRE_RDZV's etcd host), which `variable` names.
+absl::Status ChooseAddresses(const char* variable, const std::string& rendezvous_host, AgentOptions* o) {
   const std::string listen = Env("GRADWIRE_LISTEN"), advertise = Env("GRADWIRE_ADVERTISE");
   if (!listen.empty() || !advertise.empty()) {
     o->advertise_host = advertise;
     o->listen_host = !listen.empty() ? listen : advertise.find(':') != std::string::npos ? "::" : "0.0.0.0";
     return absl::OkStatus();
   }
-  if (internal::IsLoopbackHost(master_addr)) return absl::OkStatus();  // 127.0.0.1, as local jobs always did
-  absl::StatusOr<std::string> local = internal::LocalAddressToward(master_addr);
+  if (internal::IsLoopbackHost(rendezvous_host)) return absl::OkStatus();  // 127.0.0.1, as local jobs always did
+  absl::StatusOr<std::string> local = internal::LocalAddressToward(rendezvous_host);
   if (!local.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("AgentOptions::FromEnv: cannot tell which address of this host the other workers reach, from "
-                     "MASTER_ADDR=", master_addr, ": ", local.status().message(),
-                     "; check MASTER_ADDR, or set GRADWIRE_LISTEN (the address to bind, e.g. 0.0.0.0) and "
+        absl::StrCat("AgentOptions::FromEnv: cannot tell which address of this host the other workers reach, from ",
+                     variable, "=", Env(variable), ": ", local.status().message(), "; check ", variable,
+                     ", or set GRADWIRE_LISTEN (the address to bind, e.g. 0.0.0.0) and "
                      "GRADWIRE_ADVERTISE (the address the other workers dial)"));
   }
-  // A MASTER_ADDR that names this host through loopback (e.g. its name in /etc/hosts).
+  // A rendezvous host that names this host through loopback (e.g. its name in /etc/hosts).
   o->listen_host = internal::IsLoopbackHost(*local) ? "127.0.0.1" : *local;
   return absl::OkStatus();
 }
@@ -91,12 +93,23 @@ absl::Status ChooseAddresses(const std::string& master_addr, AgentOptions* o) {
 
 absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
   AgentOptions o;
-  absl::StatusOr<internal::LaunchEnv> launch = internal::ReadLaunchEnv(Env);
+  const std::string rdzv = Env("GRADWIRE_RDZV");
+  absl::StatusOr<internal::LaunchEnv> launch = internal::ReadLaunchEnv(Env, /*need_master=*/rdzv.empty());
   if (!launch.ok()) return launch.status();
   o.rank = launch->rank;
   o.world_size = launch->world_size;
-  o.rendezvous = internal::JoinHostPort(launch->master_addr, launch->master_port);
-  if (absl::Status s = ChooseAddresses(launch->master_addr, &o); !s.ok()) return s;
+  if (!rdzv.empty()) {  // etcd: nobody hosts the store
+    absl::StatusOr<internal::EtcdUrl> url = internal::ParseEtcdUrl(rdzv);
+    if (!url.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: GRADWIRE_RDZV: ", url.status().message()));
+    }
+    o.rendezvous = rdzv;
+    o.host_store = false;
+    if (absl::Status s = ChooseAddresses("GRADWIRE_RDZV", url->host, &o); !s.ok()) return s;
+  } else {
+    o.rendezvous = internal::JoinHostPort(launch->master_addr, launch->master_port);
+    if (absl::Status s = ChooseAddresses("MASTER_ADDR", launch->master_addr, &o); !s.ok()) return s;
+  }
   o.name = Env("GRADWIRE_WORKER_NAME");
   if (std::string t = Env("GRADWIRE_TRANSPORT"); !t.empty()) o.transport = t;
   if (std::string r = Env("GRADWIRE_RUN_ID"); !r.empty()) o.run_id = r;
@@ -430,9 +443,9 @@ class Agent::Impl {
   absl::StatusOr<std::string> AdvertiseHost() const {
     if (!options_.advertise_host.empty()) return options_.advertise_host;
     if (!internal::IsWildcardHost(options_.listen_host)) return options_.listen_host;
-    absl::StatusOr<internal::HostPort> store = internal::SplitHostPort(options_.rendezvous);
-    if (!store.ok()) return store.status();
-    absl::StatusOr<std::string> local = internal::LocalAddressToward(store->host);
+    absl::StatusOr<std::string> store_host = internal::RendezvousHost(options_.rendezvous);
+    if (!store_host.ok()) return store_host.status();
+    absl::StatusOr<std::string> local = internal::LocalAddressToward(*store_host);
     if (!local.ok()) {
       return absl::Status(local.status().code(),
                           absl::StrCat(options_.name, ": listening on ", options_.listen_host,

@@ -51,7 +51,7 @@ absl::StatusOr<std::string> FirstSlurmHost(const std::string& nodelist) {
   return host;
 }
 
-absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& env) {
+absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& env, bool need_master) {
   const Launcher* found = nullptr;
   for (const Launcher& l : kLaunchers) {
     if (!env(l.rank).empty()) {
@@ -74,6 +74,7 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& env) {
                                                    found->size, "=", size,
                                                    " (a rank in [0, size) and a positive size)"));
   }
+  if (!need_master) return out;
   out.master_addr = env("MASTER_ADDR");
   const std::string port = env("MASTER_PORT");
   const bool slurm = out.source == std::string("SLURM");

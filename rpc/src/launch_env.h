@@ -42,7 +42,9 @@ struct LaunchEnv {
 
 using EnvLookup = std::function<std::string(const char* name)>;
 
-absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& env);
+// need_master = false: the job meets elsewhere (GRADWIRE_RDZV), MASTER_ADDR and
+// MASTER_PORT are neither needed nor defaulted.
+absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& env, bool need_master = true);
 absl::StatusOr<std::string> FirstSlurmHost(const std::string& nodelist);
 
 }  // namespace gw::rpc::internal

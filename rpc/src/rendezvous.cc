@@ -5,12 +5,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "host_address.h"
 
 namespace gw::rpc::internal {
 
 absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const AgentOptions& options, absl::Time deadline) {
   std::unique_ptr<Rendezvous> r(new Rendezvous(options));
   r->store_address_ = options.rendezvous;
+  if (IsEtcdUrl(options.rendezvous)) {
+    absl::StatusOr<std::unique_ptr<EtcdStore>> etcd = ConnectEtcdStore(options.rendezvous, deadline);
+    if (!etcd.ok()) return etcd.status();
+    r->etcd_ = etcd->get();
+    r->store_ = *std::move(etcd);
+    return r;
+  }
   if (options.rank == 0 && options.host_store) {
     const size_t colon = options.rendezvous.rfind(':');
     int port = 0;
@@ -86,9 +94,29 @@ absl::StatusOr<WorkerInfo> Rendezvous::Lookup(int rank, absl::Duration timeout) 
   return Parse(rank, *record);
 }
 
+absl::Status Rendezvous::ForgetRun() {
+  if (etcd_ == nullptr) return absl::OkStatus();
+  return etcd_->DeletePrefix(absl::StrCat(options_.run_id, "/")).status();
+}
+
 void Rendezvous::Close() {
+  etcd_ = nullptr;
   store_.reset();
   if (server_) server_->Shutdown();
+}
+
+absl::StatusOr<std::string> RendezvousHost(const std::string& address) {
+  if (IsEtcdUrl(address)) {
+    absl::StatusOr<EtcdUrl> url = ParseEtcdUrl(address);
+    if (!url.ok()) return url.status();
+    return url->host;
+  }
+  absl::StatusOr<HostPort> hp = SplitHostPort(address);
+  if (!hp.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("bad rendezvous address '", address,
+                                                   "' (expected host:port or etcd://HOST:PORT/JOB)"));
+  }
+  return hp->host;
 }
 
 }  // namespace gw::rpc::internal

@@ -1,6 +1,7 @@
 #include "shutdown_barrier.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,13 @@ absl::Status ShutdownBarrier::Run(absl::Time deadline, const Steps& steps) {
   if (s.ok()) s = rendezvous_.store().Set(rendezvous_.Key("exited/", rank_), "1");
   steps.await_handlers(deadline);
   if (s.ok() && rendezvous_.hosts_store()) s = AwaitAll("exited/", deadline);
+  if (s.ok() && rendezvous_.keys_outlive_job() && AwaitAll("exited/", absl::Now()).ok()) {
+    if (absl::Status forgot = rendezvous_.ForgetRun(); !forgot.ok()) {
+      std::fprintf(stderr, "gradwire: %s: could not remove this run's keys from %s: %s; remove them before the job's "
+                   "name is used again (etcdctl del --prefix /gradwire/JOB/)\n", name_.c_str(),
+                   rendezvous_.store_address().c_str(), std::string(forgot.message()).c_str());
+    }
+  }
   if (!s.ok()) {
     return absl::DeadlineExceededError(absl::StrCat(name_, ": graceful shutdown did not complete: ", s.message()));
   }

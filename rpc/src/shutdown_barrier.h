@@ -10,7 +10,12 @@
 //        and steps.check_leaks reports values still referenced elsewhere;
 //     4. "exited/<rank>"; steps.await_handlers lets handlers still running for peers end;
 //     5. the worker that hosts the store waits for every "exited/" key, so the store
-//        stays up until everyone has read the barrier.
+//        stays up until everyone has read the barrier. With a store whose keys outlive
+//        the job (etcd), nobody waits: a worker that finds every "exited/" key right
+//        after writing its own (the last one out does, as etcd's reads are
+//        linearizable) removes the run's keys (Rendezvous::ForgetRun), so that the next
+//        run under the same job name starts clean; when that fails it warns on stderr
+//        with the command that removes them.
 //   Every wait is bounded by `deadline`; a barrier that does not complete is
 //   DEADLINE_EXCEEDED "<worker>: graceful shutdown did not complete: ..." naming the
 //   ranks that did not arrive. Otherwise the result is check_leaks's.

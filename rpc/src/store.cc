@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "etcd_store.h"
 #include "gradwire/proto/store.grpc.pb.h"
 
 namespace gw::rpc {
@@ -230,6 +231,11 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::strin
 }
 
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(const std::string& address, absl::Time deadline) {
+  if (internal::IsEtcdUrl(address)) {
+    absl::StatusOr<std::unique_ptr<internal::EtcdStore>> etcd = internal::ConnectEtcdStore(address, deadline);
+    if (!etcd.ok()) return etcd.status();
+    return std::unique_ptr<Store>(*std::move(etcd));
+  }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);

@@ -9,6 +9,7 @@
 
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -17,13 +18,17 @@ namespace gw::rpc::testing {
 std::unique_ptr<AgentGroup> AgentGroup::Start(int n, Setup register_fn,
                                               AgentOptions base) {
   auto group = std::make_unique<AgentGroup>();
-  auto server = StoreServer::Start("127.0.0.1", 0);
-  if (!server.ok()) {
-    ADD_FAILURE() << server.status();
-    return nullptr;
+  if (absl::StartsWith(base.rendezvous, "etcd://")) {
+    group->store_address_ = base.rendezvous;  // nobody hosts it
+  } else {
+    auto server = StoreServer::Start("127.0.0.1", 0);
+    if (!server.ok()) {
+      ADD_FAILURE() << server.status();
+      return nullptr;
+    }
+    group->store_ = std::move(*server);
+    group->store_address_ = group->store_->address();
   }
-  group->store_ = std::move(*server);
-  group->store_address_ = group->store_->address();
   std::vector<absl::StatusOr<std::shared_ptr<Agent>>> results(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {

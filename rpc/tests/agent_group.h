@@ -1,5 +1,6 @@
-// AgentGroup: `n` agents on threads of this process sharing a fresh store server, for
-// tests of rpc and the layers above it.
+// AgentGroup: `n` agents on threads of this process sharing a fresh store server (or the
+// etcd of base.rendezvous, when that is an etcd:// address), for tests of rpc and the
+// layers above it.
 #ifndef GRADWIRE_RPC_TESTS_AGENT_GROUP_H_
 #define GRADWIRE_RPC_TESTS_AGENT_GROUP_H_
 

@@ -245,6 +245,27 @@ TEST(AgentOptionsTest, FromEnvNeedsTheTorchrunVariables) {
   for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_ADVERTISE"}) ::unsetenv(v);
 }
 
+TEST(AgentOptionsTest, FromEnvMeetsThroughEtcdWithGradwireRdzv) {
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("GRADWIRE_RDZV", "etcd://127.0.0.1:2379/my-job", 1);  // no MASTER_ADDR / MASTER_PORT needed
+  absl::StatusOr<AgentOptions> o = AgentOptions::FromEnv();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rendezvous, "etcd://127.0.0.1:2379/my-job");
+  EXPECT_FALSE(o->host_store);
+  EXPECT_EQ(o->listen_host, "127.0.0.1");  // the etcd host is loopback: a local job
+  ::setenv("GRADWIRE_RDZV", "etcd://127.0.0.1:2379", 1);
+  absl::StatusOr<AgentOptions> bad = AgentOptions::FromEnv();
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("GRADWIRE_RDZV"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("etcd://HOST:PORT/JOB"), std::string::npos) << bad.status();
+  ::unsetenv("GRADWIRE_RDZV");
+  absl::StatusOr<AgentOptions> neither = AgentOptions::FromEnv();
+  EXPECT_EQ(neither.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(neither.status().message().find("GRADWIRE_RDZV"), std::string::npos) << neither.status();
+  for (const char* v : {"RANK", "WORLD_SIZE"}) ::unsetenv(v);
+}
+
 // Which address a worker binds and announces (the defaults across hosts, found through
 // routes, are tested in multi_host_test.cc, where the hosts are network namespaces).
 TEST(AgentOptionsTest, FromEnvPicksTheListenAndAdvertisedHosts) {

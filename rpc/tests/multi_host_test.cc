@@ -1,20 +1,25 @@
 // Jobs across hosts: workers in different network namespaces (testing::HostNetwork, one
-// per simulated host) find each other through the rendezvous store at MASTER_ADDR,
+// per simulated host) find each other through the rendezvous store at MASTER_ADDR (or a
+// real etcd on another host, GRADWIRE_RDZV),
 // announce an address of their host that the others can dial, and send tensors over TCP,
 // never through shared memory. Each worker is this binary re-run in a role (test_main.cc).
 // Needs root and iproute2 (skipped otherwise; CI runs as root).
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <memory>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "etcd_server.h"
 #include "host_network.h"
 
 namespace gw::rpc {
 namespace {
 
-using testing::HostNetwork;
-using testing::HostProcess;
+using gw::testing::HostNetwork;
+using gw::testing::HostProcess;
 
 constexpr absl::Duration kJobTimeout = absl::Seconds(60);
 
@@ -29,6 +34,9 @@ struct PairCase {
   int second_host;  // where rank 1 runs; rank 0 (which hosts the store) is on host 0
   std::map<std::string, std::string> env;
   bool same_host;
+  // The workers meet through a real etcd on a third host (GRADWIRE_RDZV) instead of rank
+  // 0's store: each then announces the address of its interface that reaches etcd.
+  bool etcd = false;
 };
 
 void PrintTo(const PairCase& c, std::ostream* os) { *os << c.name; }
@@ -38,13 +46,32 @@ class HostPairTest : public ::testing::TestWithParam<PairCase> {};
 TEST_P(HostPairTest, ALargeTensorGoesToTheOtherWorkerAndBack) {
   if (std::string why = HostNetwork::Unsupported(); !why.empty()) GTEST_SKIP() << why;
   const PairCase& c = GetParam();
-  std::unique_ptr<HostNetwork> network = MakeNetwork(2);
+  if (c.etcd && !testing::EtcdServer::Available()) GTEST_SKIP() << testing::EtcdServer::kMissing;
+  char etcd_dir[] = "/tmp/gw-etcd-host-XXXXXX";  // removed after the network (and etcd) are gone
+  std::unique_ptr<char, void (*)(char*)> remove_dir(c.etcd ? ::mkdtemp(etcd_dir) : nullptr, [](char* dir) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  });
+  std::unique_ptr<HostNetwork> network = MakeNetwork(c.etcd ? 3 : 2);
   ASSERT_NE(network, nullptr);
+  std::map<std::string, std::string> rendezvous = {{"MASTER_ADDR", network->address(0)}, {"MASTER_PORT", "29500"}};
+  if (c.etcd) {
+    ASSERT_NE(remove_dir.get(), nullptr);
+    const std::string client = absl::StrCat("http://", network->address(2), ":2379");
+    const std::string peer = absl::StrCat("http://", network->address(2), ":2380");
+    absl::StatusOr<HostProcess*> etcd = network->Start(
+        2, {testing::EtcdServer::kBinary, "--name=rdzv", absl::StrCat("--data-dir=", etcd_dir, "/data"),
+            "--listen-client-urls=" + client, "--advertise-client-urls=" + client, "--listen-peer-urls=" + peer,
+            "--initial-advertise-peer-urls=" + peer, "--initial-cluster=rdzv=" + peer});
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    // The workers wait for it to answer (their start_timeout).
+    rendezvous = {{"GRADWIRE_RDZV", absl::StrCat("etcd://", network->address(2), ":2379/pair")}};
+  }
   std::vector<HostProcess*> workers;
   for (int rank = 0; rank < 2; ++rank) {
     std::map<std::string, std::string> env = c.env;
-    env.insert({{"GW_TEST_ROLE", "host_pair"}, {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},
-                {"MASTER_ADDR", network->address(0)}, {"MASTER_PORT", "29500"}});
+    env.insert({{"GW_TEST_ROLE", "host_pair"}, {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}});
+    env.insert(rendezvous.begin(), rendezvous.end());
     absl::StatusOr<HostProcess*> p = network->Start(rank == 0 ? 0 : c.second_host, {"/proc/self/exe"}, env);
     ASSERT_TRUE(p.ok()) << p.status();
     workers.push_back(*p);
@@ -75,7 +102,8 @@ INSTANTIATE_TEST_SUITE_P(
         // Bound to every interface, each announces the one that reaches the store.
         PairCase{"TwoHostsListeningOnAWildcardOverGrpc", 1,
                  {{"GRADWIRE_LISTEN", "0.0.0.0"}, {"GRADWIRE_TRANSPORT", "grpc"}}, false},
-        PairCase{"TwoHostsOverTcp", 1, {{"GRADWIRE_TRANSPORT", "tcp"}}, false}),
+        PairCase{"TwoHostsOverTcp", 1, {{"GRADWIRE_TRANSPORT", "tcp"}}, false},
+        PairCase{"TwoHostsMeetingThroughEtcdOnAThird", 1, {}, false, /*etcd=*/true}),
     [](const ::testing::TestParamInfo<PairCase>& info) { return info.param.name; });
 
 // A host cut off mid-call (its cable pulled: no FIN, no RST, nothing arrives): the heartbeats

@@ -1,5 +1,5 @@
 // Units: Rendezvous (how workers find each other) and the ShutdownBarrier protocol, both
-// over a real rendezvous store.
+// over a real rendezvous store: the built-in one and etcd (store_backends.h).
 #include "rendezvous.h"
 
 #include <gtest/gtest.h>
@@ -9,24 +9,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "shutdown_barrier.h"
+#include "store_backends.h"
 
 namespace gw::rpc::internal {
 namespace {
 
-class RendezvousTest : public ::testing::Test {
+// Over both stores: the built-in one (hosted elsewhere, as for rank 0's peers) and etcd.
+class RendezvousTest : public gw::rpc::testing::StoreBackendTest {
  protected:
-  void SetUp() override {
-    auto server = StoreServer::Start("127.0.0.1", 0);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-  }
-  void TearDown() override { server_->Shutdown(); }
-
   AgentOptions Options(int rank, int world) {
     AgentOptions o;
     o.rank = rank;
     o.world_size = world;
-    o.rendezvous = server_->address();
+    o.rendezvous = address();
     o.host_store = false;
     o.run_id = "job";
     o.start_timeout = absl::Seconds(20);
@@ -37,11 +32,9 @@ class RendezvousTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *std::move(r) : nullptr;
   }
-
-  std::unique_ptr<StoreServer> server_;
 };
 
-TEST_F(RendezvousTest, EveryWorkerSeesEveryRecordInRankOrder) {
+TEST_P(RendezvousTest, EveryWorkerSeesEveryRecordInRankOrder) {
   constexpr int kWorld = 3;
   std::vector<absl::StatusOr<std::vector<WorkerInfo>>> seen(kWorld);
   std::vector<std::thread> threads;
@@ -65,7 +58,7 @@ TEST_F(RendezvousTest, EveryWorkerSeesEveryRecordInRankOrder) {
   }
 }
 
-TEST_F(RendezvousTest, MissingRanksAreNamedAtTheDeadline) {
+TEST_P(RendezvousTest, MissingRanksAreNamedAtTheDeadline) {
   std::unique_ptr<Rendezvous> rdzv = Join(1, 4);
   ASSERT_NE(rdzv, nullptr);
   ASSERT_TRUE(rdzv->Announce({"w1", 1, "127.0.0.1:1", 1}).ok());
@@ -79,7 +72,7 @@ TEST_F(RendezvousTest, MissingRanksAreNamedAtTheDeadline) {
   EXPECT_NE(all.status().message().find("WORLD_SIZE"), std::string::npos) << all.status();
 }
 
-TEST_F(RendezvousTest, DuplicateNamesAreRefusedAndARestartedWorkerIsFoundAgain) {
+TEST_P(RendezvousTest, DuplicateNamesAreRefusedAndARestartedWorkerIsFoundAgain) {
   std::unique_ptr<Rendezvous> a = Join(0, 2), b = Join(1, 2);
   ASSERT_TRUE(a->Announce({"same", 0, "127.0.0.1:1", 1}).ok());
   ASSERT_TRUE(b->Announce({"same", 1, "127.0.0.1:2", 2}).ok());
@@ -94,7 +87,7 @@ TEST_F(RendezvousTest, DuplicateNamesAreRefusedAndARestartedWorkerIsFoundAgain) 
   EXPECT_EQ(a->Key("exited/", 3), "job/exited/3");
 }
 
-TEST_F(RendezvousTest, ABarrierRunsItsStepsInOrderOnEveryWorker) {
+TEST_P(RendezvousTest, ABarrierRunsItsStepsInOrderOnEveryWorker) {
   constexpr int kWorld = 3;
   absl::Mutex mu;
   std::vector<std::string> log;
@@ -134,7 +127,7 @@ TEST_F(RendezvousTest, ABarrierRunsItsStepsInOrderOnEveryWorker) {
   for (size_t i = first_leak; i < log.size(); ++i) EXPECT_FALSE(log[i].starts_with("drain")) << i;
 }
 
-TEST_F(RendezvousTest, ABarrierAWorkerNeverReachesFailsByItsDeadlineNamingIt) {
+TEST_P(RendezvousTest, ABarrierAWorkerNeverReachesFailsByItsDeadlineNamingIt) {
   std::unique_ptr<Rendezvous> rdzv = Join(0, 2);
   ShutdownBarrier barrier(*rdzv, "w0", 0, 2);
   const absl::Time start = absl::Now();
@@ -148,6 +141,8 @@ TEST_F(RendezvousTest, ABarrierAWorkerNeverReachesFailsByItsDeadlineNamingIt) {
             std::string::npos)
       << s;
 }
+
+INSTANTIATE_TEST_SUITE_P(Stores, RendezvousTest, gw::rpc::testing::kBothStores, gw::rpc::testing::StoreBackendName);
 
 }  // namespace
 }  // namespace gw::rpc::internal

@@ -30,6 +30,8 @@ extern char** environ;
 namespace gw::worker {
 namespace {
 
+// LaunchOptions::rdzv's scheme (the workers parse the whole address: rpc/store.h).
+constexpr char kEtcdScheme[] = "etcd://";
 // Lines longer than this are written in pieces, so a worker that never prints '\n'
 // cannot grow the launcher's buffer without bound.
 constexpr size_t kMaxLineBytes = 64 * 1024;
@@ -262,10 +264,18 @@ absl::Status ValidateOptions(const LaunchOptions& options, std::FILE* out, std::
     return absl::InvalidArgumentError(absl::StrCat("node_rank must be in [0, nnodes) with nnodes >= 1, got node_rank ",
                                                    options.node_rank, " of nnodes ", options.nnodes));
   }
-  if (options.nnodes > 1 && options.master_port == 0) {
+  if (!options.rdzv.empty()) {
+    const size_t slash = options.rdzv.find('/', sizeof(kEtcdScheme) - 1);
+    if (!options.rdzv.starts_with(kEtcdScheme) || slash == std::string::npos || slash + 1 == options.rdzv.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rdzv (--rdzv) must be etcd://HOST:PORT/JOB: an etcd's client address and a name for the job, "
+                       "alike on every node; got '", options.rdzv, "'"));
+    }
+  } else if (options.nnodes > 1 && options.master_port == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a job over ", options.nnodes, " nodes needs master_port: every node's launcher must be given the same port "
-        "(a free port picked here means nothing on the other machines), e.g. --master-port 29500"));
+        "(a free port picked here means nothing on the other machines), e.g. --master-port 29500, "
+        "or meet through etcd (rdzv)"));
   }
   if (options.master_addr.empty()) {
     return absl::InvalidArgumentError("master_addr is empty; use e.g. 127.0.0.1");
@@ -328,8 +338,12 @@ std::vector<std::string> CommonEnvironment(const LaunchOptions& options, int por
   env.push_back(absl::StrCat("WORLD_SIZE=", options.nnodes * options.num_workers));
   env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", options.num_workers));
   env.push_back(absl::StrCat("GROUP_RANK=", options.node_rank));
-  env.push_back(absl::StrCat("MASTER_ADDR=", options.master_addr));
-  env.push_back(absl::StrCat("MASTER_PORT=", port));
+  if (!options.rdzv.empty()) {
+    env.push_back(absl::StrCat("GRADWIRE_RDZV=", options.rdzv));
+  } else {
+    env.push_back(absl::StrCat("MASTER_ADDR=", options.master_addr));
+    env.push_back(absl::StrCat("MASTER_PORT=", port));
+  }
   return env;
 }
 
@@ -486,7 +500,8 @@ class Supervisor {
   // Whether a worker that just failed is started again (max_restarts) instead of
   // stopping the job.
   bool Restartable(const Worker& w) const {
-    return w.restarts < options_.max_restarts && w.rank != 0 && !failure_ && launcher_signals_ == 0;
+    return w.restarts < options_.max_restarts && (w.rank != 0 || !options_.rdzv.empty()) && !failure_ &&
+           launcher_signals_ == 0;
   }
 
   // The workers OnExit chose to restart: a new incarnation of each, under the same rank.
@@ -816,7 +831,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options, std::FILE* out
         "another Launch() is already running in this process; run launches one at a time");
   }
   int port = options.master_port;
-  if (port == 0) {
+  if (port == 0 && options.rdzv.empty()) {
     absl::StatusOr<int> picked = PickFreePort(options.master_addr);
     if (!picked.ok()) return picked.status();
     port = *picked;

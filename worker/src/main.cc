@@ -19,6 +19,7 @@ constexpr char kUsage[] =
     R"(usage: gradwire launch [-n N] [--nnodes M --node-rank K] [--master-addr A] [--master-port P]
                        [--name-prefix S] [--kill-grace SECONDS] [--max-restarts K]
                        PROGRAM [ARGS...]
+       gradwire launch --rdzv etcd://HOST:PORT/JOB [-n N] [--nnodes M --node-rank K] ... PROGRAM [ARGS...]
        gradwire --help
 
 Commands:
@@ -28,23 +29,29 @@ Commands:
 Options of launch (they end at PROGRAM; everything after it goes to PROGRAM untouched):
   -n N, --nproc-per-node N  number of workers on this machine (default 1)
   --nnodes M                machines the job spans (default 1); run one launcher on each,
-                            with the same -n, --master-addr and --master-port
+                            with the same -n and --master-addr and --master-port (or --rdzv)
   --node-rank K             this machine's index in [0, M) (default 0); it starts ranks
                             K*N ... K*N+N-1, and node 0 must be the host of --master-addr
   --master-addr A           MASTER_ADDR given to the workers (default 127.0.0.1): the address
                             of node 0, where rank 0 serves the rendezvous
   --master-port P           MASTER_PORT given to the workers (default 0: pick a free port;
-                            required with --nnodes > 1)
+                            required with --nnodes > 1 unless --rdzv is given)
+  --rdzv etcd://HOST:PORT/JOB
+                            meet through that etcd (3.4 or later) instead of a store served
+                            by rank 0: every node gives the same address, in any order, and
+                            no --master-addr/--master-port; JOB names the job's keys in etcd
+                            (use a new JOB for each run if a run may have crashed)
   --name-prefix S           worker names S0, S1, ... (default "worker")
   --kill-grace SECONDS      when a worker fails, the others get SIGTERM, then SIGKILL
                             after this many seconds (default 5)
   --max-restarts K          start a failed worker again under the same rank and name, up
                             to K times each (default 0: the first failure stops the job);
-                            rank 0 hosts the rendezvous and is never restarted
+                            rank 0 hosts the rendezvous and is restarted only with --rdzv
   -h, --help                print this help
 
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the node
-rank), MASTER_ADDR, MASTER_PORT and GRADWIRE_WORKER_NAME (and, unless already set,
+rank), MASTER_ADDR and MASTER_PORT (with --rdzv: GRADWIRE_RDZV instead) and
+GRADWIRE_WORKER_NAME (and, unless already set,
 OMP_NUM_THREADS = cores / N, at least 1, as torchrun does), reads stdin from /dev/null,
 and has each line of its stdout and stderr prefixed with "[worker<rank>] ". SIGINT/SIGTERM are forwarded to the workers.
 Exit status: 0 if every worker exited 0, else the first failing worker's status
@@ -69,6 +76,7 @@ void SplitOption(const std::string& arg, std::string* name, std::string* value, 
 int RunLaunch(const std::vector<std::string>& args) {
   constexpr char kWho[] = "gradwire launch: ";
   LaunchOptions options;
+  bool master_given = false;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -90,9 +98,8 @@ int RunLaunch(const std::vector<std::string>& args) {
       has_value = true;
     }
     const bool known = name == "-n" || name == "--nproc-per-node" || name == "--nnodes" || name == "--node-rank" ||
-                       name == "--master-addr" ||
-                       name == "--master-port" || name == "--name-prefix" ||
-                       name == "--kill-grace" || name == "--max-restarts";
+                       name == "--master-addr" || name == "--master-port" || name == "--rdzv" ||
+                       name == "--name-prefix" || name == "--kill-grace" || name == "--max-restarts";
     if (!known) return UsageError(absl::StrCat(kWho, "unknown option '", arg, "'"));
     if (!has_value) {
       if (i + 1 >= args.size()) return UsageError(absl::StrCat(kWho, name, " needs a value"));
@@ -114,12 +121,17 @@ int RunLaunch(const std::vector<std::string>& args) {
     } else if (name == "--master-addr") {
       if (value.empty()) return UsageError(absl::StrCat(kWho, "--master-addr is empty"));
       options.master_addr = value;
+      master_given = true;
     } else if (name == "--master-port") {
       if (!absl::SimpleAtoi(value, &options.master_port) || options.master_port < 0 ||
           options.master_port > 65535) {
         return UsageError(absl::StrCat(kWho, "--master-port expects a port in [0, 65535] ",
                                        "(0 picks a free one), got '", value, "'"));
       }
+      master_given = true;
+    } else if (name == "--rdzv") {
+      if (value.empty()) return UsageError(absl::StrCat(kWho, "--rdzv is empty; give etcd://HOST:PORT/JOB"));
+      options.rdzv = value;  // Launch() checks its form
     } else if (name == "--max-restarts") {
       if (!absl::SimpleAtoi(value, &options.max_restarts) || options.max_restarts < 0) {
         return UsageError(absl::StrCat(kWho, "--max-restarts expects a number of restarts (0, 1, ...), got '", value, "'"));
@@ -142,11 +154,16 @@ int RunLaunch(const std::vector<std::string>& args) {
     return UsageError(absl::StrCat(kWho, "--node-rank ", options.node_rank, " is not below --nnodes ", options.nnodes,
                                    " (nodes are numbered 0 to ", options.nnodes - 1, ")"));
   }
-  if (options.nnodes > 1 && options.master_port == 0) {
-    return UsageError(absl::StrCat(kWho, "--nnodes ", options.nnodes,
-                                   " needs --master-port: give every node's launcher the same port, e.g. 29500"));
+  if (!options.rdzv.empty() && master_given) {
+    return UsageError(absl::StrCat(kWho, "--rdzv replaces --master-addr and --master-port (the workers meet through "
+                                   "etcd, not through rank 0): give one or the other"));
   }
-  if (options.master_port == 0) {
+  if (options.nnodes > 1 && options.master_port == 0 && options.rdzv.empty()) {
+    return UsageError(absl::StrCat(kWho, "--nnodes ", options.nnodes,
+                                   " needs --master-port: give every node's launcher the same port, e.g. 29500 "
+                                   "(or the same --rdzv etcd://HOST:PORT/JOB)"));
+  }
+  if (options.master_port == 0 && options.rdzv.empty()) {
     absl::StatusOr<int> port = PickFreePort(options.master_addr);
     if (!port.ok()) {
       std::fprintf(stderr, "%s%s\n", kWho, std::string(port.status().message()).c_str());
@@ -154,14 +171,17 @@ int RunLaunch(const std::vector<std::string>& args) {
     }
     options.master_port = *port;
   }
+  const std::string rendezvous =
+      options.rdzv.empty() ? absl::StrCat("MASTER_ADDR=", options.master_addr, ", MASTER_PORT=", options.master_port)
+                           : absl::StrCat("GRADWIRE_RDZV=", options.rdzv);
   if (options.nnodes > 1) {
-    std::fprintf(stderr, "%snode %d of %d: starting ranks %d-%d of %d (MASTER_ADDR=%s, MASTER_PORT=%d)\n", kWho,
-                 options.node_rank, options.nnodes, options.node_rank * options.num_workers,
+    std::fprintf(stderr, "%snode %d of %d: starting ranks %d-%d of %d (%s)\n", kWho, options.node_rank,
+                 options.nnodes, options.node_rank * options.num_workers,
                  (options.node_rank + 1) * options.num_workers - 1, options.nnodes * options.num_workers,
-                 options.master_addr.c_str(), options.master_port);
+                 rendezvous.c_str());
   } else {
-    std::fprintf(stderr, "%sstarting %d worker%s (MASTER_ADDR=%s, MASTER_PORT=%d)\n", kWho, options.num_workers,
-                 options.num_workers == 1 ? "" : "s", options.master_addr.c_str(), options.master_port);
+    std::fprintf(stderr, "%sstarting %d worker%s (%s)\n", kWho, options.num_workers,
+                 options.num_workers == 1 ? "" : "s", rendezvous.c_str());
   }
   std::fflush(stderr);
 

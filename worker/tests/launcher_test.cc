@@ -21,6 +21,11 @@
 #include <string>
 #include <vector>
 
+#ifdef GRADWIRE_RPC_TEST_WORKER
+#include "etcd_server.h"
+#include "gradwire/rpc/store.h"
+#endif
+
 namespace gw::worker {
 namespace {
 
@@ -455,6 +460,33 @@ TEST(LaunchTest, InvalidOptionsAreRejected) {
   EXPECT_EQ(Launch(options, cap.out, cap.err).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// --rdzv: the workers get GRADWIRE_RDZV instead of MASTER_ADDR / MASTER_PORT (no port is
+// picked, and several nodes need none); the launcher's own GRADWIRE_RDZV never leaks.
+TEST(LaunchTest, RdzvReplacesTheMasterVariables) {
+  ::setenv("GRADWIRE_RDZV", "etcd://launchers.own:1/env", 1);
+  LaunchOptions options = Shell(2, "echo \"$RANK ${GRADWIRE_RDZV-unset} ${MASTER_ADDR-unset} ${MASTER_PORT-unset}\"");
+  options.rdzv = "etcd://127.0.0.1:2379/my-job";
+  options.nnodes = 2;
+  options.node_rank = 1;
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  std::string out = cap.Out();
+  EXPECT_NE(out.find("[worker2] 2 etcd://127.0.0.1:2379/my-job unset unset\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("[worker3] 3 etcd://127.0.0.1:2379/my-job unset unset\n"), std::string::npos) << out;
+  Capture plain;
+  result = Launch(Shell(1, "echo \"${GRADWIRE_RDZV-unset}\""), plain.out, plain.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(plain.Out(), "[worker0] unset\n");
+  ::unsetenv("GRADWIRE_RDZV");
+  for (const char* bad : {"127.0.0.1:2379", "etcd://127.0.0.1:2379", "etcd://127.0.0.1:2379/"}) {
+    options.rdzv = bad;
+    absl::Status status = Launch(options, cap.out, cap.err).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find("must be etcd://HOST:PORT/JOB"), std::string::npos) << status;
+  }
+}
+
 TEST(PickFreePortTest, ReturnsABindablePort) {
   absl::StatusOr<int> port = PickFreePort("127.0.0.1");
   ASSERT_TRUE(port.ok()) << port.status();
@@ -517,6 +549,54 @@ TEST(CliTest, LaunchPassesArgumentsThroughAndReportsFailure) {
   EXPECT_EQ(missing.exit_code, 127);
   EXPECT_NE(missing.err.find("'gradwire-no-such-program' not found"), std::string::npos);
 }
+
+TEST(CliTest, RdzvUsageErrorsSayWhatToDo) {
+  CliRun both = RunCli("launch --rdzv etcd://127.0.0.1:2379/j --master-port 29500 /bin/true");
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("--rdzv replaces --master-addr and --master-port"), std::string::npos) << both.err;
+  CliRun bad = RunCli("launch --rdzv 127.0.0.1:2379 /bin/true");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("must be etcd://HOST:PORT/JOB"), std::string::npos) << bad.err;
+  CliRun nodes = RunCli("launch --nnodes 2 /bin/true");
+  EXPECT_EQ(nodes.exit_code, 2);
+  EXPECT_NE(nodes.err.find("--rdzv etcd://HOST:PORT/JOB"), std::string::npos) << nodes.err;
+  CliRun ok = RunCli("launch --rdzv etcd://127.0.0.1:2379/j -n 1 /bin/sh -c 'echo $GRADWIRE_RDZV'");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(ok.out, "[worker0] etcd://127.0.0.1:2379/j\n");
+  EXPECT_EQ(ok.err.rfind("gradwire launch: starting 1 worker (GRADWIRE_RDZV=etcd://127.0.0.1:2379/j)\n", 0), 0u)
+      << ok.err;
+  EXPECT_NE(RunCli("launch --help").out.find("--rdzv etcd://HOST:PORT/JOB"), std::string::npos);
+}
+
+#ifdef GRADWIRE_RPC_TEST_WORKER
+// End to end with a real etcd: agents (the rpc test binary's "worker" role: it joins,
+// writes ready/<name> in the store and shuts down gracefully) started by `gradwire launch
+// --rdzv`, first on one node, then as two nodes whose launchers start in either order.
+TEST(CliTest, LaunchedWorkersMeetThroughEtcd) {
+  using gw::rpc::testing::EtcdServer;
+  if (!EtcdServer::Available()) GTEST_SKIP() << EtcdServer::kMissing;
+  absl::StatusOr<std::unique_ptr<EtcdServer>> etcd = EtcdServer::Start();
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const std::string worker = std::string("GW_TEST_ROLE=worker '") + GRADWIRE_RPC_TEST_WORKER + "'";
+  const std::string one = (*etcd)->Url("one-node");
+  CliRun run = RunCli("launch --rdzv " + one + " -n 2 /usr/bin/env " + worker);
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  const std::string two = (*etcd)->Url("two-nodes");
+  CliRun node1;
+  std::thread later([&] { node1 = RunCli("launch --nnodes 2 --node-rank 1 --rdzv " + two + " -n 1 /usr/bin/env " + worker); });
+  CliRun node0 = RunCli("launch --nnodes 2 --node-rank 0 --rdzv " + two + " -n 1 /usr/bin/env " + worker);
+  later.join();
+  EXPECT_EQ(node0.exit_code, 0) << node0.err;
+  EXPECT_EQ(node1.exit_code, 0) << node1.err;
+  EXPECT_NE(node1.err.find("node 1 of 2: starting ranks 1-1 of 2 (GRADWIRE_RDZV=" + two + ")"), std::string::npos)
+      << node1.err;
+  for (const std::string& url : {one, two}) {
+    absl::StatusOr<std::unique_ptr<gw::rpc::Store>> store = gw::rpc::ConnectStore(url, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_TRUE((*store)->Wait({"ready/worker0", "ready/worker1"}, absl::ZeroDuration()).ok()) << url;
+  }
+}
+#endif  // GRADWIRE_RPC_TEST_WORKER
 #endif  // GRADWIRE_CLI_PATH
 
 }  // namespace

@@ -3,8 +3,13 @@
 //
 // Contract
 //   - Agent::Start joins the group through the rendezvous store (hosted by rank 0 unless
-//     told otherwise) and returns once every worker has joined, or an error naming the
-//     missing ranks after start_timeout.
+//     told otherwise, or an etcd cluster: AgentOptions::rendezvous "etcd://HOST:PORT/JOB")
+//     and returns once every worker has joined, or an error naming the missing ranks
+//     after start_timeout. Through etcd nobody hosts the store, JOB namespaces the keys
+//     (jobs sharing one etcd never mix), an etcd that restarts meanwhile only delays the
+//     rendezvous, and a graceful Shutdown's last worker out removes the run's keys, so
+//     the job's name can be used again; a job that did not shut down gracefully leaves
+//     them (`etcdctl del --prefix /gradwire/JOB/` removes them; or use a new JOB).
 //   - Register(name, fn) exposes a C++ callable (in Start's `setup`, so that it exists
 //     before any peer can call; registering later is allowed, and a peer that calls too
 //     early gets NOT_FOUND); its parameter and return types must have
@@ -118,9 +123,10 @@ struct AgentOptions {
   std::string name;  // empty: "worker<rank>"
   int rank = 0;
   int world_size = 1;
-  std::string rendezvous = "127.0.0.1:29500";  // store address, host:port
-  bool host_store = true;                      // rank 0 hosts the store at `rendezvous`
-  std::string run_id = "gradwire";             // namespace of this group's keys in the store
+  // The store's address: host:port, or etcd://HOST:PORT/JOB for an etcd cluster (store.h).
+  std::string rendezvous = "127.0.0.1:29500";
+  bool host_store = true;  // rank 0 hosts the store at `rendezvous` (never for etcd)
+  std::string run_id = "gradwire";  // namespace of this group's keys in the store
   // "shm" (default): tcp, plus cross-memory attach for large tensors between processes
   // on the same host, negotiated per connection; "tcp"; or "grpc".
   std::string transport = "shm";
@@ -153,13 +159,17 @@ struct AgentOptions {
   LeakCheck rref_leak_check = LeakCheck::kWarn;
 
   // From the environment, as set by `gradwire launch` or torchrun: RANK, WORLD_SIZE,
-  // MASTER_ADDR, MASTER_PORT (required); or by srun (SLURM_PROCID, SLURM_NTASKS, rank 0's
-  // host from SLURM_NODELIST, MASTER_PORT 29500 + SLURM_JOB_ID % 10000 unless set), or
-  // by mpirun (OMPI_COMM_WORLD_RANK/SIZE, or PMI_RANK/SIZE; MASTER_ADDR required,
-  // MASTER_PORT 29500 unless set); GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT,
-  // GRADWIRE_RUN_ID (optional); GRADWIRE_HEARTBEAT_INTERVAL and GRADWIRE_PEER_TIMEOUT
-  // (optional durations such as "500ms", "3s": heartbeat_interval, peer_timeout);
-  // GRADWIRE_FAULTS (optional: faults to inject, as
+  // MASTER_ADDR, MASTER_PORT (required unless GRADWIRE_RDZV is set); or by srun
+  // (SLURM_PROCID, SLURM_NTASKS, rank 0's host from SLURM_NODELIST, MASTER_PORT 29500 +
+  // SLURM_JOB_ID % 10000 unless set), by mpirun (OMPI_COMM_WORLD_RANK/SIZE, or
+  // PMI_RANK/SIZE; MASTER_ADDR required, MASTER_PORT 29500 unless set), or a Kubernetes
+  // Indexed Job (JOB_COMPLETION_INDEX; WORLD_SIZE and MASTER_ADDR from the manifest);
+  //   GRADWIRE_RDZV       etcd://HOST:PORT/JOB: meet through that etcd (rendezvous; host_store
+  //                       false; MASTER_ADDR and MASTER_PORT are then ignored, and the etcd
+  //                       host takes MASTER_ADDR's part in choosing addresses below);
+  // GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT, GRADWIRE_RUN_ID (optional);
+  // GRADWIRE_HEARTBEAT_INTERVAL and GRADWIRE_PEER_TIMEOUT (optional durations such as
+  // "500ms", "3s": heartbeat_interval, peer_timeout); GRADWIRE_FAULTS (optional: faults to inject, as
   // ParseFaults reads them, into transport_options.faults; every worker needs it; the
   // agent names itself to its transport, TransportOptions::self_name). Addresses (as
   // torchrun and NCCL let users pick an interface):
@@ -171,7 +181,8 @@ struct AgentOptions {
   // on and advertises 127.0.0.1, as a local job always did; otherwise both are the
   // address of this host's interface that routes to MASTER_ADDR (found without sending
   // anything). INVALID_ARGUMENT when a variable is missing or malformed, or when
-  // MASTER_ADDR cannot be resolved or reached (the message says which variable to set).
+  // MASTER_ADDR (GRADWIRE_RDZV's host) cannot be resolved or reached (the message says
+  // which variable to set).
   static absl::StatusOr<AgentOptions> FromEnv();
 };
 

@@ -7,7 +7,19 @@
 //   - StoreServer hosts the store over gRPC (rank 0 does by default, at MASTER_ADDR:
 //     MASTER_PORT). ConnectStore() returns a client; it is how workers find each other,
 //     and user code may use it too.
-//   - An unreachable server is UNAVAILABLE with the address in the message.
+//   - ConnectStore("etcd://HOST:PORT/JOB") is a client of an etcd cluster (v3 API, etcd
+//     3.4 or later) instead: the same semantics, every key K stored in etcd as
+//     "/gradwire/JOB/K" (JOB: letters, digits, '.', '_', '-'; jobs on one etcd never mix
+//     keys). Get and Wait watch the keys they wait for (no polling); Add is an atomic
+//     compare-and-swap that counts once even when etcd fails meanwhile. Until an
+//     operation's deadline (its timeout; 10 s for Set, Add and Delete) the client rides
+//     out an etcd that restarts: it reconnects and watches again. Nobody hosts such a
+//     store, and its keys outlive the job: Agent's rendezvous removes a run's own keys
+//     at a graceful shutdown (agent.h).
+//   - An unreachable server is UNAVAILABLE with the address in the message (for etcd,
+//     also what to check); a malformed etcd:// address is INVALID_ARGUMENT showing the
+//     expected form; a Get or Wait that times out is DEADLINE_EXCEEDED naming a missing
+//     key (etcd's client names every one).
 //   - Thread-safe: clients and the server may be used from many threads.
 #ifndef GRADWIRE_RPC_STORE_H_
 #define GRADWIRE_RPC_STORE_H_
@@ -43,8 +55,8 @@ class StoreServer {
   virtual void Shutdown() = 0;
 };
 
-// A client of the store at `address` ("host:port"), connected (or UNAVAILABLE) by
-// `deadline`.
+// A client of the store at `address` ("host:port", or "etcd://HOST:PORT/JOB" for etcd),
+// connected (or UNAVAILABLE) by `deadline`.
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(const std::string& address, absl::Time deadline);
 
 }  // namespace gw::rpc

@@ -6,15 +6,23 @@
 //   - Launch() starts options.num_workers processes of options.command (PROGRAM ARGS...,
 //     PROGRAM looked up in the launcher's PATH like execvp). Each gets the launcher's
 //     environment plus options.extra_env plus RANK, LOCAL_RANK, WORLD_SIZE,
-//     LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and GRADWIRE_WORKER_NAME
-//     ("worker1"), and reads stdin from /dev/null.
+//     LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT (or, with options.rdzv,
+//     GRADWIRE_RDZV instead) and GRADWIRE_WORKER_NAME ("worker1"), and reads stdin from
+//     /dev/null. Every variable of kLaunchEnvVars that Launch() does not set is removed
+//     from the workers' environment (so a GRADWIRE_RDZV of the launcher's own does not
+//     reach workers launched without rdzv).
+//   - rdzv "etcd://HOST:PORT/JOB": the workers meet through that etcd (AgentOptions::
+//     FromEnv reads GRADWIRE_RDZV; rpc/store.h) instead of a store served by rank 0, so
+//     master_addr and master_port are not used and no port is picked. A value that does
+//     not start with etcd:// or lacks /JOB is INVALID_ARGUMENT; the workers check the rest.
 //   - Several nodes (nnodes > 1): node k's launcher starts global ranks
 //     k * num_workers ... (k+1) * num_workers - 1 (LOCAL_RANK 0 ... num_workers-1,
 //     GROUP_RANK = k, WORLD_SIZE = nnodes * num_workers); every node runs the same
 //     program with the same num_workers, master_addr and master_port. Rank 0 (on node 0,
 //     the host of master_addr) serves the rendezvous there; the agents of every node meet
 //     through it (rpc/agent.h), so process groups span the nodes. master_port must be
-//     given (a free port picked on one machine means nothing on another). Each launcher
+//     given (a free port picked on one machine means nothing on another). With rdzv
+//     every node gives the same etcd address instead, and any node may start first. Each launcher
 //     supervises its own workers; a worker that dies on another node fails its peers'
 //     calls (UNAVAILABLE naming it), so their programs fail and their launchers stop.
 //   - Each worker's stdout and stderr are copied line by line to `out` / `err`, each line
@@ -31,8 +39,8 @@
 //     of stopping the job; the launcher says so on `err`. Its peers see it die and rejoin
 //     (rpc/agent.h: calls fail with UNAVAILABLE while it is down, reach it once it joined;
 //     a parameter server resumes from its checkpoint). A worker that has failed
-//     max_restarts + 1 times stops the job as above. Rank 0 is not restarted: it hosts the
-//     rendezvous store, which the others need. A worker killed by the launcher itself
+//     max_restarts + 1 times stops the job as above. Rank 0 is not restarted when it hosts the
+//     rendezvous store, which the others need (it is with rdzv: etcd holds the store). A worker killed by the launcher itself
 //     (after another failure, or a forwarded signal) is never restarted.
 //   - SIGINT / SIGTERM received by the launcher during Launch() are forwarded to every
 //     worker's group (SIGKILL follows after kill_grace; a second such signal sends
@@ -75,9 +83,10 @@ struct LaunchOptions {
   int node_rank = 0;                   // this machine's index in [0, nnodes)
   std::string master_addr = "127.0.0.1";
   int master_port = 0;                 // 0: pick a free port (PickFreePort(master_addr)); one node only
+  std::string rdzv;                    // "etcd://HOST:PORT/JOB": meet through etcd (replaces master_*)
   std::string name_prefix = "worker";  // worker names by global rank: worker0, worker1, ...
   absl::Duration kill_grace = absl::Seconds(5);  // SIGTERM, then SIGKILL after this
-  int max_restarts = 0;                // times each failed worker (rank > 0) is restarted
+  int max_restarts = 0;                // times each failed worker is restarted (rank 0 only with rdzv)
   std::vector<std::string> command;    // PROGRAM ARGS...
   // Added to every worker's environment. Must not set the variables Launch() sets.
   std::map<std::string, std::string> extra_env;
@@ -91,8 +100,8 @@ struct LaunchResult {
 
 // The environment variables Launch() sets in every worker.
 inline constexpr const char* kLaunchEnvVars[] = {
-    "RANK",        "LOCAL_RANK",  "WORLD_SIZE",          "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_WORKER_NAME", "GRADWIRE_RESTART_COUNT"};
+    "RANK",        "LOCAL_RANK",  "WORLD_SIZE",           "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_WORKER_NAME", "GRADWIRE_RDZV",    "GRADWIRE_RESTART_COUNT"};
 
 absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options, std::FILE* out = stdout,
                                     std::FILE* err = stderr);
