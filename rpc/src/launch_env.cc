@@ -93,7 +93,8 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& env, bool need_master) 
   if (out.master_addr.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "AgentOptions::FromEnv: MASTER_ADDR is not set: set it to an address of rank 0's host that every worker "
-        "reaches (started by ", out.source, ", which does not say where rank 0 runs)"));
+        "reaches (started by ", out.source, ", which does not say where rank 0 runs), or let the workers meet "
+        "through etcd with GRADWIRE_RDZV=etcd://HOST:PORT/JOB"));
   }
   if (!port.empty()) {
     if (!absl::SimpleAtoi(port, &out.master_port) || out.master_port < 0 || out.master_port > 65535) {
@@ -101,8 +102,8 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& env, bool need_master) 
     }
   } else if (out.source == std::string("RANK")) {
     return absl::InvalidArgumentError(
-        "AgentOptions::FromEnv: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
-        "(run the program under `gradwire launch -n N ...` or torchrun)");
+        "AgentOptions::FromEnv: RANK, WORLD_SIZE and either MASTER_ADDR and MASTER_PORT or GRADWIRE_RDZV "
+        "(etcd://HOST:PORT/JOB) must be set (run the program under `gradwire launch -n N ...` or torchrun)");
   } else {
     out.master_port = kDefaultMasterPort;
     int64_t job = 0;

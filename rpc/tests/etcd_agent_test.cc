@@ -15,15 +15,8 @@ namespace {
 
 bool Watching(double watchers) { return watchers >= 1; }
 
-class EtcdAgentTest : public ::testing::Test {
+class EtcdAgentTest : public EtcdTest {
  protected:
-  void SetUp() override {
-    if (!EtcdServer::Available()) GTEST_SKIP() << EtcdServer::kMissing;
-    absl::StatusOr<std::unique_ptr<EtcdServer>> etcd = EtcdServer::Start();
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = *std::move(etcd);
-  }
-
   AgentOptions Options(int rank, int world, const std::string& job) const {
     AgentOptions o;
     o.rank = rank;
@@ -39,8 +32,6 @@ class EtcdAgentTest : public ::testing::Test {
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() && (*store)->Get("gradwire/worker/0", absl::ZeroDuration()).ok();
   }
-
-  std::unique_ptr<EtcdServer> etcd_;
 };
 
 TEST_F(EtcdAgentTest, AgentsMeetThroughEtcdAndTheJobNameCanBeUsedAgain) {

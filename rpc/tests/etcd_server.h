@@ -22,11 +22,13 @@
 //     AwaitWatchers(holds) is that for the number of watchers.
 //   - The destructor kills etcd, reaps it and removes the directory.
 //   - FreeLoopbackPort() is a port of 127.0.0.1 that was free a moment ago.
+//   - EtcdTest: a GoogleTest fixture that starts one in SetUp (etcd_), or skips.
 //   - etcd dies with the thread that started it (PR_SET_PDEATHSIG), so that no test leaves
 //     one behind: Start and Restart from the test's main thread. Not thread-safe.
 #ifndef GRADWIRE_RPC_TESTS_ETCD_SERVER_H_
 #define GRADWIRE_RPC_TESTS_ETCD_SERVER_H_
 
+#include <gtest/gtest.h>
 #include <sys/types.h>
 
 #include <functional>
@@ -72,6 +74,19 @@ class EtcdServer {
   int client_port_ = 0;
   int peer_port_ = 0;
   pid_t pid_ = -1;
+};
+
+// A test fixture with a fresh etcd in etcd_ (skipped where etcd is not installed).
+class EtcdTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!EtcdServer::Available()) GTEST_SKIP() << EtcdServer::kMissing;
+    absl::StatusOr<std::unique_ptr<EtcdServer>> etcd = EtcdServer::Start();
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = *std::move(etcd);
+  }
+
+  std::unique_ptr<EtcdServer> etcd_;
 };
 
 }  // namespace gw::rpc::testing

@@ -16,6 +16,7 @@ namespace gw::rpc::internal {
 namespace {
 
 using gw::rpc::testing::EtcdServer;
+using gw::rpc::testing::EtcdTest;
 
 bool Watching(double watchers) { return watchers >= 1; }
 constexpr char kTxns[] = "grpc_server_started_total";
@@ -27,17 +28,7 @@ std::unique_ptr<Store> MustConnect(const std::string& url) {
   return store.ok() ? *std::move(store) : nullptr;
 }
 
-class EtcdStoreTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!EtcdServer::Available()) GTEST_SKIP() << EtcdServer::kMissing;
-    absl::StatusOr<std::unique_ptr<EtcdServer>> etcd = EtcdServer::Start();
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = *std::move(etcd);
-  }
-
-  std::unique_ptr<EtcdServer> etcd_;
-};
+using EtcdStoreTest = EtcdTest;
 
 TEST(EtcdUrlTest, ParsesEtcdAddressesAndRefusesOthersSayingTheForm) {
   absl::StatusOr<EtcdUrl> url = ParseEtcdUrl("etcd://10.0.0.1:2379/job-1.a_B");

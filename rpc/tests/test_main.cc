@@ -105,6 +105,25 @@ void RegisterTestFunctions(Agent& agent) {
   });
 }
 
+// A role's agent from the environment (start_timeout 30 s), or null with *exit_code set
+// and the error printed as error=... (2: bad environment, 3: start failed).
+std::shared_ptr<Agent> StartRoleAgent(int* exit_code) {
+  auto options = AgentOptions::FromEnv();
+  if (!options.ok()) {
+    std::printf("error=%s\n", std::string(options.status().message()).c_str());
+    *exit_code = 2;
+    return nullptr;
+  }
+  options->start_timeout = absl::Seconds(30);
+  auto agent = Agent::Start(*options, RegisterTestFunctions);
+  if (!agent.ok()) {
+    std::printf("error=%s\n", std::string(agent.status().message()).c_str());
+    *exit_code = 3;
+    return nullptr;
+  }
+  return *agent;
+}
+
 int RunRole(const std::string& role) {
   if (role == "worker") {
     // A worker that serves the test functions until the group shuts down.
@@ -157,36 +176,28 @@ int RunRole(const std::string& role) {
     // One of two workers on (perhaps) different hosts (multi_host_test.cc): rank 1 sends
     // rank 0 a large tensor and checks the echo. Both print the address they announced,
     // the one they dial for the other, and what went through shared memory.
-    auto options = AgentOptions::FromEnv();
-    if (!options.ok()) {
-      std::printf("error=%s\n", std::string(options.status().message()).c_str());
-      return 2;
-    }
-    options->start_timeout = absl::Seconds(30);
-    auto agent = Agent::Start(*options, RegisterTestFunctions);
-    if (!agent.ok()) {
-      std::printf("error=%s\n", std::string(agent.status().message()).c_str());
-      return 3;
-    }
-    const int peer = 1 - (*agent)->self().rank;
-    std::printf("address=%s\npeer_address=%s\n", (*agent)->self().address.c_str(),
-                (*agent)->workers()[static_cast<size_t>(peer)].address.c_str());
+    int failed = 0;
+    std::shared_ptr<Agent> agent = StartRoleAgent(&failed);
+    if (agent == nullptr) return failed;
+    const int peer = 1 - agent->self().rank;
+    std::printf("address=%s\npeer_address=%s\n", agent->self().address.c_str(),
+                agent->workers()[static_cast<size_t>(peer)].address.c_str());
     int code = 0;
-    if ((*agent)->self().rank == 1) {
+    if (agent->self().rank == 1) {
       Generator gen(7);
       const Tensor big = Tensor::Randn({1 << 20}, gen);  // 4 MiB: shared memory if allowed
       // A first call completes the shm handshake: its reply comes after the peer's 'K'.
-      (void)(*agent)->Sync<int64_t>("worker0", "noop");
-      absl::StatusOr<Tensor> echo = (*agent)->Sync<Tensor>("worker0", "echo", big);
+      (void)agent->Sync<int64_t>("worker0", "noop");
+      absl::StatusOr<Tensor> echo = agent->Sync<Tensor>("worker0", "echo", big);
       const bool same = echo.ok() && kernels::MaxAbsDiff(*echo, big) == 0.0;
       std::printf("echo=%s\n", same ? "ok" : (echo.ok() ? "different" : std::string(echo.status().message()).c_str()));
       code = same ? 0 : 4;
     }
-    if (absl::Status s = (*agent)->Shutdown(/*graceful=*/true); !s.ok()) {
+    if (absl::Status s = agent->Shutdown(/*graceful=*/true); !s.ok()) {
       std::printf("error=%s\n", std::string(s.message()).c_str());
       code = 5;
     }
-    const TransportStats stats = (*agent)->transport_stats();
+    const TransportStats stats = agent->transport_stats();
     std::printf("shared_memory_connections=%lld\nshared_memory_tensors=%lld\n",
                 static_cast<long long>(stats.shared_memory_connections),
                 static_cast<long long>(stats.shared_memory_tensors));
@@ -218,18 +229,10 @@ int RunRole(const std::string& role) {
     // starts a long call to rank 1 and prints connected=1; the test then cuts rank 1's
     // host off. Rank 0 prints how that call ended and when, checks rank 2 still answers,
     // and says done in the store; rank 2 waits for that. Rank 1 is killed by the test.
-    auto options = AgentOptions::FromEnv();
-    if (!options.ok()) {
-      std::printf("error=%s\n", std::string(options.status().message()).c_str());
-      return 2;
-    }
-    options->start_timeout = absl::Seconds(30);
-    auto agent = Agent::Start(*options, RegisterTestFunctions);
-    if (!agent.ok()) {
-      std::printf("error=%s\n", std::string(agent.status().message()).c_str());
-      return 3;
-    }
-    Agent& a = **agent;
+    int failed = 0;
+    std::shared_ptr<Agent> agent = StartRoleAgent(&failed);
+    if (agent == nullptr) return failed;
+    Agent& a = *agent;
     if (a.self().rank == 0) {
       if (!a.Sync<int64_t>("worker1", "noop").ok() || !a.Sync<int64_t>("worker2", "noop").ok()) return 4;
       Future<int64_t> call = a.Async<int64_t>("worker1", "sleep_ms", int64_t{60000}, CallOptions{.timeout = absl::Minutes(2)});
