@@ -1,7 +1,7 @@
 // Benchmark W15 `scale_out` of BENCHMARKS.md for gradwire: N = 8, 16, 32 worker processes
 // on this host (this program re-run; rank 0, this process, hosts the rendezvous store).
 //
-//   scale_bench [--quick]
+//   scale_bench [--quick] [N ...]      (default N: 8 16 32)
 //
 // For each N: rendezvous_s_w<N> is from the first process started until rank 0's
 // Agent::Start returned (every worker announced and seen); then every worker calls every
@@ -133,13 +133,19 @@ void Measure(int world, int calls) {
 
 int main(int argc, char** argv) {
   bool quick = false;
+  std::vector<int> worlds;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") != 0) {
-      std::fprintf(stderr, "usage: scale_bench [--quick]\n");
+    int n = 0;
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (absl::SimpleAtoi(argv[i], &n) && n >= 2 && n <= 1024) {
+      worlds.push_back(n);
+    } else {
+      std::fprintf(stderr, "usage: scale_bench [--quick] [N ...] (N: workers, 2 to 1024)\n");
       return 2;
     }
-    quick = true;
   }
+  if (worlds.empty()) worlds = {8, 16, 32};
   if (const char* rank = std::getenv("GW_BENCH_RANK")) {
     int r = 0, world = 0, port = 0, calls = 0;
     if (!absl::SimpleAtoi(rank, &r) || !absl::SimpleAtoi(std::getenv("GW_BENCH_WORLD"), &world) ||
@@ -149,7 +155,7 @@ int main(int argc, char** argv) {
     return Work(r, world, port, calls);
   }
   const int calls = quick ? 10 : 100;
-  for (int world : {8, 16, 32}) {
+  for (int world : worlds) {
     std::fprintf(stderr, "scale_out: gradwire, %d workers, %d calls to each peer\n", world, calls);
     Measure(world, calls);
   }
