@@ -538,21 +538,22 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       for (auto& [name, s] : shards_) shards.emplace_back(name, s);
     }
     for (auto& [table, s] : shards) {
-      std::vector<Promise<Tensor>> failed;
-      absl::Status why;
+      std::vector<std::pair<Promise<Tensor>, absl::Status>> failed;
       {
         absl::MutexLock lock(&s->mu);
-        if (s->waiting.empty()) continue;
-        int64_t needed = 0;
-        for (const Waiter& w : s->waiting) needed = std::max(needed, w.clock);
-        const std::string dead = trainers_.DeadAmong(s->clock.Lagging(needed));
-        if (dead.empty()) continue;
-        why = DeadTrainerError(table, *s, needed, dead);
-        for (Waiter& w : s->waiting) failed.push_back(w.answer);
-        s->waiting.clear();
-        s->step_deadline = absl::InfiniteFuture();
+        // Only the pulls that wait for a dead trainer (under bounded staleness an earlier
+        // clock may wait for live ones only).
+        auto keep = std::partition(s->waiting.begin(), s->waiting.end(), [&](const Waiter& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+          return trainers_.DeadAmong(s->clock.Lagging(w.clock)).empty();
+        });
+        for (auto it = keep; it != s->waiting.end(); ++it) {
+          failed.emplace_back(it->answer, DeadTrainerError(table, *s, it->clock,
+                                                           trainers_.DeadAmong(s->clock.Lagging(it->clock))));
+        }
+        s->waiting.erase(keep, s->waiting.end());
+        if (s->waiting.empty()) s->step_deadline = absl::InfiniteFuture();
       }
-      for (auto& p : failed) p.Set(why);
+      for (auto& [p, why] : failed) p.Set(why);
     }
   }
 

@@ -172,6 +172,7 @@ class Agent::Impl {
   explicit Impl(AgentOptions options)
       : options_(std::move(options)),
         pool_(static_cast<size_t>(std::max(1, options_.worker_threads)), "gw-worker"),
+        heartbeat_sender_(1, "gw-heartbeat"),
         timers_("gw-timer"),
         ids_(std::clamp(options_.rank, 0, GlobalId::kMaxRanks - 1)),
         liveness_(std::clamp(options_.world_size, 0, GlobalId::kMaxRanks),
@@ -190,6 +191,13 @@ class Agent::Impl {
         options_.rank >= options_.world_size) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, " is not in [0, ", options_.world_size,
                                                      ") or the world is larger than ", GlobalId::kMaxRanks));
+    }
+    if (options_.heartbeat_interval > absl::ZeroDuration() && options_.peer_timeout < 2 * options_.heartbeat_interval) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options_.name, ": AgentOptions::peer_timeout (", absl::FormatDuration(options_.peer_timeout),
+          ") must be at least twice heartbeat_interval (", absl::FormatDuration(options_.heartbeat_interval),
+          "), or a silent peer is declared dead before it could answer a ping; to turn heartbeats off set "
+          "heartbeat_interval (GRADWIRE_HEARTBEAT_INTERVAL) to 0"));
     }
     const absl::Time deadline = absl::Now() + options_.start_timeout;
     auto rendezvous = internal::Rendezvous::Join(options_, deadline);
@@ -381,6 +389,7 @@ class Agent::Impl {
     if (rrefs_) rrefs_->Close();
     timers_.Shutdown();
     pool_.Shutdown();
+    heartbeat_sender_.Shutdown();
     if (peers_) peers_->CloseAll();
     if (rendezvous_) rendezvous_->Close();
   }
@@ -491,7 +500,7 @@ class Agent::Impl {
 
   // ---------------------------------------------------------------- failure detection
 
-  void SendHeartbeat(Connection& conn, Kind kind) {
+  static void SendHeartbeat(Connection& conn, Kind kind) {
     Envelope beat;
     beat.kind = kind;
     if (absl::StatusOr<Message> m = internal::EncodeEnvelope(beat); m.ok()) conn.Send(*std::move(m));
@@ -509,13 +518,9 @@ class Agent::Impl {
     ranks.reserve(connected.size());
     for (const auto& [rank, conn] : connected) ranks.push_back(rank);
     internal::Liveness::Actions actions = liveness_.Tick(absl::Now(), ranks);
-    for (int rank : actions.ping) {
-      for (const auto& [r, conn] : connected) {
-        if (r == rank) SendHeartbeat(*conn, Kind::kPing);
-      }
-    }
     heartbeats_sent_.fetch_add(static_cast<int64_t>(actions.ping.size()), std::memory_order_relaxed);
     peers_declared_dead_.fetch_add(static_cast<int64_t>(actions.dead.size()), std::memory_order_relaxed);
+    // The dead first: closing a connection also frees a sender blocked on its full socket.
     for (int rank : actions.dead) {
       absl::Status why = UnavailableError(
           peers_->Describe(rank),
@@ -524,6 +529,21 @@ class Agent::Impl {
                        " (frozen, its host down, or the network between them cut; AgentOptions::peer_timeout)"));
       std::fprintf(stderr, "gradwire: %s\n", std::string(why.message()).c_str());
       peers_->CloseRank(rank, why);  // OnClose fails its calls and tells every layer
+    }
+    // Pings go out from a thread of their own, never from this one (a send may wait for
+    // the connection's writer: a large frame to a slow or frozen peer; and this thread runs
+    // every call's deadline and the next tick), nor from the worker pool (whose threads may
+    // all be busy in handlers on both ends of an idle connection).
+    std::vector<std::shared_ptr<Connection>> ping;
+    for (int rank : actions.ping) {
+      for (const auto& [r, conn] : connected) {
+        if (r == rank) ping.push_back(conn);
+      }
+    }
+    if (!ping.empty()) {
+      (void)heartbeat_sender_.Post([ping = std::move(ping)] {
+        for (const auto& conn : ping) SendHeartbeat(*conn, Kind::kPing);
+      });
     }
     timers_.After(liveness_.interval(), [this] { Heartbeat(); });
   }
@@ -654,6 +674,7 @@ class Agent::Impl {
   AgentOptions options_;
   Statistics statistics_;
   ThreadPool pool_;
+  ThreadPool heartbeat_sender_;  // sends the pings (Heartbeat)
   TimerQueue timers_;
   GlobalIdGenerator ids_;
   internal::Liveness liveness_;  // Heard on I/O threads; ticked on the timer thread

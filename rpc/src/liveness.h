@@ -1,9 +1,10 @@
 // Internal: Liveness, the failure detector of one agent: which peers it still hears from.
 //
 // Contract
-//   - Every frame received from a peer, on any of its connections and of any kind (calls,
-//     replies, hellos, heartbeats), counts as hearing from it: Heard(rank) is one relaxed
-//     atomic increment on the transport's I/O thread (no lock, no clock on the hot path).
+//   - Every frame received from a peer on an identified connection (calls, replies,
+//     heartbeats; not the hello that identifies it), counts as hearing from it:
+//     Heard(rank) is one relaxed atomic increment on the transport's I/O thread (no lock,
+//     no clock; the agent finds the rank with the reader-locked lookup it needs anyway).
 //   - Tick(now, connected) runs every `interval` (the agent's TimerQueue) over the ranks
 //     this worker has a connection to, and answers what to do:
 //       ping  the peers not heard from for at least `interval`: the agent sends each a

@@ -144,7 +144,8 @@ struct AgentOptions {
   // peer_timeout is declared dead (frozen, its host gone, or cut off), so it is reported
   // within peer_timeout + heartbeat_interval (3 s by default) of the last frame it sent.
   // Traffic counts as hearing: a busy connection is never pinged. A zero interval turns
-  // heartbeats off (then only a closed connection declares a peer dead). A single frame
+  // heartbeats off (then only a closed connection declares a peer dead); otherwise Start
+  // refuses a peer_timeout below twice the interval (INVALID_ARGUMENT). A single frame
   // that takes longer than peer_timeout to arrive (gigabytes over a slow link) looks like
   // silence: raise peer_timeout for such links.
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
