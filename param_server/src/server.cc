@@ -537,21 +537,23 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       absl::MutexLock lock(&mu_);
       for (auto& [name, s] : shards_) shards.emplace_back(name, s);
     }
-    for (auto& [table, s] : shards) {
+    for (auto& [table, shard] : shards) {
+      Shard& s = *shard;  // a plain reference: lambdas may not capture structured bindings
       std::vector<std::pair<Promise<Tensor>, absl::Status>> failed;
       {
-        absl::MutexLock lock(&s->mu);
+        absl::MutexLock lock(&s.mu);
         // Only the pulls that wait for a dead trainer (under bounded staleness an earlier
         // clock may wait for live ones only).
-        auto keep = std::partition(s->waiting.begin(), s->waiting.end(), [&](const Waiter& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-          return trainers_.DeadAmong(s->clock.Lagging(w.clock)).empty();
-        });
-        for (auto it = keep; it != s->waiting.end(); ++it) {
-          failed.emplace_back(it->answer, DeadTrainerError(table, *s, it->clock,
-                                                           trainers_.DeadAmong(s->clock.Lagging(it->clock))));
+        auto keep = std::partition(s.waiting.begin(), s.waiting.end(),
+                                   [&](const Waiter& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+                                     return trainers_.DeadAmong(s.clock.Lagging(w.clock)).empty();
+                                   });
+        for (auto it = keep; it != s.waiting.end(); ++it) {
+          failed.emplace_back(it->answer,
+                              DeadTrainerError(table, s, it->clock, trainers_.DeadAmong(s.clock.Lagging(it->clock))));
         }
-        s->waiting.erase(keep, s->waiting.end());
-        if (s->waiting.empty()) s->step_deadline = absl::InfiniteFuture();
+        s.waiting.erase(keep, s.waiting.end());
+        if (s.waiting.empty()) s.step_deadline = absl::InfiniteFuture();
       }
       for (auto& [p, why] : failed) p.Set(why);
     }
