@@ -161,7 +161,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     absl::MutexLock lock(&mu_);
     for (int rank : {from, id.rank()}) {
       if (gone_.contains(rank)) {
-        return rpc::DeclaredDeadError(Name(rank));
+        return agent_.PeerGoneError(rank);
       }
     }
     auto& slot = contexts_[id];
@@ -322,11 +322,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     return absl::OkStatus();
   }
 
-  std::string Name(int rank) const {
-    const auto& w = agent_.workers();
-    return rank >= 0 && rank < static_cast<int>(w.size()) ? w[static_cast<size_t>(rank)].name
-                                                          : absl::StrCat("rank ", rank);
-  }
+  std::string Name(int rank) const { return agent_.NameOf(rank); }
 
  private:
   // An outgoing message of a context: one SendFunction for its tensors that require grad.

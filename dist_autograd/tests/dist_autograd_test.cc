@@ -329,6 +329,37 @@ TEST(DistAutogradTest, ContextsOfADeadCreatorAreReclaimed) {
   w.group.reset();
 }
 
+// Elastic groups (rpc agent.h): a worker that leaves the job mid-context. The backward
+// pass of a context that sent through it ends at once with an error saying it left, and
+// its contexts on the others are reclaimed; nothing waits.
+TEST(DistAutogradTest, AContextThroughAWorkerThatLeftEndsWithAClearError) {
+  World w(3);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  {
+    Context ctx(w.engine(0));
+    absl::StatusOr<Tensor> y = w.agent(0).Sync<Tensor>("worker1", "stage_then", x, std::string("worker2"));
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(w.engine(2).live_contexts(), 1u);
+    ASSERT_TRUE(w.agent(2).Leave().ok());
+    const absl::Time start = absl::Now();
+    absl::Status s = ctx.Backward({Sum(Mul(*y, *y))}, BackwardOptions{.timeout = absl::Seconds(60)});
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "worker2 is unavailable: it left the job")) << s;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+    // A new context does not reach it either.
+    Context next(w.engine(0));
+    absl::StatusOr<Tensor> again = w.agent(0).Sync<Tensor>("worker2", "stage", x);
+    EXPECT_TRUE(absl::StrContains(again.status().message(), "left the job")) << again.status();
+  }
+  EXPECT_TRUE(w.engine(1).AwaitContexts([](size_t live) { return live == 0; }, absl::Now() + absl::Seconds(10)))
+      << w.engine(1).live_contexts() << " context(s) left on worker1";
+  std::thread t1([&] { EXPECT_TRUE(w.agent(1).Shutdown().ok()); });
+  EXPECT_TRUE(w.agent(0).Shutdown().ok());
+  t1.join();
+  w.group.reset();
+}
+
 // ------------------------------------------------------------------ under faults
 
 // The chain of ChainAcrossThreeWorkersMatchesLocalGradients, `rounds` times; returns how

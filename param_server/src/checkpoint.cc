@@ -4,7 +4,10 @@
 //   init         float64 [2]: RowInit a, b (sparse)
 //   opt.d.<f>    float64 scalar: a numeric optimizer hyper-parameter
 //   opt.b.<f>    int64 scalar 0/1: a boolean one
-//   clocks       int64 [trainers];  pushed  int64 [k] (trainers in the open synchronous step)
+//   trainers     int64 [k, 4]: each trainer's index, first and last clock, next clock
+//                (elastic trainers; older checkpoints have clocks int64 [trainers], the
+//                next clocks of trainers 0 .. trainers-1)
+//   pushed       int64 [k] (trainers in the open synchronous step)
 //   dense:  values float32 [n]; state.<buffer> float32 [n]; sum float32 [n] (open step)
 //   sparse: ids int64 [rows]; rows float32 [rows, dim * (1 + state size)] (values then
 //           state); steps int64 [rows]; sum_ids int64 [k], sum_rows float32 [k, dim]
@@ -65,7 +68,9 @@ void Snapshot(const std::string& table, Shard& s, nn::NamedTensors& out) {
       put(absl::StrCat("opt.b.", field), Tensor::Scalar(v ? 1 : 0, DType::kInt64));
     }
   });
-  put("clocks", Int64s(s.clock.next_clocks()));
+  std::vector<int64_t> trainers;
+  for (const auto& [t, span] : s.clock.trainers()) trainers.insert(trainers.end(), {t, span.from, span.until, span.next});
+  put("trainers", Tensor::FromVector(trainers, {static_cast<int64_t>(s.clock.trainers().size()), 4}));
   put("pushed", Int64s(std::vector<int64_t>(s.clock.pushed().begin(), s.clock.pushed().end())));
   if (!c.sparse) {
     put("values", kernels::Clone(s.values));
@@ -180,20 +185,40 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
     Shard* s = out.emplace_back(table, std::make_unique<Shard>(c)).second.get();
     absl::MutexLock lock(&s->mu);  // not shared yet; for the analysis of its guarded fields
     s->state.step = meta[kStateStep];
-    absl::StatusOr<Tensor> clocks = need("clocks", DType::kInt64), pushed = need("pushed", DType::kInt64);
-    if (!clocks.ok()) return clocks.status();
+    absl::StatusOr<Tensor> pushed = need("pushed", DType::kInt64);
     if (!pushed.ok()) return pushed.status();
-    std::vector<int64_t> next = ToInt64s(*clocks);
-    if (next.size() != static_cast<size_t>(c.trainers)) {
-      return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': clocks for ", next.size(),
-                                              " trainers, expected ", c.trainers));
+    std::map<int, ConsistencyClock::Trainer> trainers;
+    if (f.contains("trainers")) {
+      absl::StatusOr<Tensor> rows = need("trainers", DType::kInt64);
+      if (!rows.ok()) return rows.status();
+      const std::vector<int64_t> v = ToInt64s(*rows);
+      if (rows->dim() != 2 || rows->size(1) != 4) {
+        return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': trainers is not [k, 4]"));
+      }
+      for (size_t i = 0; i + 3 < v.size(); i += 4) {
+        if (v[i] < 0 || v[i] >= kMaxTrainers || v[i + 1] < 0 || v[i + 2] < v[i + 1] - 1) {
+          return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': bad trainer ", v[i]));
+        }
+        trainers[static_cast<int>(v[i])] = {v[i + 1], v[i + 2], v[i + 3]};
+      }
+    } else {
+      absl::StatusOr<Tensor> clocks = need("clocks", DType::kInt64);
+      if (!clocks.ok()) return clocks.status();
+      std::vector<int64_t> next = ToInt64s(*clocks);
+      if (next.size() != static_cast<size_t>(c.trainers)) {
+        return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': clocks for ", next.size(),
+                                                " trainers, expected ", c.trainers));
+      }
+      for (int t = 0; t < c.trainers; ++t) trainers[t] = {0, ConsistencyClock::kForever, next[static_cast<size_t>(t)]};
     }
     std::set<int> counted;
     for (int64_t t : ToInt64s(*pushed)) {
-      if (t < 0 || t >= c.trainers) return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': no trainer ", t));
+      if (!trainers.contains(static_cast<int>(t))) {
+        return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': no trainer ", t));
+      }
       counted.insert(static_cast<int>(t));
     }
-    s->clock.Restore(meta[kApplied], std::move(next), std::move(counted));
+    s->clock.Restore(meta[kApplied], std::move(trainers), std::move(counted));
     if (!c.sparse) {
       s->values = kernels::Clone(*values);
       const Shape shape = values->sizes();

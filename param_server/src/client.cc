@@ -383,6 +383,41 @@ Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tens
   return AllAcknowledged(agent_.executor(), std::move(pushed));
 }
 
+absl::StatusOr<int64_t> Client::Join(const std::string& name) {
+  if (absl::StatusOr<Table> table = Find(name); !table.ok()) return table.status();
+  // Ask every server where it would take this trainer (from < 0), then to take it from
+  // the furthest answer; a synchronous step that started meanwhile on some server
+  // answers with a later clock: ask all again with that (each round needs a step of the
+  // other trainers to complete first, so a few rounds at most).
+  int64_t from = -1;
+  for (int round = 0; round < 1000; ++round) {
+    std::vector<Future<int64_t>> answers;
+    for (const std::string& server : servers_) {
+      answers.push_back(Call<int64_t>([agent = &agent_, server, m = JoinTableMessage{name, trainer_, from}] {
+        return agent->Send(server, m);
+      }));
+    }
+    absl::StatusOr<std::vector<int64_t>> clocks = WhenAll(agent_.executor(), std::move(answers)).Get();
+    if (!clocks.ok()) return clocks.status();
+    const int64_t furthest = std::max<int64_t>(0, *std::max_element(clocks->begin(), clocks->end()));
+    if (from >= 0 && furthest == from) return from;
+    from = furthest;
+  }
+  return absl::DeadlineExceededError(absl::StrCat("trainer ", trainer_, " could not join table '", name,
+                                                  "': its steps kept moving on while it asked the servers"));
+}
+
+absl::Status Client::Leave(const std::string& name, int64_t last_clock) {
+  if (absl::StatusOr<Table> table = Find(name); !table.ok()) return table.status();
+  std::vector<Future<Ack>> left;
+  for (const std::string& server : servers_) {
+    left.push_back(Call<Ack>([agent = &agent_, server, m = LeaveTableMessage{name, trainer_, last_clock}] {
+      return agent->Send(server, m);
+    }));
+  }
+  return WhenAll(agent_.executor(), std::move(left)).Get().status();
+}
+
 Future<std::vector<std::string>> Client::Checkpoint() {
   std::vector<Future<std::string>> paths;
   for (size_t i = 0; i < servers_.size(); ++i) {

@@ -14,9 +14,27 @@
 //       kAsync            ops.apply_now (no identity: a retried push applies again).
 //       kBoundedStaleness clock below the trainer's next clock: a retry; otherwise
 //                         ops.apply_now and the trainer's next clock is clock + 1.
-//     kSync and kBoundedStaleness check the trainer (INVALID_ARGUMENT outside [0,
-//     trainers)). An op that throws leaves the clock as if the push had not come (the
-//     trainer is not counted) and the exception propagates.
+//     kSync and kBoundedStaleness check the trainer: INVALID_ARGUMENT when it is not one
+//     of the table's, FAILED_PRECONDITION for a step before it joined or after it left.
+//     An op that throws leaves the clock as if the push had not come (the trainer is not
+//     counted) and the exception propagates.
+//   - Trainers: 0 .. trainers-1 from clock 0 (the table's creation), then elastic:
+//       Join(t, from, ops)  trainer t takes part from clock `from` on. kSync: a step that
+//                           has started (from < the open step) cannot take it: the open
+//                           step is returned instead, to ask again with (the client asks
+//                           every server with the largest answer until all admit it). A
+//                           trainer admitted before that has not pushed moves to the later
+//                           clock (the step it was admitted to may then complete without
+//                           it: ops.apply_step). kBoundedStaleness: its clock starts at
+//                           `from`. kAsync: nothing to do. Returns the clock it takes part
+//                           from. JoinHint() is where a trainer would join now (kSync: the
+//                           open step; kBoundedStaleness: the furthest trainer's clock).
+//       Leave(t, last, ops) trainer t took part up to its push at clock `last`: kSync steps
+//                           after `last` complete without it (the open step at once, with
+//                           ops.apply_step, when the others have pushed it), and
+//                           kBoundedStaleness pulls stop waiting for it.
+//     A kSync step is the mean of the pushes of the trainers that take part in it (those
+//     that joined at or before it and did not leave before it).
 //   - Readable(clock): a pull for `clock` may be served now (kSync: step clock - 1 was
 //     applied; kBoundedStaleness: every trainer has reached clock - staleness; kAsync:
 //     always).
@@ -27,8 +45,11 @@
 #define GRADWIRE_PARAM_SERVER_SRC_CONSISTENCY_CLOCK_H_
 
 #include <cstdint>
+#include <climits>
 #include <functional>
+#include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,35 +67,50 @@ class ConsistencyClock {
     std::function<void()> drop_step;   // kSync: forget the open step's pushes
   };
 
+  static constexpr int64_t kForever = INT64_MAX;
+  // A trainer of the table: it takes part in clocks [from, until].
+  struct Trainer {
+    int64_t from = 0;
+    int64_t until = kForever;
+    int64_t next = 0;  // kBoundedStaleness: the clock after its last push
+  };
+
   ConsistencyClock(Consistency mode, int trainers, int64_t staleness);
 
   absl::Status Push(int64_t clock, int64_t trainer, const Ops& ops);
   bool Readable(int64_t clock) const;
   std::vector<int> Lagging(int64_t clock) const;
 
+  int64_t JoinHint() const;
+  int64_t Join(int trainer, int64_t from, const Ops& ops);
+  void Leave(int trainer, int64_t last, const Ops& ops);
+
   Consistency mode() const { return mode_; }
-  int trainers() const { return trainers_; }
   int64_t staleness() const { return staleness_; }
   // kSync: steps applied (the open step's clock).
   int64_t applied() const { return applied_; }
-  // kSync: trainers counted in the open step.
+  // kSync: trainers counted in the open step, and how many take part in it.
   const std::set<int>& pushed() const { return pushed_; }
-  // kBoundedStaleness: each trainer's next clock.
-  const std::vector<int64_t>& next_clocks() const { return next_; }
+  int taking_part() const;
+  // Every trainer the table has had and may still hear from, by index.
+  const std::map<int, Trainer>& trainers() const { return trainers_; }
   bool restored() const { return restored_; }
 
-  // REQUIRES: next_clocks.size() == trainers, every pushed trainer in [0, trainers).
-  void Restore(int64_t applied, std::vector<int64_t> next_clocks, std::set<int> pushed);
+  // REQUIRES: every pushed trainer is one of `trainers`.
+  void Restore(int64_t applied, std::map<int, Trainer> trainers, std::set<int> pushed);
 
  private:
   absl::Status AddToStep(int64_t clock, int trainer, const Ops& ops);
+  bool TakesPart(int trainer, int64_t clock) const;
+  // kSync: applies the open step once every trainer taking part pushed it.
+  void CompleteStep(const Ops& ops);
+  std::string Names() const;  // "0, 1, 2"
 
   const Consistency mode_;
-  const int trainers_;
   const int64_t staleness_;
   int64_t applied_ = 0;
   std::set<int> pushed_;
-  std::vector<int64_t> next_;
+  std::map<int, Trainer> trainers_;
   bool restored_ = false;
 };
 

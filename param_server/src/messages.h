@@ -132,6 +132,33 @@ struct PushRowsMessage {
   }
 };
 
+// A trainer joins a table (elastic trainers, ConsistencyClock::Join): answered with the
+// clock it takes part from; `from` < 0 only asks where it would join now.
+struct JoinTableMessage {
+  static constexpr char kFunction[] = "__ps.join";
+  using Reply = int64_t;
+  std::string table;
+  int64_t trainer = 0;
+  int64_t from = -1;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &JoinTableMessage::table), Field("trainer", &JoinTableMessage::trainer),
+                           Field("from", &JoinTableMessage::from));
+  }
+};
+
+// A trainer leaves a table after its push at `last` (ConsistencyClock::Leave).
+struct LeaveTableMessage {
+  static constexpr char kFunction[] = "__ps.leave";
+  using Reply = Ack;
+  std::string table;
+  int64_t trainer = 0;
+  int64_t last = -1;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &LeaveTableMessage::table), Field("trainer", &LeaveTableMessage::trainer),
+                           Field("last", &LeaveTableMessage::last));
+  }
+};
+
 // Write a checkpoint now; answered with its path.
 struct CheckpointMessage {
   static constexpr char kFunction[] = "__ps.checkpoint";

@@ -81,6 +81,12 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                    self->trainers_.Pushed(m.trainer, info.caller_rank, info.caller);
                    return self->PushPullMany(m);
                  }),
+             agent_.Handle<internal::JoinTableMessage>([self](const CallInfo& info, const internal::JoinTableMessage& m) {
+               if (m.from >= 0) self->trainers_.Pushed(m.trainer, info.caller_rank, info.caller);
+               return self->JoinTable(m);
+             }),
+             agent_.Handle<internal::LeaveTableMessage>(
+                 [self](const CallInfo&, const internal::LeaveTableMessage& m) { return self->LeaveTable(m); }),
              agent_.Handle<internal::CheckpointMessage>(
                  [self](const CallInfo&, internal::CheckpointMessage) { return self->Checkpoint(); }),
              agent_.Handle<internal::ShardRRefMessage>(
@@ -354,19 +360,27 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   // whenever some are released.
   absl::Status Admit(const std::string& table, Shard& s, int64_t clock, int64_t trainer,
                      const std::function<absl::Status()>& check, const ConsistencyClock::Ops& ops) {
-    const std::string where = absl::StrCat("table '", table, "' on ", name_);
     if (s.config.sparse && s.config.consistency == Consistency::kAsync) {
       // Nothing waits on an asynchronous table and its rows have their own locks: pushes
       // run in parallel with each other and with pulls.
-      return rpc::CatchExceptions(where, [&] { ops.apply_now(); });
+      return rpc::CatchExceptions(absl::StrCat("table '", table, "' on ", name_), [&] { ops.apply_now(); });
     }
+    return ChangeClock(table, s, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+      if (absl::Status c = check(); !c.ok()) return c;
+      return s.clock.Push(clock, trainer, ops);
+    });
+  }
+
+  // Runs `change` on the shard's clock (under its lock: a push, a trainer joining or
+  // leaving), then answers the pulls it released.
+  absl::Status ChangeClock(const std::string& table, Shard& s, const std::function<absl::Status()>& change) {
+    const std::string where = absl::StrCat("table '", table, "' on ", name_);
     std::vector<std::pair<Promise<Tensor>, Tensor>> ready;
     absl::Status status;
     {
       absl::MutexLock lock(&s.mu);
-      if (absl::Status c = check(); !c.ok()) return c;
       try {
-        status = s.clock.Push(clock, trainer, ops);
+        status = change();
       } catch (...) {
         status = rpc::StatusFromException("the update");
       }
@@ -394,30 +408,73 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                                                      grad.defined() ? ShapeToString(grad.sizes()) : "undefined",
                                                      " for a shard of shape ", ShapeToString(s.values.sizes())));
     };
-    ConsistencyClock::Ops ops;
+    ConsistencyClock::Ops ops = StepOps(s);
     // Received gradients are kept as they are (never written: a caller on this worker
     // may share them). Pushes before the last are summed as they arrive, so that the
     // last one only adds itself while averaging (one pass on the step's critical path).
     ops.accumulate = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
       s.pending.push_back(kernels::Contiguous(grad));
-      if (s.pending.size() == 2 && static_cast<int>(s.clock.pushed().size()) + 1 < s.config.trainers) {
+      if (s.pending.size() == 2 && static_cast<int>(s.clock.pushed().size()) + 1 < s.clock.taking_part()) {
         s.pending = {kernels::Add(s.pending[0], s.pending[1])};
       }
     };
-    ops.apply_step = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-      // The average of the pushes is formed block by block inside the update (one pass).
-      // Large shards are updated in ranges on the worker pool too (the trainers wait).
-      optim::UpdateWithAverage(s.config.optimizer, s.values, s.pending, s.config.trainers, s.state,
-                               [this](int64_t n, const std::function<void(int64_t)>& task) {
-                                 rpc::ParallelFor(agent_.executor(), n, task);
-                               });
-      s.pending.clear();
-    };
-    ops.drop_step = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { s.pending.clear(); };
     ops.apply_now = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
       optim::Update(s.config.optimizer, s.values, grad, s.state);
     };
     return Admit(table, s, clock, trainer, check, ops);
+  }
+
+  // What completing or dropping a synchronous step does to the shard's data: applies (or
+  // forgets) the mean of the pushes of the trainers that took part in it.
+  ConsistencyClock::Ops StepOps(Shard& s) {
+    ConsistencyClock::Ops ops;
+    if (s.config.sparse) {
+      ops.apply_step = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+        internal::ApplyRowSum(*s.rows, s.config.optimizer, s.row_sum, 1.0f / static_cast<float>(s.clock.pushed().size()));
+      };
+      ops.drop_step = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { s.row_sum.Clear(); };
+      return ops;
+    }
+    ops.apply_step = [this, &s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+      // The average of the pushes is formed block by block inside the update (one pass).
+      // Large shards are updated in ranges on the worker pool too (the trainers wait).
+      optim::UpdateWithAverage(s.config.optimizer, s.values, s.pending, static_cast<int64_t>(s.clock.pushed().size()),
+                               s.state, [this](int64_t n, const std::function<void(int64_t)>& task) {
+                                 rpc::ParallelFor(agent_.executor(), n, task);
+                               });
+      s.pending.clear();
+    };
+    ops.drop_step = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { s.pending.clear(); };
+    return ops;
+  }
+
+  // ---------------------------------------------------------------- elastic trainers
+
+  absl::StatusOr<int64_t> JoinTable(const internal::JoinTableMessage& m) {
+    absl::StatusOr<std::shared_ptr<Shard>> found = Find(m.table);
+    if (!found.ok()) return found.status();
+    if (m.trainer < 0 || m.trainer >= internal::kMaxTrainers) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", m.table, "': no trainer index ", m.trainer, " (at most ",
+                                                     internal::kMaxTrainers, ")"));
+    }
+    Shard& s = **found;
+    int64_t joined = 0;
+    absl::Status status = ChangeClock(m.table, s, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+      joined = m.from < 0 ? s.clock.JoinHint() : s.clock.Join(static_cast<int>(m.trainer), m.from, StepOps(s));
+      return absl::OkStatus();
+    });
+    if (!status.ok()) return status;
+    return joined;
+  }
+
+  absl::Status LeaveTable(const internal::LeaveTableMessage& m) {
+    absl::StatusOr<std::shared_ptr<Shard>> found = Find(m.table);
+    if (!found.ok()) return found.status();
+    Shard& s = **found;
+    return ChangeClock(m.table, s, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+      if (m.trainer >= 0 && m.trainer < internal::kMaxTrainers) s.clock.Leave(static_cast<int>(m.trainer), m.last, StepOps(s));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status PushRows(const internal::PushRowsMessage& m) {
@@ -437,12 +494,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     }
     const Tensor id = kernels::Contiguous(m.ids), g = kernels::Contiguous(m.grad);
     const optim::OptimizerConfig& optimizer = s.config.optimizer;
-    ConsistencyClock::Ops ops;
+    ConsistencyClock::Ops ops = StepOps(s);
     ops.accumulate = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { s.row_sum.Add(id, g, dim); };
-    ops.apply_step = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-      internal::ApplyRowSum(*s.rows, optimizer, s.row_sum, 1.0f / static_cast<float>(s.config.trainers));
-    };
-    ops.drop_step = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { s.row_sum.Clear(); };
     ops.apply_now = [&] { internal::ApplyRows(*s.rows, optimizer, id, g); };
     return Admit(m.table, s, m.clock, m.trainer, [] { return absl::OkStatus(); }, ops);
   }

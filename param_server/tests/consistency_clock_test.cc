@@ -45,7 +45,7 @@ TEST(ConsistencyClockTest, SyncAppliesAStepOnceEveryTrainerPushedItAndCountsEach
   absl::Status ahead = clock.Push(5, 0, r.Ops());
   EXPECT_EQ(ahead.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ahead.message(), "push for step 5 while step 1 is being aggregated");
-  EXPECT_EQ(clock.Push(0, 3, r.Ops()).code(), absl::StatusCode::kInvalidArgument);  // no trainer 3
+  EXPECT_EQ(clock.Push(1, 3, r.Ops()).code(), absl::StatusCode::kInvalidArgument);  // no trainer 3
   EXPECT_EQ(clock.Push(0, -1, r.Ops()).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -63,7 +63,7 @@ TEST(ConsistencyClockTest, AFailedAccumulateDoesNotCountTheTrainer) {
 
 TEST(ConsistencyClockTest, ARestoredClockJoinsTrainersThatAreAhead) {
   ConsistencyClock clock(Consistency::kSync, 2, 0);
-  clock.Restore(/*applied=*/3, {0, 0}, {1});  // checkpoint taken with trainer 1 in step 3
+  clock.Restore(/*applied=*/3, {{0, {}}, {1, {}}}, {1});  // checkpoint taken with trainer 1 in step 3
   EXPECT_TRUE(clock.restored());
   Recorder r;
   // The trainers are at step 7 (the steps in between were lost with the server).
@@ -100,8 +100,66 @@ TEST(ConsistencyClockTest, BoundedStalenessLetsATrainerRunAtMostSAhead) {
   EXPECT_TRUE(clock.Readable(3));
   ASSERT_TRUE(clock.Push(0, 1, r.Ops()).ok());  // a retry: not applied again
   EXPECT_EQ(r.log, "nnnnn");
-  EXPECT_EQ(clock.next_clocks(), (std::vector<int64_t>{4, 1}));
+  EXPECT_EQ(clock.trainers().at(0).next, 4);
+  EXPECT_EQ(clock.trainers().at(1).next, 1);
   EXPECT_EQ(clock.Push(0, 2, r.Ops()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Elastic trainers: a synchronous table takes a trainer at a step boundary only, and a
+// step completes with the trainers that take part in it.
+TEST(ConsistencyClockTest, SyncTrainersJoinAtAStepBoundaryAndLeaveAfterTheirLastPush) {
+  ConsistencyClock clock(Consistency::kSync, 2, 0);
+  Recorder r;
+  ASSERT_TRUE(clock.Push(0, 0, r.Ops()).ok());
+  EXPECT_EQ(clock.JoinHint(), 0);
+  EXPECT_EQ(clock.Join(5, 0, r.Ops()), 0);  // the open step: it waits for trainer 5 too
+  ASSERT_TRUE(clock.Push(0, 1, r.Ops()).ok());
+  EXPECT_EQ(r.log, "aa");
+  EXPECT_EQ(clock.Lagging(1), std::vector<int>{5});
+  // Another server had passed step 0 meanwhile: the client asks again with step 1, and
+  // step 0 here completes without trainer 5.
+  EXPECT_EQ(clock.Join(5, 1, r.Ops()), 1);
+  EXPECT_EQ(r.log, "aas");
+  EXPECT_EQ(clock.applied(), 1);
+  EXPECT_EQ(clock.Join(6, 0, r.Ops()), 1);  // step 0 is over: ask again with 1
+  EXPECT_EQ(clock.Push(0, 6, r.Ops()).code(), absl::StatusCode::kOk);  // a late retry of step 0: nothing
+  EXPECT_EQ(clock.Push(1, 6, r.Ops()).code(), absl::StatusCode::kInvalidArgument);  // never admitted
+  // Step 1: three trainers.
+  for (int t : {0, 1}) ASSERT_TRUE(clock.Push(1, t, r.Ops()).ok());
+  EXPECT_EQ(clock.taking_part(), 3);
+  ASSERT_TRUE(clock.Push(1, 5, r.Ops()).ok());
+  EXPECT_EQ(r.log, "aasaaas");
+  // Trainer 1 pushes step 2, then leaves after it; trainer 0 leaves after step 1 (it
+  // never pushes step 2): step 2 completes with 1 and 5.
+  ASSERT_TRUE(clock.Push(2, 1, r.Ops()).ok());
+  clock.Leave(1, 2, r.Ops());
+  clock.Leave(0, 1, r.Ops());
+  EXPECT_EQ(clock.Lagging(3), std::vector<int>{5});
+  ASSERT_TRUE(clock.Push(2, 5, r.Ops()).ok());
+  EXPECT_EQ(r.log, "aasaaasaas");
+  EXPECT_EQ(clock.applied(), 3);
+  EXPECT_EQ(clock.taking_part(), 1);
+  absl::Status gone = clock.Push(3, 1, r.Ops());
+  EXPECT_EQ(gone.code(), absl::StatusCode::kInvalidArgument) << gone;
+  // The last one leaving while the others already pushed completes the open step.
+  ConsistencyClock two(Consistency::kSync, 2, 0);
+  ASSERT_TRUE(two.Push(0, 0, r.Ops()).ok());
+  two.Leave(1, -1, r.Ops());
+  EXPECT_EQ(two.applied(), 1);
+}
+
+TEST(ConsistencyClockTest, BoundedStalenessTrainersJoinAtTheFrontAndStopHoldingOthersBackWhenTheyLeave) {
+  ConsistencyClock clock(Consistency::kBoundedStaleness, 2, /*staleness=*/0);
+  Recorder r;
+  for (int64_t c = 0; c < 3; ++c) ASSERT_TRUE(clock.Push(c, 0, r.Ops()).ok());
+  ASSERT_TRUE(clock.Push(0, 1, r.Ops()).ok());
+  EXPECT_EQ(clock.JoinHint(), 3);
+  EXPECT_EQ(clock.Join(2, 3, r.Ops()), 3);
+  EXPECT_EQ(clock.Lagging(3), std::vector<int>{1});  // not the newcomer
+  clock.Leave(1, 0, r.Ops());
+  EXPECT_TRUE(clock.Readable(3));
+  ASSERT_TRUE(clock.Push(3, 2, r.Ops()).ok());
+  EXPECT_EQ(clock.Push(1, 1, r.Ops()).code(), absl::StatusCode::kInvalidArgument);  // it left
 }
 
 }  // namespace

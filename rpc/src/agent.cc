@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -28,6 +29,7 @@
 #include "host_address.h"
 #include "launch_env.h"
 #include "liveness.h"
+#include "members.h"
 #include "peers.h"
 #include "rendezvous.h"
 #include "rref_context.h"
@@ -36,6 +38,21 @@
 
 namespace gw::rpc {
 namespace {
+
+// A worker that joined the group introduces itself to a member (Agent::Start): its hello
+// admitted it; the answer says so.
+struct JoinNotice {
+  static constexpr char kFunction[] = "__agent.join";
+  using Reply = Ack;
+  static constexpr auto Fields() { return std::tuple<>(); }
+};
+
+// A member tells the others it leaves the group (Agent::Leave).
+struct LeaveNotice {
+  static constexpr char kFunction[] = "__agent.leave";
+  using Reply = Ack;
+  static constexpr auto Fields() { return std::tuple<>(); }
+};
 
 // Another worker's statistics (Agent::StatisticsOf).
 struct StatisticsQuery {
@@ -62,7 +79,7 @@ std::string Env(const char* name) {  // "" when unset
 // late must reach their owners.
 bool IsShutdownControl(const std::string& function) {
   return function == internal::RRefFork::kFunction || function == internal::RRefAccept::kFunction ||
-         function == internal::RRefDelete::kFunction;
+         function == internal::RRefDelete::kFunction || function == LeaveNotice::kFunction;
 }
 
 // FromEnv's addresses: GRADWIRE_LISTEN / GRADWIRE_ADVERTISE, else loopback for a local
@@ -94,10 +111,19 @@ absl::Status ChooseAddresses(const char* variable, const std::string& rendezvous
 absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
   AgentOptions o;
   const std::string rdzv = Env("GRADWIRE_RDZV");
-  absl::StatusOr<internal::LaunchEnv> launch = internal::ReadLaunchEnv(Env, /*need_master=*/rdzv.empty());
+  o.join = Env("GRADWIRE_JOIN") == "1";
+  // A worker that joins gets its rank from the group: RANK is not needed.
+  auto env = [&o](const char* name) { return o.join && std::string(name) == "RANK" && Env(name).empty() ? "0" : Env(name); };
+  absl::StatusOr<internal::LaunchEnv> launch = internal::ReadLaunchEnv(env, /*need_master=*/rdzv.empty());
   if (!launch.ok()) return launch.status();
   o.rank = launch->rank;
   o.world_size = launch->world_size;
+  if (std::string m = Env("GRADWIRE_MAX_WORLD_SIZE"); !m.empty()) {
+    if (!absl::SimpleAtoi(m, &o.max_world_size) || o.max_world_size < o.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: bad GRADWIRE_MAX_WORLD_SIZE=", m,
+                                                     " (a number of workers, at least WORLD_SIZE=", o.world_size, ")"));
+    }
+  }
   if (!rdzv.empty()) {  // etcd: nobody hosts the store
     absl::StatusOr<internal::EtcdUrl> url = internal::ParseEtcdUrl(rdzv);
     if (!url.ok()) {
@@ -133,18 +159,21 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
   return o;
 }
 
-// The functions of Agent::WatchPeers. A watch's deleter removes its function; it holds the
-// list weakly, so a watch may outlive the agent.
-class PeerWatchers : public std::enable_shared_from_this<PeerWatchers> {
+// The functions of Agent::WatchPeers (Event = int, a rank) and Agent::WatchMembers. A
+// watch's deleter removes its function; it holds the list weakly, so a watch may outlive
+// the agent.
+template <typename Event>
+class Watchers : public std::enable_shared_from_this<Watchers<Event>> {
  public:
-  Agent::PeerWatch Add(std::function<void(int)> fn) {
+  using Fn = std::function<void(const Event&)>;
+  Agent::PeerWatch Add(Fn fn) {
     int64_t id;
     {
       absl::MutexLock lock(&mu_);
       id = next_++;
-      fns_.emplace(id, std::make_shared<std::function<void(int)>>(std::move(fn)));
+      fns_.emplace(id, std::make_shared<Fn>(std::move(fn)));
     }
-    std::weak_ptr<PeerWatchers> weak = weak_from_this();
+    std::weak_ptr<Watchers> weak = this->weak_from_this();
     return Agent::PeerWatch(nullptr, [weak, id](void*) {
       if (auto self = weak.lock()) {
         absl::MutexLock lock(&self->mu_);
@@ -152,19 +181,19 @@ class PeerWatchers : public std::enable_shared_from_this<PeerWatchers> {
       }
     });
   }
-  void Notify(int rank) {
-    std::vector<std::shared_ptr<std::function<void(int)>>> fns;
+  void Notify(const Event& event) {
+    std::vector<std::shared_ptr<Fn>> fns;
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [id, fn] : fns_) fns.push_back(fn);
     }
-    for (const auto& fn : fns) (*fn)(rank);  // outside the lock: a function may drop its watch
+    for (const auto& fn : fns) (*fn)(event);  // outside the lock: a function may drop its watch
   }
 
  private:
   absl::Mutex mu_;
   int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int64_t, std::shared_ptr<std::function<void(int)>>> fns_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::shared_ptr<Fn>> fns_ ABSL_GUARDED_BY(mu_);
 };
 
 class Agent::Impl {
@@ -173,13 +202,7 @@ class Agent::Impl {
       : options_(std::move(options)),
         pool_(static_cast<size_t>(std::max(1, options_.worker_threads)), "gw-worker"),
         heartbeat_sender_(1, "gw-heartbeat"),
-        timers_("gw-timer"),
-        ids_(std::clamp(options_.rank, 0, GlobalId::kMaxRanks - 1)),
-        liveness_(std::clamp(options_.world_size, 0, GlobalId::kMaxRanks),
-                  options_.heartbeat_interval > absl::ZeroDuration() ? options_.heartbeat_interval : absl::Seconds(1),
-                  options_.peer_timeout) {
-    if (options_.name.empty()) options_.name = absl::StrCat("worker", options_.rank);
-  }
+        timers_("gw-timer") {}
 
   ~Impl() {
     Close(ShuttingDownError(options_.name, "the agent was destroyed"));
@@ -187,10 +210,13 @@ class Agent::Impl {
   }
 
   absl::Status Start(const Setup& setup, Agent& agent) {
-    if (options_.world_size < 1 || options_.world_size > GlobalId::kMaxRanks || options_.rank < 0 ||
-        options_.rank >= options_.world_size) {
+    if (options_.join) options_.rank = -1;  // the group gives it one
+    if (options_.max_world_size == 0) options_.max_world_size = options_.world_size;
+    if (options_.world_size < 1 || options_.max_world_size < options_.world_size ||
+        options_.max_world_size > GlobalId::kMaxRanks || (!options_.join && (options_.rank < 0 || options_.rank >= options_.world_size))) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, " is not in [0, ", options_.world_size,
-                                                     ") or the world is larger than ", GlobalId::kMaxRanks));
+                                                     "), or max_world_size ", options_.max_world_size,
+                                                     " is below world_size or above ", GlobalId::kMaxRanks));
     }
     if (options_.heartbeat_interval > absl::ZeroDuration() && options_.peer_timeout < 2 * options_.heartbeat_interval) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -204,16 +230,27 @@ class Agent::Impl {
     if (!rendezvous.ok()) return rendezvous.status();
     rendezvous_ = std::move(*rendezvous);
     options_.rendezvous = rendezvous_->store_address();
+    if (options_.join) {
+      if (absl::Status s = ClaimRank(deadline); !s.ok()) return s;
+    }
+    if (options_.name.empty()) options_.name = absl::StrCat("worker", options_.rank);
+    ids_.emplace(options_.rank);
+    members_ = std::make_unique<internal::Members>(options_.world_size, options_.max_world_size);
+    liveness_ = std::make_unique<internal::Liveness>(
+        options_.max_world_size,
+        options_.heartbeat_interval > absl::ZeroDuration() ? options_.heartbeat_interval : absl::Seconds(1),
+        options_.peer_timeout);
 
     if (options_.transport_options.self_name.empty()) options_.transport_options.self_name = options_.name;
     auto transport = MakeTransport(options_.transport, options_.transport_options);
     if (!transport.ok()) return transport.status();
     transport_ = std::move(*transport);
     peers_ = std::make_unique<internal::Peers>(
-        self_, options_.world_size, *transport_, *rendezvous_,
+        self_, *members_, *transport_, *rendezvous_,
         ConnectionCallbacks{[this](const std::shared_ptr<Connection>& c, Message m) { OnMessage(c, std::move(m)); },
                             [this](const std::shared_ptr<Connection>& c, const absl::Status& s) { OnClose(c, s); },
-                            [this](const std::shared_ptr<Connection>& c) { dispatcher_->OnFlush(c); }});
+                            [this](const std::shared_ptr<Connection>& c) { dispatcher_->OnFlush(c); }},
+        [this](const WorkerInfo& w) { OnJoined(w); });
     calls_ = std::make_unique<internal::CallTable>(timers_, [this](int rank) { return peers_->Describe(rank); });
     dispatcher_ = std::make_unique<internal::Dispatcher>(
         options_.name, pool_,
@@ -226,9 +263,10 @@ class Agent::Impl {
     // The RRef context exists before any peer can reach us.
     internal::RRefContext::Hooks hooks;
     hooks.agent = &agent;
-    hooks.ids = &ids_;
+    hooks.ids = &*ids_;
     hooks.self_rank = options_.rank;
-    hooks.world_size = options_.world_size;
+    hooks.world_size = options_.max_world_size;
+    hooks.gone_error = [this](int rank) { return PeerGoneError(rank); };
     hooks.default_timeout = options_.default_timeout;
     hooks.invoke = [this](const std::string& caller, const std::string& function, ValueList args) {
       return dispatcher_->InvokeLocal(Info(caller, function), std::move(args), /*here=*/false);
@@ -246,6 +284,20 @@ class Agent::Impl {
       return s;
     }
     own_statistics_ = statistics_.Add("agent", [this](std::vector<Sample>& out) { AppendOwnStatistics(out); });
+    if (absl::Status s = agent.Handle<JoinNotice>([](const CallInfo&, JoinNotice) { return Ack{}; },
+                                                  RegisterOptions{HandlerMode::kInline});
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = agent.Handle<LeaveNotice>(
+            [this](const CallInfo& info, LeaveNotice) {
+              OnLeft(info.caller_rank);
+              return Ack{};
+            },
+            RegisterOptions{HandlerMode::kInline});
+        !s.ok()) {
+      return s;
+    }
 
     absl::StatusOr<std::string> advertise = AdvertiseHost();
     if (!advertise.ok()) return advertise.status();
@@ -263,17 +315,160 @@ class Agent::Impl {
       return absl::Status(s.code(), absl::StrCat(options_.name, ": setup failed: ", s.message()));
     }
     if (absl::Status s = rendezvous_->Announce(self_); !s.ok()) return s;
-    absl::StatusOr<std::vector<WorkerInfo>> workers = rendezvous_->AwaitAll(deadline);
-    if (!workers.ok()) {
-      return absl::Status(workers.status().code(), absl::StrCat(options_.name, ": ", workers.status().message()));
+    if (absl::Status s = options_.join ? FindMembers(deadline) : AwaitGroup(deadline); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(options_.name, ": ", s.message()));
     }
-    for (const WorkerInfo& w : *workers) by_name_[w.name] = w.rank;
-    std::vector<std::string> names;
-    for (const WorkerInfo& w : *workers) names.push_back(w.name);
-    rrefs_->SetWorkerNames(std::move(names));
-    peers_->SetWorkers(*std::move(workers));
-    if (options_.heartbeat_interval > absl::ZeroDuration()) timers_.After(liveness_.interval(), [this] { Heartbeat(); });
+    if (options_.heartbeat_interval > absl::ZeroDuration()) timers_.After(liveness_->interval(), [this] { Heartbeat(); });
+    if (options_.join) IntroduceSelf(deadline);
     return absl::OkStatus();
+  }
+
+  // Start's group: every rank announces itself; rank 0 then says the group is formed (a
+  // worker that joins later waits for that).
+  absl::Status AwaitGroup(absl::Time deadline) {
+    absl::StatusOr<std::vector<WorkerInfo>> workers = rendezvous_->AwaitAll(deadline);
+    if (!workers.ok()) return workers.status();
+    peers_->SetWorkers(*std::move(workers));
+    UpdateNames();
+    if (options_.rank == 0) return rendezvous_->PublishGroup(options_.world_size, options_.max_world_size);
+    return absl::OkStatus();
+  }
+
+  // A worker that joins: the group's size and the next free rank.
+  absl::Status ClaimRank(absl::Time deadline) {
+    absl::StatusOr<std::pair<int, int>> group = rendezvous_->ReadGroup(deadline);
+    if (!group.ok()) return group.status();
+    options_.world_size = group->first;
+    options_.max_world_size = group->second;
+    absl::StatusOr<int> rank = rendezvous_->ClaimRank(group->first, group->second);
+    if (!rank.ok()) return rank.status();
+    options_.rank = *rank;
+    return absl::OkStatus();
+  }
+
+  // A worker that joins: every member the store knows of.
+  absl::Status FindMembers(absl::Time deadline) {
+    absl::StatusOr<internal::Rendezvous::Found> found = rendezvous_->FindMembers(options_.world_size, options_.max_world_size, options_.rank, deadline);
+    if (!found.ok()) return found.status();
+    std::vector<WorkerInfo> group(static_cast<size_t>(options_.world_size));
+    std::vector<WorkerInfo> joined{self_};
+    for (WorkerInfo& w : found->workers) {
+      if (w.rank < options_.world_size) {
+        group[static_cast<size_t>(w.rank)] = w;
+      } else {
+        joined.push_back(w);
+      }
+    }
+    members_->SetKnown(joined);
+    peers_->SetWorkers(std::move(group));
+    for (int rank : found->left) members_->MarkLeft(rank);
+    UpdateNames();
+    return absl::OkStatus();
+  }
+
+  // A worker that joined says hello to every member, which admits it (Peers) and tells
+  // its layers (WatchMembers), and waits for the answers: once Start returns, every
+  // member knows it. A member that does not answer is dead or gone: skipped.
+  void IntroduceSelf(absl::Time deadline) {
+    std::vector<std::pair<std::string, Future<Ack>>> told;
+    for (const WorkerInfo& w : members_->Present()) {
+      if (w.rank != options_.rank) told.emplace_back(w.name, Notify<JoinNotice>(w.name, deadline));
+    }
+    for (auto& [name, f] : told) {
+      if (absl::StatusOr<Ack> r = f.Get(std::max(absl::ZeroDuration(), deadline - absl::Now())); !r.ok()) {
+        std::fprintf(stderr, "gradwire: %s joined without %s: %s\n", options_.name.c_str(), name.c_str(),
+                     std::string(r.status().message()).c_str());
+      }
+    }
+  }
+
+  void UpdateNames() {
+    std::vector<std::string> names;
+    for (int r = 0; r < members_->capacity(); ++r) names.push_back(members_->Name(r));
+    rrefs_->SetWorkerNames(std::move(names));
+  }
+
+  // ---------------------------------------------------------------- membership
+
+  // On the I/O thread that admitted the hello of a worker that joined.
+  void OnJoined(const WorkerInfo& w) {
+    UpdateNames();
+    member_watchers_->Notify(MemberChange{MemberChange::Kind::kJoined, w});
+  }
+
+  // A member said it leaves (LeaveNotice, on the I/O thread): calls to it fail from now
+  // on, and the layers let go of it as of a dead peer.
+  void OnLeft(int rank) {
+    if (!members_->MarkLeft(rank)) return;
+    State state;
+    {
+      absl::MutexLock lock(&mu_);
+      state = state_;
+    }
+    if (state == State::kClosed) return;
+    if (state == State::kRunning) rrefs_->OnPeerGone(rank);
+    if (hooks_) hooks_->OnPeerGone(rank);
+    watchers_->Notify(rank);
+    member_watchers_->Notify(MemberChange{MemberChange::Kind::kLeft, *members_->Get(rank)});
+  }
+
+  absl::Status Leave() {
+    if (rendezvous_->hosts_store()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          options_.name, " hosts the rendezvous store of this job and cannot leave it (the others would lose it); "
+          "run jobs whose every worker may leave with an etcd rendezvous (GRADWIRE_RDZV, gradwire launch --rdzv)"));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (state_ != State::kRunning) {
+        return absl::FailedPreconditionError(absl::StrCat(options_.name, " cannot leave: it is shutting down already"));
+      }
+      state_ = State::kShuttingDown;
+    }
+    const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
+    Drain(deadline);
+    std::vector<Future<Ack>> told;
+    for (const WorkerInfo& w : members_->Present()) {
+      if (w.rank != options_.rank) told.push_back(Notify<LeaveNotice>(w.name, deadline));
+    }
+    for (Future<Ack>& f : told) (void)f.Get(std::max(absl::ZeroDuration(), deadline - absl::Now()));  // the dead do not answer
+    internal::ShutdownBarrier barrier(*rendezvous_, options_.name, options_.rank, options_.world_size,
+                                     options_.max_world_size);
+    absl::Status departed = barrier.Depart();
+    dispatcher_->AwaitIdle(deadline);  // the requests it took still get their answers
+    Close(ShuttingDownError(options_.name, "it left the job"));
+    if (!departed.ok()) {
+      return absl::Status(departed.code(), absl::StrCat(options_.name, " left, but could not record it in the store (",
+                                                        departed.message(), "): a graceful shutdown of the others "
+                                                        "will wait for it until their shutdown_timeout"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Sends a membership notice (a message without fields) to a member by `deadline`.
+  template <typename Notice>
+  Future<Ack> Notify(const std::string& to, absl::Time deadline) {
+    Promise<Ack> promise(pool_);
+    Value fields = ValueTraits<Notice>::To(Notice{});
+    CallOptions call;
+    call.timeout = std::max(absl::Milliseconds(1), deadline - absl::Now());
+    Call(to, Notice::kFunction, std::move(std::get<ValueList>(fields.storage())), call,
+         [promise](absl::StatusOr<Value> v) {
+           promise.Set(v.ok() ? absl::StatusOr<Ack>(Ack{}) : absl::StatusOr<Ack>(v.status()));
+         });
+    return promise.future();
+  }
+
+  std::vector<WorkerInfo> members() const { return members_->Present(); }
+  std::string NameOf(int rank) const { return members_ ? members_->Name(rank) : absl::StrCat("rank ", rank); }
+  absl::Status PeerGoneError(int rank) const {
+    if (members_ && members_->state(rank) == internal::Members::State::kLeft) {
+      return UnavailableError(NameOf(rank), "it left the job");
+    }
+    return DeclaredDeadError(NameOf(rank));
+  }
+  Agent::PeerWatch WatchMembers(std::function<void(const MemberChange&)> fn) {
+    return member_watchers_->Add(std::move(fn));
   }
 
   // ---------------------------------------------------------------- registry
@@ -294,12 +489,16 @@ class Agent::Impl {
 
   void Call(const std::string& to, const std::string& function, ValueList args, CallOptions call_options,
             std::function<void(absl::StatusOr<Value>)> done) {
-    auto it = by_name_.find(to);
-    if (it == by_name_.end()) {
-      done(absl::NotFoundError(absl::StrCat("no worker named '", to, "' (workers: ", WorkerNames(), ")")));
+    const int rank = members_->RankOf(to);
+    if (rank < 0) {
+      done(absl::NotFoundError(absl::StrCat("no worker named '", to, "' (workers: ", members_->PresentNames(), ")")));
       return;
     }
-    const int rank = it->second;
+    if (members_->state(rank) == internal::Members::State::kLeft) {
+      done(absl::Status(absl::StatusCode::kUnavailable,
+                        absl::StrCat("call to ", to, ".", function, " failed: ", PeerGoneError(rank).message())));
+      return;
+    }
     bool running;
     {
       absl::MutexLock lock(&mu_);
@@ -368,7 +567,8 @@ class Agent::Impl {
     }
     absl::Status result;
     if (graceful) {
-      internal::ShutdownBarrier barrier(*rendezvous_, options_.name, options_.rank, options_.world_size);
+      internal::ShutdownBarrier barrier(*rendezvous_, options_.name, options_.rank, options_.world_size,
+                                     options_.max_world_size);
       result = barrier.Run(absl::Now() + options_.shutdown_timeout,
                            {.drain = [this](absl::Time deadline) { Drain(deadline); },
                             .check_leaks = [this] { return CheckLeaks(); },
@@ -376,6 +576,17 @@ class Agent::Impl {
     }
     Close(ShuttingDownError(options_.name));
     return result;
+  }
+
+  // Start failed: closes, and a worker that had claimed a rank to join gives it up, so
+  // that the group's graceful shutdown does not wait for it.
+  void Abandon(const absl::Status& reason) {
+    if (options_.join && options_.rank >= 0 && rendezvous_) {
+      (void)internal::ShutdownBarrier(*rendezvous_, options_.name, options_.rank, options_.world_size,
+                                      options_.max_world_size)
+          .Depart();
+    }
+    Close(reason);
   }
 
   void Close(const absl::Status& reason) {
@@ -398,20 +609,18 @@ class Agent::Impl {
   const WorkerInfo& self() const { return self_; }
   const std::vector<WorkerInfo>& workers() const { return peers_->workers(); }
   absl::StatusOr<WorkerInfo> Worker(const std::string& name) const {
-    auto it = by_name_.find(name);
-    if (it == by_name_.end()) return absl::NotFoundError(absl::StrCat("no worker named '", name, "'"));
-    return workers()[static_cast<size_t>(it->second)];
+    std::optional<WorkerInfo> w = members_->Get(members_->RankOf(name));
+    if (!w) return absl::NotFoundError(absl::StrCat("no worker named '", name, "'"));
+    return *w;
   }
   Store& store() { return rendezvous_->store(); }
   Executor& executor() { return pool_; }
   TimerQueue& timers() { return timers_; }
-  GlobalId NewId() { return ids_.Next(); }
+  GlobalId NewId() { return ids_->Next(); }
 
   RRefPtr RemoteRaw(const std::string& to, const std::string& function, ValueList args, CallOptions options,
                     std::string type) {
-    auto it = by_name_.find(to);
-    return rrefs_->Remote(it == by_name_.end() ? -1 : it->second, function, std::move(args), options,
-                          std::move(type));
+    return rrefs_->Remote(members_->RankOf(to), function, std::move(args), options, std::move(type));
   }
   RRefPtr OwnRaw(Value value, std::string type) { return rrefs_->Own(std::move(value), std::move(type)); }
   RRefStats rref_stats() const { return rrefs_->Stats(); }
@@ -424,7 +633,7 @@ class Agent::Impl {
     const RRefStats r = rrefs_->Stats();
     const TransportStats t = transport_stats();
     auto add = [&](const char* name, int64_t value) { out.push_back({name, {}, static_cast<double>(value)}); };
-    add("gradwire_rpc_workers", options_.world_size);
+    add("gradwire_rpc_workers", static_cast<int64_t>(members_->Present().size()));
     add("gradwire_rpc_calls_in_flight", static_cast<int64_t>(calls_->size()));
     add("gradwire_rref_owned", r.owned);
     add("gradwire_rref_users", r.users);
@@ -438,14 +647,15 @@ class Agent::Impl {
     hooks_ = hooks;
     dispatcher_->SetHooks(std::move(hooks));
   }
-  Agent::PeerWatch WatchPeers(std::function<void(int)> fn) { return watchers_->Add(std::move(fn)); }
+  Agent::PeerWatch WatchPeers(std::function<void(int)> fn) {
+    return watchers_->Add([fn = std::move(fn)](const int& rank) { fn(rank); });
+  }
 
  private:
   enum class State { kRunning, kShuttingDown, kClosed };
 
   CallInfo Info(const std::string& caller, const std::string& function) const {
-    auto it = by_name_.find(caller);
-    return CallInfo{caller, function, it == by_name_.end() ? -1 : it->second};
+    return CallInfo{caller, function, members_->RankOf(caller)};
   }
 
   // The host this worker announces (AgentOptions::advertise_host).
@@ -464,12 +674,6 @@ class Agent::Impl {
     return *local;
   }
 
-  std::string WorkerNames() const {
-    std::vector<std::string> names;
-    for (const auto& w : workers()) names.push_back(w.name);
-    return absl::StrJoin(names, ", ");
-  }
-
   // ---------------------------------------------------------------- inbound
 
   void OnMessage(const std::shared_ptr<Connection>& conn, Message m) {
@@ -479,7 +683,7 @@ class Agent::Impl {
       return;
     }
     const int from = peers_->RankOf(conn.get());  // -1 before its hello
-    if (from >= 0) liveness_.Heard(from);
+    if (from >= 0) liveness_->Heard(from);
     switch (env->kind) {
       case Kind::kHello:
         (void)peers_->OnHello(conn, *env);
@@ -517,7 +721,7 @@ class Agent::Impl {
     std::vector<int> ranks;
     ranks.reserve(connected.size());
     for (const auto& [rank, conn] : connected) ranks.push_back(rank);
-    internal::Liveness::Actions actions = liveness_.Tick(absl::Now(), ranks);
+    internal::Liveness::Actions actions = liveness_->Tick(absl::Now(), ranks);
     heartbeats_sent_.fetch_add(static_cast<int64_t>(actions.ping.size()), std::memory_order_relaxed);
     peers_declared_dead_.fetch_add(static_cast<int64_t>(actions.dead.size()), std::memory_order_relaxed);
     // The dead first: closing a connection also frees a sender blocked on its full socket.
@@ -525,7 +729,7 @@ class Agent::Impl {
       absl::Status why = UnavailableError(
           peers_->Describe(rank),
           absl::StrCat("declared dead by ", options_.name, ": nothing heard from it, not even a heartbeat answer, for ",
-                       absl::FormatDuration(liveness_.timeout()),
+                       absl::FormatDuration(liveness_->timeout()),
                        " (frozen, its host down, or the network between them cut; AgentOptions::peer_timeout)"));
       std::fprintf(stderr, "gradwire: %s\n", std::string(why.message()).c_str());
       peers_->CloseRank(rank, why);  // OnClose fails its calls and tells every layer
@@ -545,7 +749,7 @@ class Agent::Impl {
         for (const auto& conn : ping) SendHeartbeat(*conn, Kind::kPing);
       });
     }
-    timers_.After(liveness_.interval(), [this] { Heartbeat(); });
+    timers_.After(liveness_->interval(), [this] { Heartbeat(); });
   }
 
   void OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env) {
@@ -676,8 +880,8 @@ class Agent::Impl {
   ThreadPool pool_;
   ThreadPool heartbeat_sender_;  // sends the pings (Heartbeat)
   TimerQueue timers_;
-  GlobalIdGenerator ids_;
-  internal::Liveness liveness_;  // Heard on I/O threads; ticked on the timer thread
+  std::optional<GlobalIdGenerator> ids_;       // set in Start, once the rank is known
+  std::unique_ptr<internal::Liveness> liveness_;  // Heard on I/O threads; ticked on the timer thread
   std::atomic<int64_t> heartbeats_sent_{0};
   std::atomic<int64_t> peers_declared_dead_{0};  // for silence (heartbeats), not closed connections
   WorkerInfo self_;
@@ -688,8 +892,9 @@ class Agent::Impl {
   std::unique_ptr<internal::Dispatcher> dispatcher_;
   std::shared_ptr<internal::RRefContext> rrefs_;
   std::shared_ptr<CallHooks> hooks_;                // set in setup (SetCallHooks), then read-only
-  std::shared_ptr<PeerWatchers> watchers_ = std::make_shared<PeerWatchers>();
-  absl::flat_hash_map<std::string, int> by_name_;  // immutable after Start
+  std::shared_ptr<Watchers<int>> watchers_ = std::make_shared<Watchers<int>>();
+  std::shared_ptr<Watchers<MemberChange>> member_watchers_ = std::make_shared<Watchers<MemberChange>>();
+  std::unique_ptr<internal::Members> members_;  // set in Start
   Statistics::Source own_statistics_;               // reads the units above: dropped first
 
   absl::Mutex mu_;
@@ -704,7 +909,7 @@ absl::StatusOr<std::shared_ptr<Agent>> Agent::Start(AgentOptions options, Setup 
   }
   std::shared_ptr<Agent> agent(new Agent(std::make_unique<Impl>(std::move(options))));
   if (absl::Status s = agent->impl_->Start(setup, *agent); !s.ok()) {
-    agent->impl_->Close(s);
+    agent->impl_->Abandon(s);
     return s;
   }
   return agent;
@@ -732,6 +937,13 @@ void Agent::CallRaw(const std::string& to, const std::string& function, ValueLis
   impl_->Call(to, function, std::move(args), options, std::move(done));
 }
 absl::Status Agent::Shutdown(bool graceful) { return impl_->Shutdown(graceful); }
+absl::Status Agent::Leave() { return impl_->Leave(); }
+std::vector<WorkerInfo> Agent::members() const { return impl_->members(); }
+std::string Agent::NameOf(int rank) const { return impl_->NameOf(rank); }
+absl::Status Agent::PeerGoneError(int rank) const { return impl_->PeerGoneError(rank); }
+Agent::PeerWatch Agent::WatchMembers(std::function<void(const MemberChange&)> fn) {
+  return impl_->WatchMembers(std::move(fn));
+}
 RRefPtr Agent::RemoteRaw(const std::string& to, const std::string& function, ValueList args, CallOptions options,
                          std::string type) {
   return impl_->RemoteRaw(to, function, std::move(args), options, std::move(type));

@@ -1,5 +1,6 @@
 #include "peers.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -16,36 +17,25 @@ constexpr absl::Duration kDialTimeout = absl::Seconds(2);
 
 void Peers::SetWorkers(std::vector<WorkerInfo> workers) {
   workers_ = std::move(workers);
-  dial_mu_ = std::vector<absl::Mutex>(workers_.size());
-  {
-    absl::MutexLock lock(&mu_);
-    outgoing_.resize(workers_.size());
-    for (const WorkerInfo& w : workers_) dial_address_.push_back(w.address);
-  }
-  known_.store(true, std::memory_order_release);
-}
-
-std::string Peers::Name(int rank) const {
-  if (known() && rank >= 0 && rank < static_cast<int>(workers_.size())) return workers_[static_cast<size_t>(rank)].name;
-  return absl::StrCat("rank ", rank);
+  members_.SetKnown(workers_);
 }
 
 std::string Peers::Describe(int rank) const {
-  if (known() && rank >= 0 && rank < static_cast<int>(workers_.size())) {
-    return absl::StrCat(Name(rank), " (rank ", rank, ")");
-  }
+  if (members_.state(rank) != Members::State::kAbsent) return absl::StrCat(Name(rank), " (rank ", rank, ")");
   return Name(rank);
 }
 
 absl::StatusOr<Message> Peers::EncodeHello(const absl::Status& refusal) const {
   Envelope hello;
   hello.kind = Kind::kHello;
-  hello.payload = ValueTraits<HelloMessage>::To(HelloMessage{self_.rank, self_.name, kProtocolVersion});
+  hello.payload = ValueTraits<HelloMessage>::To(HelloMessage{self_.rank, self_.name, kProtocolVersion, self_.address, self_.pid});
   hello.status = refusal;
   return EncodeEnvelope(hello);
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> Peers::Outgoing(int rank) {
+  std::optional<WorkerInfo> record = members_.Get(rank);
+  if (!record) return absl::NotFoundError(absl::StrCat("no worker of rank ", rank, " in this group"));
   {
     absl::ReaderMutexLock lock(&mu_);
     if (outgoing_[rank] && !outgoing_[rank]->closed()) return outgoing_[rank];
@@ -63,18 +53,18 @@ absl::StatusOr<std::shared_ptr<Connection>> Peers::Outgoing(int rank) {
         return in;
       }
     }
-    address = dial_address_[rank];
+    auto moved = dial_address_.find(rank);
+    address = moved != dial_address_.end() ? moved->second : record->address;
   }
   auto conn = transport_.Connect(address, callbacks_, absl::Now() + kDialTimeout);
   if (!conn.ok()) {
     // A restarted worker announces its rank again with a new address: look it up.
-    if (absl::StatusOr<WorkerInfo> record = rendezvous_.Lookup(rank, absl::Seconds(1));
-        record.ok() && record->address != address) {
+    if (absl::StatusOr<WorkerInfo> now = rendezvous_.Lookup(rank, absl::Seconds(1)); now.ok() && now->address != address) {
       {
         absl::MutexLock lock(&mu_);
-        dial_address_[rank] = record->address;
+        dial_address_[rank] = now->address;
       }
-      conn = transport_.Connect(record->address, callbacks_, absl::Now() + kDialTimeout);
+      conn = transport_.Connect(now->address, callbacks_, absl::Now() + kDialTimeout);
     }
   }
   if (!conn.ok()) return UnavailableError(Describe(rank), conn.status().message());
@@ -89,7 +79,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Peers::Outgoing(int rank) {
   return *conn;
 }
 
-absl::Status Peers::Check(const Envelope& env, HelloMessage* peer) const {
+absl::Status Peers::Check(const Envelope& env, HelloMessage* peer, bool* joined) {
   if (env.payload.is<int64_t>()) {
     // Releases before typed messages sent their rank alone.
     return absl::FailedPreconditionError(absl::StrCat(
@@ -104,12 +94,9 @@ absl::Status Peers::Check(const Envelope& env, HelloMessage* peer) const {
         kProtocolVersion, " (accepts ", kMinProtocolVersion, " to ", kProtocolVersion,
         "): run the same gradwire version on every worker"));
   }
-  if (hello->rank < 0 || hello->rank >= world_size_ ||
-      (known() && workers_[static_cast<size_t>(hello->rank)].name != hello->name)) {
-    return absl::FailedPreconditionError(absl::StrCat("its hello names '", hello->name, "' as rank ", hello->rank,
-                                                      ", which is not a worker of this group of ", world_size_,
-                                                      " (was it started for another job?)"));
-  }
+  WorkerInfo w{hello->name, static_cast<int>(std::clamp<int64_t>(hello->rank, -1, GlobalId::kMaxRanks)), hello->address,
+               hello->pid};
+  if (absl::Status s = members_.Admit(w, joined); !s.ok()) return s;
   *peer = *std::move(hello);
   return absl::OkStatus();
 }
@@ -129,7 +116,8 @@ absl::Status Peers::OnHello(const std::shared_ptr<Connection>& conn, const Envel
     // The acceptor's answer to our hello: its refusal, or its own hello to check.
     absl::Status s = env.status;
     HelloMessage peer;
-    if (s.ok()) s = Check(env, &peer);
+    bool joined = false;
+    if (s.ok()) s = Check(env, &peer, &joined);
     if (s.ok() && peer.rank != dialled) {
       s = absl::FailedPreconditionError(absl::StrCat("dialled ", Describe(dialled), " but ", peer.name, " answered"));
     }
@@ -140,7 +128,8 @@ absl::Status Peers::OnHello(const std::shared_ptr<Connection>& conn, const Envel
     return s;
   }
   HelloMessage peer;
-  absl::Status s = Check(env, &peer);
+  bool joined = false;
+  absl::Status s = Check(env, &peer, &joined);
   if (!s.ok()) {
     s = absl::Status(s.code(), absl::StrCat(self_.name, " refused a connection from ", conn->peer(), ": ", s.message()));
     std::fprintf(stderr, "gradwire: %s\n", std::string(s.message()).c_str());
@@ -155,8 +144,11 @@ absl::Status Peers::OnHello(const std::shared_ptr<Connection>& conn, const Envel
   // Our hello goes first: once the connection is identified, Outgoing may send calls on it.
   absl::StatusOr<Message> answer = EncodeHello(absl::OkStatus());
   if (answer.ok()) conn->Send(std::move(*answer));
-  absl::MutexLock lock(&mu_);
-  rank_of_[conn.get()] = {static_cast<int>(peer.rank), conn};
+  {
+    absl::MutexLock lock(&mu_);
+    rank_of_[conn.get()] = {static_cast<int>(peer.rank), conn};
+  }
+  if (joined && on_joined_) on_joined_(*members_.Get(static_cast<int>(peer.rank)));
   return absl::OkStatus();
 }
 

@@ -1,8 +1,10 @@
 // Internal: Peers, an agent's connections to the other workers of its group.
 //
 // Contract
-//   - SetWorkers fixes the group (names, ranks, addresses) once the rendezvous is done;
-//     before that, no peer is known and no connection can be identified.
+//   - The workers are those of `members` (members.h): SetWorkers records the group found
+//     at Start (by rank; for a worker that joined later, every member it found), and a
+//     worker that joins later is admitted by its hello, which carries its record (rank,
+//     name, address, pid), and reported through on_joined.
 //   - Outgoing(rank) returns the connection this worker calls `rank` on: the one it has,
 //     else one the peer dialled (both ends send calls and replies on a connection, so two
 //     workers that call each other use one connection, unless both dial at the same
@@ -13,9 +15,8 @@
 //   - Every connection opens with a hello each way (HelloMessage: rank, name, protocol
 //     version): the dialler sends its own first, the acceptor answers with its own.
 //     OnHello checks the peer: its version must lie in [kMinProtocolVersion,
-//     kProtocolVersion] (message.h), its rank must be in the group and its name match the
-//     rendezvous record (once this worker has read the records: a peer may say hello
-//     while this worker still waits for the last ones to announce themselves). A peer
+//     kProtocolVersion] (message.h), and Members::Admit its rank and name (a rank of the
+//     group must match its record, a new rank is a worker that joined). A peer
 //     that fails is refused with FAILED_PRECONDITION naming both versions (or the
 //     mismatch): the acceptor sends the refusal back and closes once it is sent; the
 //     dialler closes its side with the refusal as the reason, so its calls to that peer
@@ -31,6 +32,7 @@
 #define GRADWIRE_RPC_SRC_PEERS_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -45,37 +47,47 @@
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/message.h"
 #include "gradwire/rpc/transport.h"
+#include "members.h"
 #include "rendezvous.h"
 
 namespace gw::rpc::internal {
 
-// The first message of each direction of every connection.
+// The first message of each direction of every connection: who is speaking (a worker
+// that joined a running group is known by it).
 struct HelloMessage {
   int64_t rank = -1;
   std::string name;
   int64_t protocol_version = 0;
+  std::string address;  // where it listens
+  int64_t pid = 0;
   static constexpr auto Fields() {
     return std::make_tuple(Field("rank", &HelloMessage::rank), Field("name", &HelloMessage::name),
-                           Field("protocol_version", &HelloMessage::protocol_version));
+                           Field("protocol_version", &HelloMessage::protocol_version),
+                           Field("address", &HelloMessage::address), Field("pid", &HelloMessage::pid));
   }
 };
 
 class Peers {
  public:
-  Peers(const WorkerInfo& self, int world_size, Transport& transport, Rendezvous& rendezvous,
-        ConnectionCallbacks callbacks)
+  // on_joined(w) runs on the I/O thread that read the hello of a worker that joined.
+  Peers(const WorkerInfo& self, Members& members, Transport& transport, Rendezvous& rendezvous,
+        ConnectionCallbacks callbacks, std::function<void(const WorkerInfo&)> on_joined)
       : self_(self),
-        world_size_(world_size),
+        members_(members),
         transport_(transport),
         rendezvous_(rendezvous),
-        callbacks_(std::move(callbacks)) {}
+        callbacks_(std::move(callbacks)),
+        on_joined_(std::move(on_joined)),
+        dial_mu_(static_cast<size_t>(members.capacity())),
+        outgoing_(static_cast<size_t>(members.capacity())) {}
 
+  // `workers`: Start's group, by rank (those that left since included, for their names).
   void SetWorkers(std::vector<WorkerInfo> workers);
   // REQUIRES: after SetWorkers.
   const std::vector<WorkerInfo>& workers() const { return workers_; }
   // "worker1 (rank 1)", or "rank 7" for a rank outside the group.
   std::string Describe(int rank) const;
-  std::string Name(int rank) const;
+  std::string Name(int rank) const { return members_.Name(rank); }
 
   // The callbacks every connection of this agent reports through (for Listen too).
   const ConnectionCallbacks& callbacks() const { return callbacks_; }
@@ -91,24 +103,21 @@ class Peers {
 
  private:
   absl::StatusOr<Message> EncodeHello(const absl::Status& refusal) const;
-  absl::Status Check(const Envelope& hello, HelloMessage* peer) const;
-
-  bool known() const { return known_.load(std::memory_order_acquire); }
+  absl::Status Check(const Envelope& hello, HelloMessage* peer, bool* joined);
 
   const WorkerInfo& self_;
-  const int world_size_;
+  Members& members_;
   Transport& transport_;
   Rendezvous& rendezvous_;
   const ConnectionCallbacks callbacks_;
-  // Written once by SetWorkers, then read-only: read only once known_ (a peer may say
-  // hello while this worker still waits for the others to announce themselves).
+  const std::function<void(const WorkerInfo&)> on_joined_;
+  // Written once by SetWorkers (before members_ is known), then read-only.
   std::vector<WorkerInfo> workers_;
   std::vector<absl::Mutex> dial_mu_;  // one per rank
-  std::atomic<bool> known_{false};
 
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Connection>> outgoing_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> dial_address_ ABSL_GUARDED_BY(mu_);  // a restarted worker's new one
+  absl::flat_hash_map<int, std::string> dial_address_ ABSL_GUARDED_BY(mu_);  // a restarted worker's new one
   // Identified connections, both directions (held weakly: the transport owns them).
   struct Identified {
     int rank;

@@ -1,5 +1,7 @@
 #include "rendezvous.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -92,6 +94,68 @@ absl::StatusOr<WorkerInfo> Rendezvous::Lookup(int rank, absl::Duration timeout) 
   auto record = store_->Get(Key("worker/", rank), timeout);
   if (!record.ok()) return record.status();
   return Parse(rank, *record);
+}
+
+absl::Status Rendezvous::PublishGroup(int world_size, int capacity) {
+  return store_->Set(absl::StrCat(options_.run_id, "/group"), absl::StrCat(world_size, " ", capacity));
+}
+
+absl::StatusOr<std::pair<int, int>> Rendezvous::ReadGroup(absl::Time deadline) {
+  const std::string key = absl::StrCat(options_.run_id, "/group");
+  absl::StatusOr<std::string> v = store_->Get(key, deadline - absl::Now());
+  if (!v.ok()) {
+    return absl::Status(v.status().code(),
+                        absl::StrCat("no running group '", options_.run_id, "' to join at ", store_address_, ": ",
+                                     v.status().message(), " (its rank 0 publishes it once the group has formed)"));
+  }
+  std::pair<int, int> group;
+  std::vector<std::string> parts = absl::StrSplit(*v, ' ');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &group.first) || !absl::SimpleAtoi(parts[1], &group.second)) {
+    return absl::DataLossError(absl::StrCat("bad group record '", *v, "' in the rendezvous store"));
+  }
+  return group;
+}
+
+absl::StatusOr<int> Rendezvous::ClaimRank(int world_size, int capacity) {
+  absl::StatusOr<int64_t> n = store_->Add(absl::StrCat(options_.run_id, "/joined"), 1);
+  if (!n.ok()) return n.status();
+  const int64_t rank = world_size + *n - 1;
+  if (rank >= capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the job '", options_.run_id, "' is full: its ", world_size, " workers and those that joined since use all ",
+        capacity, " ranks it may grow to (start it with a larger max_world_size: GRADWIRE_MAX_WORLD_SIZE, "
+        "gradwire launch --max-workers)"));
+  }
+  return static_cast<int>(rank);
+}
+
+absl::StatusOr<int> Rendezvous::Ranks(int world_size, int capacity) {
+  absl::StatusOr<int64_t> n = store_->Add(absl::StrCat(options_.run_id, "/joined"), 0);
+  if (!n.ok()) return n.status();
+  return static_cast<int>(std::min<int64_t>(world_size + *n, capacity));
+}
+
+absl::Status Rendezvous::MarkLeft(int rank) { return store_->Set(Key("left/", rank), "1"); }
+
+bool Rendezvous::HasLeft(int rank) { return store_->Get(Key("left/", rank), absl::Milliseconds(1)).ok(); }
+
+absl::StatusOr<Rendezvous::Found> Rendezvous::FindMembers(int world_size, int capacity, int self, absl::Time deadline) {
+  absl::StatusOr<int> ranks = Ranks(world_size, capacity);
+  if (!ranks.ok()) return ranks.status();
+  Found found;
+  for (int r = 0; r < *ranks; ++r) {
+    if (r == self) continue;
+    // Start's group is complete (it published the group); a joiner may not have
+    // announced itself yet (or never will: it died first).
+    absl::StatusOr<WorkerInfo> w = Lookup(r, r < world_size ? deadline - absl::Now() : absl::Milliseconds(200));
+    if (!w.ok()) {
+      if (r < world_size) return w.status();
+      continue;
+    }
+    if (HasLeft(r)) found.left.push_back(r);
+    found.workers.push_back(*std::move(w));
+  }
+  return found;
 }
 
 absl::Status Rendezvous::ForgetRun() {

@@ -11,6 +11,15 @@
 //     INVALID_ARGUMENT when two ranks use one name.
 //   - Lookup(rank) re-reads a rank's record: a worker restarted under the same rank
 //     announces its new address there.
+//   - Elastic groups (agent.h, AgentOptions::join): PublishGroup(world_size, capacity)
+//     (rank 0, once the group formed) says how large the running group is and may grow;
+//     ReadGroup waits for it. ClaimRank() gives a worker that joins the next free rank
+//     (world_size, world_size + 1, ...: an atomic counter, so two joiners never share
+//     one), or RESOURCE_EXHAUSTED once the ranks reach the capacity. Ranks(world_size, capacity)
+//     is how many ranks were handed out so far (claims refused as over capacity not counted). MarkLeft(rank) records that a worker left
+//     (HasLeft reads it); FindMembers(world_size, capacity, self, deadline) is what a joiner knows
+//     of the group: the record of every rank handed out but its own (Start's group
+//     awaited, joiners that never announced skipped), and which of them left.
 //   - Key(what, rank) is "<run_id>/<what><rank>": other protocols on the store (the
 //     shutdown barrier) use the same namespace.
 //   - keys_outlive_job(): the store is not hosted by the job (etcd), so what the job
@@ -25,6 +34,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,6 +60,18 @@ class Rendezvous {
   absl::Status Announce(const WorkerInfo& self);
   absl::StatusOr<std::vector<WorkerInfo>> AwaitAll(absl::Time deadline);
   absl::StatusOr<WorkerInfo> Lookup(int rank, absl::Duration timeout);
+
+  absl::Status PublishGroup(int world_size, int capacity);
+  absl::StatusOr<std::pair<int, int>> ReadGroup(absl::Time deadline);  // world_size, capacity
+  absl::StatusOr<int> ClaimRank(int world_size, int capacity);
+  absl::StatusOr<int> Ranks(int world_size, int capacity);
+  absl::Status MarkLeft(int rank);
+  bool HasLeft(int rank);
+  struct Found {
+    std::vector<WorkerInfo> workers;  // by rank
+    std::vector<int> left;
+  };
+  absl::StatusOr<Found> FindMembers(int world_size, int capacity, int self, absl::Time deadline);
   absl::Status ForgetRun();
   void Close();
 

@@ -300,6 +300,7 @@ void RRefContext::FailUnfilled(GlobalId rref_id, const absl::Status& s) {
 }
 
 absl::Status RRefContext::GoneError(int rank) const {
+  if (hooks_.gone_error) return hooks_.gone_error(rank);
   return DeclaredDeadError(WorkerName(rank));
 }
 

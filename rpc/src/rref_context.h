@@ -35,7 +35,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     Agent* agent = nullptr;  // not used once the context is closed
     GlobalIdGenerator* ids = nullptr;  // the agent's: RRef and fork ids
     int self_rank = 0;
-    int world_size = 1;
+    int world_size = 1;  // ranks lie below it (the group's capacity: workers may join)
+    // Why a worker declared gone is (left, or declared dead); default DeclaredDeadError.
+    std::function<absl::Status(int rank)> gone_error;
     absl::Duration default_timeout = absl::Seconds(60);
     // Runs the registered function `function` here (on the pool unless it is inline).
     std::function<Future<Value>(const std::string& caller, const std::string& function, ValueList args)> invoke;

@@ -11,11 +11,11 @@ namespace gw::rpc::internal {
 
 absl::Status ShutdownBarrier::AwaitAll(const char* what, absl::Time deadline) {
   std::vector<std::string> keys;
-  for (int r = 0; r < world_size_; ++r) keys.push_back(rendezvous_.Key(what, r));
+  for (int r = 0; r < ranks_; ++r) keys.push_back(rendezvous_.Key(what, r));
   absl::Status s = rendezvous_.store().Wait(keys, std::max(absl::ZeroDuration(), deadline - absl::Now()));
   if (s.ok()) return s;
   std::vector<std::string> missing;
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r = 0; r < ranks_; ++r) {
     if (!rendezvous_.store().Get(keys[static_cast<size_t>(r)], absl::Milliseconds(1)).ok()) {
       missing.push_back(absl::StrCat(r));
     }
@@ -29,7 +29,17 @@ absl::Status ShutdownBarrier::Arrive(const char* what, absl::Time deadline) {
   return AwaitAll(what, deadline);
 }
 
+absl::Status ShutdownBarrier::Depart() {
+  if (absl::Status s = rendezvous_.MarkLeft(rank_); !s.ok()) return s;
+  for (const char* step : kSteps) {
+    if (absl::Status s = rendezvous_.store().Set(rendezvous_.Key(step, rank_), "1"); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShutdownBarrier::Run(absl::Time deadline, const Steps& steps) {
+  absl::StatusOr<int> ranks = rendezvous_.Ranks(world_size_, capacity_);
+  ranks_ = ranks.ok() ? *ranks : world_size_;
   steps.drain(deadline);
   absl::Status s = Arrive("shutdown/", deadline);
   absl::Status leaks;

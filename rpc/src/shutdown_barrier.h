@@ -16,6 +16,9 @@
 //        linearizable) removes the run's keys (Rendezvous::ForgetRun), so that the next
 //        run under the same job name starts clean; when that fails it warns on stderr
 //        with the command that removes them.
+//   The ranks waited for are those handed out so far (Start's group and the workers that
+//   joined it: Rendezvous::Ranks). A worker that left (Agent::Leave) called Depart, which
+//   passes every step for it at once: nobody waits for it.
 //   Every wait is bounded by `deadline`; a barrier that does not complete is
 //   DEADLINE_EXCEEDED "<worker>: graceful shutdown did not complete: ..." naming the
 //   ranks that did not arrive. Otherwise the result is check_leaks's.
@@ -39,20 +42,26 @@ class ShutdownBarrier {
     std::function<void(absl::Time deadline)> await_handlers;
   };
 
-  ShutdownBarrier(Rendezvous& rendezvous, std::string name, int rank, int world_size)
-      : rendezvous_(rendezvous), name_(std::move(name)), rank_(rank), world_size_(world_size) {}
+  // `capacity`: the ranks the group may grow to (AgentOptions::max_world_size).
+  ShutdownBarrier(Rendezvous& rendezvous, std::string name, int rank, int world_size, int capacity)
+      : rendezvous_(rendezvous), name_(std::move(name)), rank_(rank), world_size_(world_size), capacity_(capacity) {}
 
   absl::Status Run(absl::Time deadline, const Steps& steps);
+  // This worker leaves the group: it is marked as through every step (and as left).
+  absl::Status Depart();
 
  private:
   // Publishes "<what><rank>" and waits for every rank's.
   absl::Status Arrive(const char* what, absl::Time deadline);
   absl::Status AwaitAll(const char* what, absl::Time deadline);
+  static constexpr const char* kSteps[] = {"shutdown/", "rrefs_drained/", "exited/"};
 
   Rendezvous& rendezvous_;
   const std::string name_;
   const int rank_;
   const int world_size_;
+  const int capacity_;
+  int ranks_ = 0;  // Run's: the ranks handed out when it began
 };
 
 }  // namespace gw::rpc::internal

@@ -99,7 +99,7 @@ Envelope Request(uint64_t id, const std::string& function) {
 TEST(ProtocolTest, AnAcceptorRefusesAPeerOfAnotherProtocolVersionNamingBoth) {
   auto group = testing::AgentGroup::Start(2, testing::RegisterTestFunctions, Tcp());
   ASSERT_NE(group, nullptr);
-  for (Value hello : {ValueTraits<HelloMessage>::To(HelloMessage{1, "worker1", kProtocolVersion + 7}),
+  for (Value hello : {ValueTraits<HelloMessage>::To(HelloMessage{1, "worker1", kProtocolVersion + 7, "", 0}),
                       Value(int64_t{1})}) {  // a release before typed messages sent its rank alone
     RawPeer peer;
     auto conn = peer.transport().Connect((*group)[0].self().address, peer.Callbacks(), absl::Now() + absl::Seconds(5));
@@ -137,7 +137,7 @@ TEST(ProtocolTest, ARequestBeforeTheHelloOrAHelloOfAStrangerIsRefused) {
     RawPeer peer;
     auto conn = peer.transport().Connect((*group)[0].self().address, peer.Callbacks(), absl::Now() + absl::Seconds(5));
     ASSERT_TRUE(conn.ok());
-    SendEnvelope(**conn, Hello(ValueTraits<HelloMessage>::To(HelloMessage{7, "intruder", kProtocolVersion})));
+    SendEnvelope(**conn, Hello(ValueTraits<HelloMessage>::To(HelloMessage{7, "intruder", kProtocolVersion, "", 0})));
     std::optional<Envelope> refusal = peer.Next();
     ASSERT_TRUE(refusal.has_value());
     EXPECT_EQ(refusal->status.code(), absl::StatusCode::kFailedPrecondition);
@@ -172,7 +172,7 @@ TEST(ProtocolTest, CallsToAPeerOfAnotherVersionFailAtConnectTimeNamingBothVersio
   ASSERT_TRUE(theirs.ok()) << theirs.status();
   EXPECT_EQ(theirs->protocol_version, kProtocolVersion);
   EXPECT_EQ(theirs->name, "worker0");
-  SendEnvelope(*old.conn(), Hello(ValueTraits<HelloMessage>::To(HelloMessage{1, "worker1", 99})));
+  SendEnvelope(*old.conn(), Hello(ValueTraits<HelloMessage>::To(HelloMessage{1, "worker1", 99, "", 0})));
   const absl::Time start = absl::Now();
   absl::StatusOr<int64_t> r = call.Get(absl::Seconds(20));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // at connect time, not at the call's deadline

@@ -96,7 +96,7 @@ TEST_P(RendezvousTest, ABarrierRunsItsStepsInOrderOnEveryWorker) {
   for (int r = 0; r < kWorld; ++r) {
     threads.emplace_back([&, r] {
       std::unique_ptr<Rendezvous> rdzv = Join(r, kWorld);
-      ShutdownBarrier barrier(*rdzv, absl::StrCat("w", r), r, kWorld);
+      ShutdownBarrier barrier(*rdzv, absl::StrCat("w", r), r, kWorld, kWorld);
       auto note = [&](const std::string& what) {
         absl::MutexLock lock(&mu);
         log.push_back(absl::StrCat(what, r));
@@ -129,7 +129,7 @@ TEST_P(RendezvousTest, ABarrierRunsItsStepsInOrderOnEveryWorker) {
 
 TEST_P(RendezvousTest, ABarrierAWorkerNeverReachesFailsByItsDeadlineNamingIt) {
   std::unique_ptr<Rendezvous> rdzv = Join(0, 2);
-  ShutdownBarrier barrier(*rdzv, "w0", 0, 2);
+  ShutdownBarrier barrier(*rdzv, "w0", 0, 2, 2);
   const absl::Time start = absl::Now();
   absl::Status s = barrier.Run(absl::Now() + absl::Milliseconds(300),
                                {.drain = [](absl::Time) {},

@@ -23,6 +23,17 @@
 //     and every server is asked by a pull (maybe for no rows, `ids` may be empty), so
 //     that a pull at `clock` returns once step clock-1 is complete on all of them.
 //     (SparseEmbedding, sparse_embedding.h, does both inside an autograd graph.)
+//   - Elastic trainers: the table's creators are trainers 0 .. trainers-1; another
+//     (its index unused so far, e.g. a worker that joined the job) calls Join(name) after
+//     CreateDense/CreateSparse (which find the table as it is) and gets the clock it takes
+//     part from: it pulls that clock, then pushes it and on. Asynchronous and
+//     bounded-staleness tables take it at once (a bounded-staleness trainer starts at the
+//     furthest trainer's clock, so it holds nobody back); a synchronous table at a step
+//     boundary: the first step no push of which was counted on any server yet, from
+//     which on every step is the mean over the trainers taking part. Leave(name,
+//     last_clock) takes this trainer out after its push at last_clock (-1: it pushed
+//     none): later steps and pulls stop waiting for it. Join and Leave are idempotent
+//     (a retry changes nothing).
 //   - Checkpoint() asks every server to write a checkpoint now; returns their paths.
 //   - The same tables through distributed autograd: ShardRRefs(name) returns a dense
 //     table's shards as RRefs owned by the servers (one per server, in server order; the
@@ -99,6 +110,9 @@ class Client {
   Future<bool> PushRows(const std::string& name, int64_t clock, const Tensor& ids, const Tensor& grad);
   // The row width of a sparse table this client created.
   absl::StatusOr<int64_t> RowDim(const std::string& name) const;
+
+  absl::StatusOr<int64_t> Join(const std::string& name);
+  absl::Status Leave(const std::string& name, int64_t last_clock);
 
   Future<std::vector<std::string>> Checkpoint();
 

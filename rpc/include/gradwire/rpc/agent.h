@@ -55,6 +55,21 @@
 //     then waits (bounded by shutdown_timeout) until every worker reached shutdown while
 //     still serving their calls, then closes. Shutdown(false) closes at once and fails
 //     pending calls with CANCELLED. The destructor does Shutdown(false) if needed.
+//   - Elastic groups: a job started with max_world_size above world_size may grow. A
+//     worker started with AgentOptions::join (GRADWIRE_JOIN=1) joins the running group
+//     instead of forming one: Start gets it the next free rank (world_size, world_size+1,
+//     ...; RESOURCE_EXHAUSTED when max_world_size ranks are used), finds the members in
+//     the store and introduces itself to each (its hello carries its record), so every
+//     member can call it by name once its Start returned, and each member's
+//     WatchMembers functions see it join. Leave() takes a worker out of a running group
+//     (Shutdown ends the whole group's run): it stops calling, waits for its own calls,
+//     tells every member (their WatchMembers see it leave, and the layers that hold
+//     state for it let go, as for a dead peer: RRefs it owns, autograd contexts it took
+//     part in, parameter-server trainers; calls to it fail at once with UNAVAILABLE "<name> is unavailable: it
+//     left the job"), finishes serving the requests it has, and closes; the graceful
+//     Shutdown of the others does not wait for it. members() is the group now (those
+//     that joined included, those that left not); workers() stays Start's group. With a
+//     store hosted by rank 0, rank 0 cannot leave (use etcd, where any worker may).
 //   - A worker that dies and is started again with the same rank (and name) announces
 //     its new address in the store; calls to it fail with UNAVAILABLE while it is down
 //     and reach the new process once it has joined (the agent re-reads the address when
@@ -121,8 +136,14 @@ struct WorkerInfo {
 
 struct AgentOptions {
   std::string name;  // empty: "worker<rank>"
-  int rank = 0;
+  int rank = 0;      // ignored with `join`
   int world_size = 1;
+  // The ranks the group may grow to as workers join (0: world_size, a fixed group). Every
+  // worker of Start's group needs the same value.
+  int max_world_size = 0;
+  // Join a running group (agent.h, elastic groups) instead of forming one: rank,
+  // world_size and max_world_size come from the group.
+  bool join = false;
   // The store's address: host:port, or etcd://HOST:PORT/JOB for an etcd cluster (store.h).
   std::string rendezvous = "127.0.0.1:29500";
   bool host_store = true;  // rank 0 hosts the store at `rendezvous` (never for etcd)
@@ -169,6 +190,8 @@ struct AgentOptions {
   //                       false; MASTER_ADDR and MASTER_PORT are then ignored, and the etcd
   //                       host takes MASTER_ADDR's part in choosing addresses below);
   // GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT, GRADWIRE_RUN_ID (optional);
+  // GRADWIRE_MAX_WORLD_SIZE (max_world_size), GRADWIRE_JOIN=1 (join; RANK is then not
+  // needed, WORLD_SIZE still is, as the launcher sets it);
   // GRADWIRE_HEARTBEAT_INTERVAL and GRADWIRE_PEER_TIMEOUT (optional durations such as
   // "500ms", "3s": heartbeat_interval, peer_timeout); GRADWIRE_FAULTS (optional: faults to inject, as
   // ParseFaults reads them, into transport_options.faults; every worker needs it; the
@@ -189,6 +212,13 @@ struct AgentOptions {
 
 struct CallOptions {
   absl::Duration timeout = absl::ZeroDuration();  // zero: the agent's default_timeout
+};
+
+// A change of the group's members (Agent::WatchMembers).
+struct MemberChange {
+  enum class Kind { kJoined, kLeft };
+  Kind kind = Kind::kJoined;
+  WorkerInfo worker;
 };
 
 // Who is calling a handler.
@@ -423,8 +453,15 @@ class Agent {
   Agent& operator=(const Agent&) = delete;
 
   const WorkerInfo& self() const;
-  const std::vector<WorkerInfo>& workers() const;  // by rank
+  const std::vector<WorkerInfo>& workers() const;  // Start's group, by rank
+  // The group now: Start's group and the workers that joined since, less those that left.
+  std::vector<WorkerInfo> members() const;
+  // Any member's record, also of one that joined later (NOT_FOUND: no such worker).
   absl::StatusOr<WorkerInfo> Worker(const std::string& name) const;
+  // The name of a rank ("rank 7" when it has none).
+  std::string NameOf(int rank) const;
+  // UNAVAILABLE naming `rank` and why it is gone: it left the job, or was declared dead.
+  absl::Status PeerGoneError(int rank) const;
   Store& store();
   Executor& executor();
   // Runs quick callbacks at given times (deadlines, retry backoff; retry.h).
@@ -527,6 +564,14 @@ class Agent {
   using PeerWatch = std::shared_ptr<void>;
   [[nodiscard]] PeerWatch WatchPeers(std::function<void(int rank)> fn);
 
+  // Runs fn on a transport thread whenever a worker joins or leaves the group (elastic
+  // groups above); quick and non-blocking, as WatchPeers' functions. Dropping the watch
+  // stops it.
+  [[nodiscard]] PeerWatch WatchMembers(std::function<void(const MemberChange&)> fn);
+
+  // This worker leaves the running group (elastic groups above); the agent is closed
+  // afterwards. FAILED_PRECONDITION when it hosts the store or is already shutting down.
+  absl::Status Leave();
   absl::Status Shutdown(bool graceful = true);
 
   class Impl;

@@ -52,9 +52,10 @@
 
 namespace gw::rpc {
 
-// 3: heartbeat frames (PING / PONG envelopes).
-inline constexpr int kProtocolVersion = 3;
-inline constexpr int kMinProtocolVersion = 3;
+// 3: heartbeat frames (PING / PONG envelopes). 4: the hello carries the worker's address
+// and pid (workers join running groups).
+inline constexpr int kProtocolVersion = 4;
+inline constexpr int kMinProtocolVersion = 4;
 inline constexpr char kReservedPrefix[] = "__";
 
 constexpr bool IsReservedName(std::string_view name) { return name.substr(0, 2) == std::string_view(kReservedPrefix); }
