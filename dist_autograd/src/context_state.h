@@ -101,6 +101,9 @@ class ContextState {
   absl::flat_hash_set<GlobalId> reachable_sends ABSL_GUARDED_BY(mu);  // SMART
   std::vector<autograd::Edge> local_roots ABSL_GUARDED_BY(mu);        // the creator's roots
   absl::Status error ABSL_GUARDED_BY(mu);
+  // Set when the context was ended because a worker it reached is gone (UNAVAILABLE
+  // naming it): its backward fails with it at once.
+  absl::Status ended ABSL_GUARDED_BY(mu);
   // One per gradient delivery (and the creator's Backward): answered once the gradients
   // its run sent out were answered and no node here holds input while waiting.
   struct Waiter {

@@ -1,5 +1,6 @@
 #include "gradwire/dist_autograd/dist_autograd.h"
 
+#include <deque>
 #include <algorithm>
 #include <functional>
 
@@ -139,7 +140,9 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
              agent_.Handle<DiscoverMessage>(
                  [self](const rpc::CallInfo&, const DiscoverMessage& m) { return self->OnDiscover(m); }),
              agent_.Handle<ReleaseMessage>(
-                 [self](const rpc::CallInfo& i, const ReleaseMessage& m) { return self->Release(m.context, i.caller_rank); }),
+                 [self](const rpc::CallInfo& i, const ReleaseMessage& m) {
+                   return self->Release(m.context, i.caller_rank, m.gone);
+                 }),
          }) {
       if (!s.ok()) return s;
     }
@@ -187,8 +190,9 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   }
 
   // Forgets the context here and tells every peer it touched (but `except`); the future
-  // completes when they all answered (or failed).
-  Future<Ack> Release(GlobalId id, int except) {
+  // completes when they all answered (or failed). `gone`: the context ends because a
+  // worker it reached is gone (why, for the errors of whoever still uses it).
+  Future<Ack> Release(GlobalId id, int except, const std::string& gone = "") {
     std::shared_ptr<ContextState> ctx;
     {
       absl::MutexLock lock(&mu_);
@@ -196,11 +200,20 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       if (it == contexts_.end()) return MakeReadyFuture<Ack>(agent_.executor(), Ack{});
       ctx = it->second;
       contexts_.erase(it);
+      if (!gone.empty()) {
+        ended_[id] = gone;
+        ended_order_.push_back(id);
+        if (ended_order_.size() > kEndedKept) {
+          ended_.erase(ended_order_.front());
+          ended_order_.pop_front();
+        }
+      }
     }
     std::set<int> peers;
     {
       absl::MutexLock lock(&ctx->mu);
       peers = ctx->peers;
+      if (!gone.empty() && ctx->ended.ok()) ctx->ended = absl::UnavailableError(gone);
     }
     std::vector<Future<Ack>> acks;
     for (int p : peers) {
@@ -214,8 +227,8 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
         absl::MutexLock lock(&mu_);
         return !gone_.contains(p);
       };
-      acks.push_back(rpc::Retry<Ack>(agent_.executor(), agent_.timers(), std::move(policy), [this, p, id](int) {
-        return agent_.Send(Name(p), ReleaseMessage{id}, rpc::CallOptions{kReleaseTimeout});
+      acks.push_back(rpc::Retry<Ack>(agent_.executor(), agent_.timers(), std::move(policy), [this, p, id, gone](int) {
+        return agent_.Send(Name(p), ReleaseMessage{id, gone}, rpc::CallOptions{kReleaseTimeout});
       }));
     }
     return AllOf(agent_.executor(), std::move(acks));
@@ -267,7 +280,10 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       if (ctx->creator == rank || ctx->peers.contains(rank)) reclaimed.push_back(ctx->id);
     }
     // Released onwards too: workers that joined through this one hear of it.
-    for (GlobalId id : reclaimed) (void)Release(id, /*except=*/rank);
+    const std::string why(agent_.PeerGoneError(rank).message());
+    for (GlobalId id : reclaimed) {
+      (void)Release(id, /*except=*/rank, absl::StrCat("distributed autograd context ", id.ToString(), " ended: ", why));
+    }
   }
 
   // ---------------------------------------------------------------- backward
@@ -276,6 +292,10 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
                         const BackwardOptions& options) {
     if (ctx->creator != self_) {
       return absl::FailedPreconditionError("Backward runs on the worker that created the context");
+    }
+    {
+      absl::MutexLock lock(&ctx->mu);
+      if (!ctx->ended.ok()) return ctx->ended;
     }
     std::vector<autograd::Edge> edges;
     std::vector<Tensor> seeds;
@@ -509,6 +529,10 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
 
   // Backward messages reach only workers that joined the context by a call of it.
   absl::Status UnknownContext(GlobalId id) const {
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = ended_.find(id); it != ended_.end()) return absl::UnavailableError(absl::StrCat(Name(self_), ": ", it->second));
+    }
     return absl::NotFoundError(absl::StrCat(Name(self_), " does not know context ", id.ToString(),
                                             " (it was released, or reclaimed when a worker it used was declared dead)"));
   }
@@ -584,6 +608,10 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   mutable absl::Mutex mu_;
   absl::flat_hash_map<GlobalId, std::shared_ptr<ContextState>> contexts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int> gone_ ABSL_GUARDED_BY(mu_);  // declared dead (OnPeerGone): for good
+  // Contexts ended because a worker they reached is gone, and why (the latest ones).
+  static constexpr size_t kEndedKept = 4096;
+  absl::flat_hash_map<GlobalId, std::string> ended_ ABSL_GUARDED_BY(mu_);
+  std::deque<GlobalId> ended_order_ ABSL_GUARDED_BY(mu_);
 
   friend class Context;
   absl::Status Explain(ContextState& ctx, Mode mode, const absl::Status& s, const char* phase) {

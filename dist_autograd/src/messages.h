@@ -76,7 +76,12 @@ struct ReleaseMessage {
   static constexpr char kFunction[] = "__dist.release";
   using Reply = Ack;
   GlobalId context;
-  static constexpr auto Fields() { return std::make_tuple(Field("context", &ReleaseMessage::context)); }
+  // Why, when a worker the context reached is gone (its peers end it with this reason);
+  // empty for the creator's release.
+  std::string gone;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("context", &ReleaseMessage::context), Field("gone", &ReleaseMessage::gone));
+  }
 };
 
 // DistributedOptimizer -> an owner of some of its parameters: keep optimizer state for them.

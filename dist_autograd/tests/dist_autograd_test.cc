@@ -345,7 +345,7 @@ TEST(DistAutogradTest, AContextThroughAWorkerThatLeftEndsWithAClearError) {
     const absl::Time start = absl::Now();
     absl::Status s = ctx.Backward({Sum(Mul(*y, *y))}, BackwardOptions{.timeout = absl::Seconds(60)});
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-    EXPECT_TRUE(absl::StrContains(s.message(), "worker2 is unavailable: it left the job")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "ended: worker2 is unavailable: it left the job")) << s;
     EXPECT_LT(absl::Now() - start, absl::Seconds(10));
     // A new context does not reach it either.
     Context next(w.engine(0));
