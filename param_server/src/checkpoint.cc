@@ -8,6 +8,8 @@
 //                (elastic trainers; older checkpoints have clocks int64 [trainers], the
 //                next clocks of trainers 0 .. trainers-1)
 //   pushed       int64 [k] (trainers in the open synchronous step)
+//   epoch        int64 scalar: the layout the shard belongs to (re-sharding; older
+//                checkpoints have none: 0)
 //   dense:  values float32 [n]; state.<buffer> float32 [n]; sum float32 [n] (open step)
 //   sparse: ids int64 [rows]; rows float32 [rows, dim * (1 + state size)] (values then
 //           state); steps int64 [rows]; sum_ids int64 [k], sum_rows float32 [k, dim]
@@ -72,6 +74,7 @@ void Snapshot(const std::string& table, Shard& s, nn::NamedTensors& out) {
   for (const auto& [t, span] : s.clock.trainers()) trainers.insert(trainers.end(), {t, span.from, span.until, span.next});
   put("trainers", Tensor::FromVector(trainers, {static_cast<int64_t>(s.clock.trainers().size()), 4}));
   put("pushed", Int64s(std::vector<int64_t>(s.clock.pushed().begin(), s.clock.pushed().end())));
+  put("epoch", Tensor::Scalar(static_cast<double>(c.epoch), DType::kInt64));
   if (!c.sparse) {
     put("values", kernels::Clone(s.values));
     for (const auto& [name, buffer] : s.state.buffers) put(absl::StrCat("state.", name), kernels::Clone(buffer));
@@ -166,6 +169,12 @@ absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Rest
     c.trainers = static_cast<int>(meta[kTrainers]);
     c.sync_timeout = absl::Milliseconds(meta[kTimeoutMs]);
     c.staleness = meta[kStaleness];
+    if (auto e = f.find("epoch"); e != f.end()) {  // older checkpoints have none: epoch 0
+      if (e->second.numel() != 1 || e->second.dtype() != DType::kInt64 || e->second.data<int64_t>()[0] < 0) {
+        return absl::DataLossError(absl::StrCat("checkpoint of table '", table, "': bad epoch"));
+      }
+      c.epoch = e->second.data<int64_t>()[0];
+    }
     c.dim = meta[kDim];
     c.capacity = meta[kCapacity];
     c.init.kind = static_cast<RowInit::Kind>(meta[kInitKind]);

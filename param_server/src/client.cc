@@ -1,12 +1,20 @@
 #include "gradwire/param_server/client.h"
 
 #include <algorithm>
+#include <optional>
+#include <set>
+#include <utility>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/rpc/retry.h"
 #include "gradwire/tensor/kernels.h"
 #include "messages.h"
+#include "resplit.h"
 
 namespace gw::param_server {
 namespace {
@@ -32,10 +40,10 @@ Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer,
 // counted it ((trainer, clock) identify a push).
 struct Client::LastPushes {
   absl::Mutex mu;
-  std::map<std::pair<std::string, size_t>, std::function<Future<Ack>()>> push ABSL_GUARDED_BY(mu);
+  std::map<std::pair<std::string, std::string>, std::function<Future<Ack>()>> push ABSL_GUARDED_BY(mu);  // (table, server)
 };
 
-std::function<Future<Ack>()> Client::Remember(Consistency consistency, const std::string& name, size_t server,
+std::function<Future<Ack>()> Client::Remember(Consistency consistency, const std::string& name, const std::string& server,
                                               std::function<Future<Ack>()> push) const {
   if (consistency == Consistency::kAsync || reconnect_timeout_ <= absl::ZeroDuration()) return push;
   absl::MutexLock lock(&last_pushes_->mu);
@@ -44,7 +52,8 @@ std::function<Future<Ack>()> Client::Remember(Consistency consistency, const std
 }
 
 std::function<Future<Tensor>(int)> Client::WithPushResent(Consistency consistency, const std::string& name,
-                                                          size_t server, std::function<Future<Tensor>()> pull) const {
+                                                          const std::string& server,
+                                                          std::function<Future<Tensor>()> pull) const {
   if (consistency == Consistency::kAsync || reconnect_timeout_ <= absl::ZeroDuration()) {
     return [pull](int) { return pull(); };
   }
@@ -77,22 +86,119 @@ Future<T> Client::Call(std::function<Future<T>()> call) const {
   return Call<T>(std::function<Future<T>(int)>([call = std::move(call)](int) { return call(); }));
 }
 
+// ---------------------------------------------------------------- layouts
+
+std::string Client::LayoutKey(const std::string& name) const {
+  return absl::StrCat(agent_.options().run_id, "/ps/layout/", name);
+}
+
+void Client::Place(Table& table, std::vector<std::string> servers, int64_t epoch) {
+  table.servers = std::move(servers);
+  table.epoch = epoch;
+  if (table.sparse) {
+    table.placement = std::make_shared<const IdPlacement>(table.servers);
+  } else {
+    table.ranges = ShardDense(NumElements(table.shape), static_cast<int>(table.servers.size()));
+  }
+}
+
+absl::StatusOr<Client::Layout> Client::ReadLayout(const std::string& name) const {
+  absl::StatusOr<std::string> record = agent_.store().Get(LayoutKey(name), absl::Milliseconds(1));
+  if (!record.ok()) return Layout{servers_, 0};  // never re-sharded
+  Layout layout;
+  std::vector<std::string> parts = absl::StrSplit(*record, ' ');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &layout.epoch)) {
+    return absl::DataLossError(absl::StrCat("bad layout record of table '", name, "' in the store: ", *record));
+  }
+  layout.servers = absl::StrSplit(parts[1], ',');
+  return layout;
+}
+
+absl::StatusOr<Client::Table> Client::Refreshed(const std::string& name) {
+  absl::StatusOr<Layout> layout = ReadLayout(name);
+  if (!layout.ok()) return layout.status();
+  absl::MutexLock lock(&mu_);
+  auto it = tables_.find(name);
+  if (it == tables_.end()) return NotKnown(name);
+  if (layout->epoch > it->second.epoch) Place(it->second, layout->servers, layout->epoch);
+  return it->second;
+}
+
+template <typename T>
+Future<T> Client::OnLayout(const std::string& name, std::function<Future<T>(const Table&)> op) {
+  absl::StatusOr<Table> table = Find(name);
+  if (!table.ok()) return MakeReadyFuture<T>(agent_.executor(), table.status());
+  // A table being re-sharded refuses with ABORTED: once its new layout is in the store
+  // the request goes out again, split by it (on a pool thread: reading the store blocks).
+  rpc::RetryPolicy policy;
+  policy.initial_backoff = absl::Milliseconds(10);
+  policy.max_backoff = absl::Milliseconds(500);
+  policy.deadline = sync_timeout_;
+  policy.retryable = [](const absl::Status& s) { return s.code() == absl::StatusCode::kAborted; };
+  return rpc::Retry<T>(agent_.executor(), agent_.timers(), std::move(policy),
+                       [this, name, op, first = *std::move(table)](int attempt) {
+                         if (attempt == 0) return op(first);
+                         absl::StatusOr<Table> now = Refreshed(name);
+                         if (!now.ok()) return MakeReadyFuture<T>(agent_.executor(), now.status());
+                         return op(*now);
+                       });
+}
+
+absl::Status Client::NotKnown(const std::string& name) {
+  return absl::NotFoundError(absl::StrCat("table '", name, "' is not known to this client (CreateDense it first)"));
+}
+
+// ---------------------------------------------------------------- tables
+
 absl::Status Client::CreateDense(const std::string& name, const Tensor& initial, const optim::OptimizerConfig& optimizer,
                                  Consistency consistency, int64_t staleness) {
   if (!initial.defined() || initial.dtype() != DType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat("table '", name, "': the initial value must be a float32 tensor"));
   }
-  Table table{initial.sizes(), ShardDense(initial.numel(), static_cast<int>(servers_.size())), consistency};
-  const Tensor flat = kernels::Reshape(kernels::Contiguous(initial), {initial.numel()});
-  const TableConfig config{optimizer, consistency, trainers_, staleness, absl::ToInt64Milliseconds(sync_timeout_)};
-  std::vector<Future<Ack>> created;
-  for (size_t i = 0; i < servers_.size(); ++i) {
-    const KeyRange& r = table.ranges[i];
-    created.push_back(
-        agent_.Send(servers_[i], CreateDenseMessage{name, config, kernels::Narrow(flat, 0, r.begin, r.size())}));
+  absl::StatusOr<Layout> layout = ReadLayout(name);
+  if (!layout.ok()) return layout.status();
+  Table table;
+  table.shape = initial.sizes();
+  table.consistency = consistency;
+  Place(table, layout->servers, layout->epoch);
+  if (layout->epoch == 0) {  // a re-sharded table exists already: it is only looked up
+    const Tensor flat = kernels::Reshape(kernels::Contiguous(initial), {initial.numel()});
+    const TableConfig config{optimizer, consistency, trainers_, staleness, absl::ToInt64Milliseconds(sync_timeout_)};
+    std::vector<Future<Ack>> created;
+    for (size_t i = 0; i < table.servers.size(); ++i) {
+      const KeyRange& r = table.ranges[i];
+      created.push_back(agent_.Send(table.servers[i],
+                                    CreateDenseMessage{name, config, kernels::Narrow(flat, 0, r.begin, r.size())}));
+    }
+    absl::StatusOr<std::vector<Ack>> done = WhenAll(agent_.executor(), std::move(created)).Get();
+    if (!done.ok()) return done.status();
   }
-  absl::StatusOr<std::vector<Ack>> done = WhenAll(agent_.executor(), std::move(created)).Get();
-  if (!done.ok()) return done.status();
+  absl::MutexLock lock(&mu_);
+  tables_[name] = std::move(table);
+  return absl::OkStatus();
+}
+
+absl::Status Client::CreateSparse(const std::string& name, int64_t dim, const SparseOptions& options,
+                                  const optim::OptimizerConfig& optimizer, Consistency consistency,
+                                  int64_t staleness) {
+  if (dim < 1) return absl::InvalidArgumentError(absl::StrCat("sparse table '", name, "': dim must be >= 1, got ", dim));
+  if (options.capacity < 0) return absl::InvalidArgumentError(absl::StrCat("sparse table '", name, "': negative capacity"));
+  absl::StatusOr<Layout> layout = ReadLayout(name);
+  if (!layout.ok()) return layout.status();
+  Table table;
+  table.consistency = consistency;
+  table.sparse = true;
+  table.dim = dim;
+  Place(table, layout->servers, layout->epoch);
+  if (layout->epoch == 0) {
+    const TableConfig config{optimizer, consistency, trainers_, staleness, absl::ToInt64Milliseconds(sync_timeout_)};
+    std::vector<Future<Ack>> created;
+    for (const std::string& server : table.servers) {
+      created.push_back(agent_.Send(server, CreateSparseMessage{name, config, dim, options.capacity, options.init}));
+    }
+    absl::StatusOr<std::vector<Ack>> done = WhenAll(agent_.executor(), std::move(created)).Get();
+    if (!done.ok()) return done.status();
+  }
   absl::MutexLock lock(&mu_);
   tables_[name] = std::move(table);
   return absl::OkStatus();
@@ -101,10 +207,22 @@ absl::Status Client::CreateDense(const std::string& name, const Tensor& initial,
 absl::StatusOr<Client::Table> Client::Find(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   auto it = tables_.find(name);
-  if (it == tables_.end()) {
-    return absl::NotFoundError(absl::StrCat("table '", name, "' is not known to this client (CreateDense it first)"));
-  }
+  if (it == tables_.end()) return NotKnown(name);
   return it->second;
+}
+
+absl::StatusOr<Client::Table> Client::FindSparse(const std::string& name) const {
+  absl::StatusOr<Table> table = Find(name);
+  if (table.ok() && !table->sparse) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", name, "' is dense: use Pull/Push"));
+  }
+  return table;
+}
+
+absl::StatusOr<int64_t> Client::RowDim(const std::string& name) const {
+  absl::StatusOr<Table> table = FindSparse(name);
+  if (!table.ok()) return table.status();
+  return table->dim;
 }
 
 namespace {
@@ -115,6 +233,13 @@ Future<bool> AllAcknowledged(rpc::Executor& executor, std::vector<Future<Ack>> p
     if (!r.ok()) return r.status();
     return true;
   });
+}
+
+absl::Status CheckIds(const std::string& name, const Tensor& ids) {
+  if (ids.defined() && ids.dim() == 1 && ids.dtype() == DType::kInt64) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("table '", name, "': ids must be a 1-D int64 tensor, got ",
+                                                 ids.defined() ? DTypeName(ids.dtype()) : "undefined", " ",
+                                                 ids.defined() ? ShapeToString(ids.sizes()) : ""));
 }
 
 }  // namespace
@@ -138,31 +263,43 @@ Future<Tensor> Client::Assemble(const Table& table, std::vector<Future<Tensor>> 
                      });
 }
 
+// ---------------------------------------------------------------- dense
+
 Future<Tensor> Client::Pull(const std::string& name, int64_t clock) {
-  absl::StatusOr<Table> table = Find(name);
-  if (!table.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), table.status());
+  return OnLayout<Tensor>(name, [this, name, clock](const Table& t) { return PullOn(t, name, clock); });
+}
+
+Future<Tensor> Client::PullOn(const Table& table, const std::string& name, int64_t clock) const {
   std::vector<Future<Tensor>> shards;
-  for (size_t i = 0; i < servers_.size(); ++i) {
-    shards.push_back(Call<Tensor>(WithPushResent(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
-                                                                                   timeout = sync_timeout_ * 2] {
-      return agent->Send(server, PullMessage{name, clock}, rpc::CallOptions{timeout});
-    })));
+  for (const std::string& server : table.servers) {
+    shards.push_back(Call<Tensor>(WithPushResent(table.consistency, name, server,
+                                                 [agent = &agent_, server, name, clock, epoch = table.epoch,
+                                                  timeout = sync_timeout_ * 2] {
+                                                   return agent->Send(server, PullMessage{name, clock, epoch},
+                                                                      rpc::CallOptions{timeout});
+                                                 })));
   }
-  return Assemble(*table, std::move(shards));
+  return Assemble(table, std::move(shards));
 }
 
 Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& grad) {
-  absl::StatusOr<Table> table = FindForGradient(name, grad);
-  if (!table.ok()) return MakeReadyFuture<bool>(agent_.executor(), table.status());
+  if (absl::StatusOr<Table> table = FindForGradient(name, grad); !table.ok()) {
+    return MakeReadyFuture<bool>(agent_.executor(), table.status());
+  }
   const Tensor flat = kernels::Reshape(kernels::Contiguous(grad), {grad.numel()});
+  return OnLayout<bool>(name, [this, name, clock, flat](const Table& t) { return PushOn(t, name, clock, flat); });
+}
+
+Future<bool> Client::PushOn(const Table& table, const std::string& name, int64_t clock, const Tensor& flat) const {
   std::vector<Future<Ack>> pushed;
-  for (size_t i = 0; i < servers_.size(); ++i) {
-    const KeyRange& r = table->ranges[i];
+  for (size_t i = 0; i < table.servers.size(); ++i) {
+    const KeyRange& r = table.ranges[i];
     const Tensor shard = kernels::Narrow(flat, 0, r.begin, r.size());
-    pushed.push_back(Call<Ack>(Remember(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
-                                                                      trainer = static_cast<int64_t>(trainer_), shard] {
-      return agent->Send(server, PushMessage{name, clock, trainer, shard});
-    })));
+    pushed.push_back(Call<Ack>(Remember(table.consistency, name, table.servers[i],
+                                        [agent = &agent_, server = table.servers[i], name, clock, epoch = table.epoch,
+                                         trainer = static_cast<int64_t>(trainer_), shard] {
+                                          return agent->Send(server, PushMessage{name, clock, trainer, shard, epoch});
+                                        })));
   }
   return AllAcknowledged(agent_.executor(), std::move(pushed));
 }
@@ -188,34 +325,59 @@ Future<Tensor> Client::PushPull(const std::string& name, int64_t clock, const Te
   });
 }
 
-
 Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>& names, int64_t clock,
                                                  const std::vector<Tensor>& grads) {
-  if (names.size() != grads.size()) {
+  if (names.size() != grads.size() || names.empty()) {
     return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(),
                                                 absl::InvalidArgumentError("PushPullMany: one gradient per table"));
   }
-  std::vector<Table> tables;
   std::vector<Tensor> flat;  // each gradient as a contiguous 1-D view, once
+  bool one_layout = true;
+  std::optional<Table> first;
   for (size_t t = 0; t < names.size(); ++t) {
     absl::StatusOr<Table> table = FindForGradient(names[t], grads[t]);
     if (!table.ok()) return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), table.status());
-    tables.push_back(*std::move(table));
+    if (!first) first = *table;
+    one_layout = one_layout && table->servers == first->servers && table->epoch == first->epoch;
     flat.push_back(kernels::Reshape(kernels::Contiguous(grads[t]), {grads[t].numel()}));
   }
+  if (!one_layout) {  // tables re-sharded apart: one exchange per table
+    std::vector<Future<Tensor>> each;
+    for (size_t t = 0; t < names.size(); ++t) each.push_back(PushPull(names[t], clock, grads[t]));
+    return WhenAll(agent_.executor(), std::move(each));
+  }
+  // Under one layout (the first table's; the others' are checked by their servers).
+  return OnLayout<std::vector<Tensor>>(names[0], [this, names, clock, flat](const Table&) {
+    std::vector<Table> tables;
+    for (const std::string& name : names) {
+      absl::StatusOr<Table> t = Find(name);
+      if (!t.ok()) return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), t.status());
+      tables.push_back(*std::move(t));
+    }
+    return PushPullManyOn(tables, names, clock, flat);
+  });
+}
+
+Future<std::vector<Tensor>> Client::PushPullManyOn(const std::vector<Table>& tables, const std::vector<std::string>& names,
+                                                   int64_t clock, const std::vector<Tensor>& flat) const {
   // One message per server: every table's shard of the gradient; the answer is the list of
   // the tables' shards as of clock + 1.
+  const Table& layout = tables[0];
   std::vector<Future<std::vector<Tensor>>> per_server;
-  for (size_t i = 0; i < servers_.size(); ++i) {
+  for (size_t i = 0; i < layout.servers.size(); ++i) {
     std::vector<Tensor> shards;
     for (size_t t = 0; t < names.size(); ++t) {
+      if (tables[t].ranges.size() != layout.servers.size()) {
+        return MakeReadyFuture<std::vector<Tensor>>(
+            agent_.executor(), absl::AbortedError("PushPullMany: the tables' layouts changed apart"));
+      }
       const KeyRange& r = tables[t].ranges[i];
       shards.push_back(kernels::Narrow(flat[t], 0, r.begin, r.size()));
     }
-    per_server.push_back(Call<std::vector<Tensor>>([agent = &agent_, server = servers_[i], names, clock,
-                                                    trainer = static_cast<int64_t>(trainer_), shards,
-                                                    timeout = sync_timeout_ * 2] {
-      return agent->Send(server, PushPullManyMessage{names, clock, trainer, shards}, rpc::CallOptions{timeout});
+    per_server.push_back(Call<std::vector<Tensor>>([agent = &agent_, server = layout.servers[i], names, clock,
+                                                    epoch = layout.epoch, trainer = static_cast<int64_t>(trainer_),
+                                                    shards, timeout = sync_timeout_ * 2] {
+      return agent->Send(server, PushPullManyMessage{names, clock, trainer, shards, epoch}, rpc::CallOptions{timeout});
     }));
   }
   return Map<std::vector<Tensor>>(
@@ -235,45 +397,12 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
       });
 }
 
+// ---------------------------------------------------------------- sparse
 
-absl::Status Client::CreateSparse(const std::string& name, int64_t dim, const SparseOptions& options,
-                                  const optim::OptimizerConfig& optimizer, Consistency consistency,
-                                  int64_t staleness) {
-  if (dim < 1) return absl::InvalidArgumentError(absl::StrCat("sparse table '", name, "': dim must be >= 1, got ", dim));
-  if (options.capacity < 0) return absl::InvalidArgumentError(absl::StrCat("sparse table '", name, "': negative capacity"));
-  const TableConfig config{optimizer, consistency, trainers_, staleness, absl::ToInt64Milliseconds(sync_timeout_)};
-  std::vector<Future<Ack>> created;
-  for (const std::string& server : servers_) {
-    created.push_back(agent_.Send(server, CreateSparseMessage{name, config, dim, options.capacity, options.init}));
-  }
-  absl::StatusOr<std::vector<Ack>> done = WhenAll(agent_.executor(), std::move(created)).Get();
-  if (!done.ok()) return done.status();
-  absl::MutexLock lock(&mu_);
-  Table& table = tables_[name];
-  table.consistency = consistency;
-  table.sparse = true;
-  table.dim = dim;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<Client::Table> Client::FindSparse(const std::string& name) const {
-  absl::StatusOr<Table> table = Find(name);
-  if (table.ok() && !table->sparse) {
-    return absl::InvalidArgumentError(absl::StrCat("table '", name, "' is dense: use Pull/Push"));
-  }
-  return table;
-}
-
-absl::StatusOr<int64_t> Client::RowDim(const std::string& name) const {
-  absl::StatusOr<Table> table = FindSparse(name);
-  if (!table.ok()) return table.status();
-  return table->dim;
-}
-
-Client::Split Client::SplitIds(const Tensor& ids) const {
-  const int servers = static_cast<int>(servers_.size());
+Client::Split Client::SplitIds(const Table& table, const Tensor& ids) {
+  const size_t servers = table.servers.size();
   Split split;
-  split.positions.resize(servers_.size());
+  split.positions.resize(servers);
   const Tensor c = kernels::Contiguous(ids);
   const int64_t* id = c.data<int64_t>();
   if (servers == 1) {  // no copy
@@ -283,7 +412,7 @@ Client::Split Client::SplitIds(const Tensor& ids) const {
     return split;
   }
   for (int64_t i = 0; i < c.numel(); ++i) {
-    split.positions[static_cast<size_t>(ServerOfId(static_cast<uint64_t>(id[i]), servers))].push_back(i);
+    split.positions[static_cast<size_t>(table.placement->ServerOf(static_cast<uint64_t>(id[i])))].push_back(i);
   }
   for (const std::vector<int64_t>& pos : split.positions) {
     Tensor part = Tensor::Empty({static_cast<int64_t>(pos.size())}, DType::kInt64);
@@ -293,38 +422,34 @@ Client::Split Client::SplitIds(const Tensor& ids) const {
   return split;
 }
 
-namespace {
-
-absl::Status CheckIds(const std::string& name, const Tensor& ids) {
-  if (ids.defined() && ids.dim() == 1 && ids.dtype() == DType::kInt64) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("table '", name, "': ids must be a 1-D int64 tensor, got ",
-                                                 ids.defined() ? DTypeName(ids.dtype()) : "undefined", " ",
-                                                 ids.defined() ? ShapeToString(ids.sizes()) : ""));
+Future<Tensor> Client::PullRows(const std::string& name, int64_t clock, const Tensor& ids) {
+  if (absl::StatusOr<Table> table = FindSparse(name); !table.ok()) {
+    return MakeReadyFuture<Tensor>(agent_.executor(), table.status());
+  }
+  if (absl::Status s = CheckIds(name, ids); !s.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), s);
+  return OnLayout<Tensor>(name, [this, name, clock, ids](const Table& t) { return PullRowsOn(t, name, clock, ids); });
 }
 
-}  // namespace
-
-Future<Tensor> Client::PullRows(const std::string& name, int64_t clock, const Tensor& ids) {
-  absl::StatusOr<Table> table = FindSparse(name);
-  if (!table.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), table.status());
-  if (absl::Status s = CheckIds(name, ids); !s.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), s);
-  auto split = std::make_shared<Split>(SplitIds(ids));
+Future<Tensor> Client::PullRowsOn(const Table& table, const std::string& name, int64_t clock, const Tensor& ids) const {
+  auto split = std::make_shared<Split>(SplitIds(table, ids));
   std::vector<Future<Tensor>> parts;
   std::vector<size_t> asked;
   // Outside kAsync every server is asked, for no rows if need be, so that a pull at
   // `clock` means step clock-1 is complete on all of them (a push for `clock` is then
   // accepted everywhere).
-  const bool every_server = table->consistency != Consistency::kAsync;
-  for (size_t i = 0; i < servers_.size(); ++i) {
+  const bool every_server = table.consistency != Consistency::kAsync;
+  for (size_t i = 0; i < table.servers.size(); ++i) {
     if (split->positions[i].empty() && !every_server) continue;
     const Tensor part = split->ids[i];
     asked.push_back(i);
-    parts.push_back(Call<Tensor>(WithPushResent(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
-                                                                                 part, timeout = sync_timeout_ * 2] {
-      return agent->Send(server, PullRowsMessage{name, clock, part}, rpc::CallOptions{timeout});
-    })));
+    parts.push_back(Call<Tensor>(WithPushResent(table.consistency, name, table.servers[i],
+                                                [agent = &agent_, server = table.servers[i], name, clock, part,
+                                                 epoch = table.epoch, timeout = sync_timeout_ * 2] {
+                                                  return agent->Send(server, PullRowsMessage{name, clock, part, epoch},
+                                                                     rpc::CallOptions{timeout});
+                                                })));
   }
-  const int64_t n = ids.numel(), dim = table->dim;
+  const int64_t n = ids.numel(), dim = table.dim;
   return Map<Tensor>(
       WhenAll(agent_.executor(), std::move(parts)),
       [split, asked, n, dim](const absl::StatusOr<std::vector<Tensor>>& r) -> absl::StatusOr<Tensor> {
@@ -357,42 +482,50 @@ Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tens
                                                 table->dim, "], got ",
                                                 grad.defined() ? ShapeToString(grad.sizes()) : "undefined")));
   }
-  const Split split = SplitIds(ids);
   const Tensor g = kernels::Contiguous(grad);
-  const bool every_server = table->consistency != Consistency::kAsync;
+  return OnLayout<bool>(name, [this, name, clock, ids, g](const Table& t) { return PushRowsOn(t, name, clock, ids, g); });
+}
+
+Future<bool> Client::PushRowsOn(const Table& table, const std::string& name, int64_t clock, const Tensor& ids,
+                                const Tensor& g) const {
+  const Split split = SplitIds(table, ids);
+  const bool every_server = table.consistency != Consistency::kAsync;
   std::vector<Future<Ack>> pushed;
-  for (size_t i = 0; i < servers_.size(); ++i) {
+  for (size_t i = 0; i < table.servers.size(); ++i) {
     const std::vector<int64_t>& pos = split.positions[i];
     if (pos.empty() && !every_server) continue;
     Tensor rows;
-    if (servers_.size() == 1) {
+    if (table.servers.size() == 1) {
       rows = g;  // no copy
     } else {
-      rows = Tensor::Empty({static_cast<int64_t>(pos.size()), table->dim});
+      rows = Tensor::Empty({static_cast<int64_t>(pos.size()), table.dim});
       for (size_t j = 0; j < pos.size(); ++j) {
-        std::copy_n(g.data<float>() + pos[j] * table->dim, table->dim,
-                    rows.data<float>() + static_cast<int64_t>(j) * table->dim);
+        std::copy_n(g.data<float>() + pos[j] * table.dim, table.dim, rows.data<float>() + static_cast<int64_t>(j) * table.dim);
       }
     }
     const Tensor part = split.ids[i];
-    pushed.push_back(Call<Ack>(Remember(table->consistency, name, i, [agent = &agent_, server = servers_[i], name, clock,
-                                                                      trainer = static_cast<int64_t>(trainer_), part, rows] {
-      return agent->Send(server, PushRowsMessage{name, clock, trainer, part, rows});
-    })));
+    pushed.push_back(Call<Ack>(Remember(table.consistency, name, table.servers[i],
+                                        [agent = &agent_, server = table.servers[i], name, clock, epoch = table.epoch,
+                                         trainer = static_cast<int64_t>(trainer_), part, rows] {
+                                          return agent->Send(server, PushRowsMessage{name, clock, trainer, part, rows, epoch});
+                                        })));
   }
   return AllAcknowledged(agent_.executor(), std::move(pushed));
 }
 
+// ---------------------------------------------------------------- elastic trainers
+
 absl::StatusOr<int64_t> Client::Join(const std::string& name) {
-  if (absl::StatusOr<Table> table = Find(name); !table.ok()) return table.status();
   // Ask every server where it would take this trainer (from < 0), then to take it from
   // the furthest answer; a synchronous step that started meanwhile on some server
   // answers with a later clock: ask all again with that (each round needs a step of the
   // other trainers to complete first, so a few rounds at most).
   int64_t from = -1;
   for (int round = 0; round < 1000; ++round) {
+    absl::StatusOr<Table> table = Refreshed(name);
+    if (!table.ok()) return table.status();
     std::vector<Future<int64_t>> answers;
-    for (const std::string& server : servers_) {
+    for (const std::string& server : table->servers) {
       answers.push_back(Call<int64_t>([agent = &agent_, server, m = JoinTableMessage{name, trainer_, from}] {
         return agent->Send(server, m);
       }));
@@ -408,9 +541,10 @@ absl::StatusOr<int64_t> Client::Join(const std::string& name) {
 }
 
 absl::Status Client::Leave(const std::string& name, int64_t last_clock) {
-  if (absl::StatusOr<Table> table = Find(name); !table.ok()) return table.status();
+  absl::StatusOr<Table> table = Refreshed(name);
+  if (!table.ok()) return table.status();
   std::vector<Future<Ack>> left;
-  for (const std::string& server : servers_) {
+  for (const std::string& server : table->servers) {
     left.push_back(Call<Ack>([agent = &agent_, server, m = LeaveTableMessage{name, trainer_, last_clock}] {
       return agent->Send(server, m);
     }));
@@ -418,31 +552,114 @@ absl::Status Client::Leave(const std::string& name, int64_t last_clock) {
   return WhenAll(agent_.executor(), std::move(left)).Get().status();
 }
 
+// ---------------------------------------------------------------- re-sharding
+
+absl::Status Client::Reshard(const std::string& name, const std::vector<std::string>& new_servers) {
+  if (new_servers.empty() || absl::flat_hash_set<std::string>(new_servers.begin(), new_servers.end()).size() !=
+                                 new_servers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("Reshard of table '", name, "': the new servers must be one or more ",
+                                                   "distinct worker names"));
+  }
+  absl::StatusOr<Layout> old = ReadLayout(name);
+  if (!old.ok()) return old.status();
+  if (old->servers == new_servers) return absl::OkStatus();
+  const int64_t epoch = old->epoch + 1;
+  const absl::Time deadline = absl::Now() + sync_timeout_;
+  auto failed = [&](const absl::Status& s, const char* stage) {
+    // Nothing changed for the trainers yet: thaw the old shards, drop any imported ones.
+    std::vector<Future<Ack>> ends;
+    for (const std::vector<std::string>* servers : {&std::as_const(old->servers), &new_servers}) {
+      for (const std::string& server : *servers) ends.push_back(agent_.Send(server, EndFreezeMessage{name, epoch, 0}));
+    }
+    (void)WhenAll(agent_.executor(), std::move(ends)).Get(absl::Seconds(10));
+    return absl::Status(s.code(), absl::StrCat("re-sharding table '", name, "' from ", absl::StrJoin(old->servers, ","),
+                                               " to ", absl::StrJoin(new_servers, ","), " failed while ", stage,
+                                               " (the old layout serves on): ", s.message()));
+  };
+  auto left = [&] { return rpc::CallOptions{std::max(absl::Milliseconds(1), deadline - absl::Now())}; };
+  // 1. Freeze every old shard at one clock: ask where each would freeze, freeze all at the
+  // furthest, and again while a shard answers that it was already past it.
+  int64_t point = -1;
+  for (int round = 0;; ++round) {
+    std::vector<Future<int64_t>> answers;
+    for (const std::string& server : old->servers) {
+      answers.push_back(agent_.Send(server, FreezeMessage{name, old->epoch, point}, left()));
+    }
+    absl::StatusOr<std::vector<int64_t>> at = WhenAll(agent_.executor(), std::move(answers)).Get();
+    if (!at.ok()) return failed(at.status(), "freezing it");
+    const int64_t furthest = *std::max_element(at->begin(), at->end());
+    if (point >= 0 && furthest == point) break;
+    if (round > 100) return failed(absl::DeadlineExceededError("its shards never came to rest at one clock"), "freezing it");
+    point = furthest;
+  }
+  // 2. The shards at rest, cut again for the new layout and put in place beside the old.
+  std::vector<Future<ShardForm>> exported;
+  for (const std::string& server : old->servers) exported.push_back(agent_.Send(server, ExportMessage{name, old->epoch}, left()));
+  absl::StatusOr<std::vector<ShardForm>> forms = WhenAll(agent_.executor(), std::move(exported)).Get();
+  if (!forms.ok()) return failed(forms.status(), "reading its shards");
+  absl::StatusOr<std::vector<ShardForm>> cut = Resplit(*forms, new_servers, epoch);
+  if (!cut.ok()) return failed(cut.status(), "cutting it again");
+  std::vector<Future<Ack>> imported;
+  for (size_t i = 0; i < new_servers.size(); ++i) {
+    imported.push_back(agent_.Send(new_servers[i], ImportMessage{name, (*cut)[i]}, left()));
+  }
+  if (absl::Status s = WhenAll(agent_.executor(), std::move(imported)).Get().status(); !s.ok()) {
+    return failed(s, "sending the new shards");
+  }
+  // 3. The commit: the new layout in the store, where every client looks it up.
+  if (absl::Status s = agent_.store().Set(LayoutKey(name), absl::StrCat(epoch, " ", absl::StrJoin(new_servers, ",")));
+      !s.ok()) {
+    return failed(s, "writing the new layout to the store");
+  }
+  // 4. The new shards take over (a request of the new layout would also put them in
+  // place), and the servers that left the layout let the table go.
+  std::vector<Future<Ack>> ends;
+  std::set<std::string> every(old->servers.begin(), old->servers.end());
+  every.insert(new_servers.begin(), new_servers.end());
+  for (const std::string& server : every) ends.push_back(agent_.Send(server, EndFreezeMessage{name, epoch, 1}));
+  absl::Status ended = WhenAll(agent_.executor(), std::move(ends)).Get().status();
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = tables_.find(name); it != tables_.end()) Place(it->second, new_servers, epoch);
+  }
+  if (!ended.ok()) {
+    return absl::Status(ended.code(), absl::StrCat("table '", name, "' was re-sharded, but a server did not hear so (",
+                                                   ended.message(), "); its new shard takes over at the first request"));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- checkpoints, RRefs
+
 Future<std::vector<std::string>> Client::Checkpoint() {
+  // Every server of every table this client knows, and those it was given.
+  std::set<std::string> servers(servers_.begin(), servers_.end());
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [_, table] : tables_) servers.insert(table.servers.begin(), table.servers.end());
+  }
   std::vector<Future<std::string>> paths;
-  for (size_t i = 0; i < servers_.size(); ++i) {
-    paths.push_back(Call<std::string>([agent = &agent_, server = servers_[i]] {
-      return agent->Send(server, CheckpointMessage{});
-    }));
+  for (const std::string& server : servers) {
+    paths.push_back(Call<std::string>([agent = &agent_, server] { return agent->Send(server, CheckpointMessage{}); }));
   }
   return WhenAll(agent_.executor(), std::move(paths));
 }
 
 absl::StatusOr<std::vector<rpc::RRef<Tensor>>> Client::ShardRRefs(const std::string& name) {
-  absl::StatusOr<Table> table = Find(name);
+  absl::StatusOr<Table> table = Refreshed(name);
   if (!table.ok()) return table.status();
   if (table->sparse) return absl::InvalidArgumentError(absl::StrCat("table '", name, "' is sparse: use PullRows/PushRows"));
   std::vector<Future<rpc::RRef<Tensor>>> shards;
-  for (const std::string& server : servers_) shards.push_back(agent_.Send(server, ShardRRefMessage{name}));
+  for (const std::string& server : table->servers) shards.push_back(agent_.Send(server, ShardRRefMessage{name}));
   return WhenAll(agent_.executor(), std::move(shards)).Get();
 }
 
 absl::StatusOr<Tensor> Client::FetchDense(const std::string& name, const std::vector<rpc::RRef<Tensor>>& shards) {
   absl::StatusOr<Table> table = Find(name);
   if (!table.ok()) return table.status();
-  if (shards.size() != servers_.size()) {
+  if (shards.size() != table->servers.size()) {
     return absl::InvalidArgumentError(absl::StrCat("table '", name, "': ", shards.size(), " shard RRefs for ",
-                                                   servers_.size(), " servers (use ShardRRefs)"));
+                                                   table->servers.size(), " servers (use ShardRRefs)"));
   }
   std::vector<Tensor> parts;
   for (const rpc::RRef<Tensor>& shard : shards) {

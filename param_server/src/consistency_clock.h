@@ -95,6 +95,7 @@ class ConsistencyClock {
   // Every trainer the table has had and may still hear from, by index.
   const std::map<int, Trainer>& trainers() const { return trainers_; }
   bool restored() const { return restored_; }
+  void ClearRestored() { restored_ = false; }
 
   // REQUIRES: every pushed trainer is one of `trainers`.
   void Restore(int64_t applied, std::map<int, Trainer> trainers, std::set<int> pushed);

@@ -64,14 +64,20 @@ struct CreateSparseMessage {
   }
 };
 
+// Every request for a table's data names the layout it was split by (`epoch`, bumped by
+// every re-sharding): a server whose shard belongs to another refuses it with ABORTED,
+// and the client re-reads the layout and sends it again (client.h).
+
 // The shard's values as of step `clock`.
 struct PullMessage {
   static constexpr char kFunction[] = "__ps.pull";
   using Reply = Tensor;
   std::string table;
   int64_t clock = 0;
+  int64_t epoch = 0;
   static constexpr auto Fields() {
-    return std::make_tuple(Field("table", &PullMessage::table), Field("clock", &PullMessage::clock));
+    return std::make_tuple(Field("table", &PullMessage::table), Field("clock", &PullMessage::clock),
+                           Field("epoch", &PullMessage::epoch));
   }
 };
 
@@ -83,9 +89,11 @@ struct PushMessage {
   int64_t clock = 0;
   int64_t trainer = 0;
   Tensor grad;
+  int64_t epoch = 0;
   static constexpr auto Fields() {
     return std::make_tuple(Field("table", &PushMessage::table), Field("clock", &PushMessage::clock),
-                           Field("trainer", &PushMessage::trainer), Field("grad", &PushMessage::grad));
+                           Field("trainer", &PushMessage::trainer), Field("grad", &PushMessage::grad),
+                           Field("epoch", &PushMessage::epoch));
   }
 };
 
@@ -97,9 +105,11 @@ struct PushPullManyMessage {
   int64_t clock = 0;
   int64_t trainer = 0;
   std::vector<Tensor> grads;  // one per table
+  int64_t epoch = 0;          // every table's (they share a layout)
   static constexpr auto Fields() {
     return std::make_tuple(Field("tables", &PushPullManyMessage::tables), Field("clock", &PushPullManyMessage::clock),
-                           Field("trainer", &PushPullManyMessage::trainer), Field("grads", &PushPullManyMessage::grads));
+                           Field("trainer", &PushPullManyMessage::trainer), Field("grads", &PushPullManyMessage::grads),
+                           Field("epoch", &PushPullManyMessage::epoch));
   }
 };
 
@@ -110,9 +120,10 @@ struct PullRowsMessage {
   std::string table;
   int64_t clock = 0;
   Tensor ids;
+  int64_t epoch = 0;
   static constexpr auto Fields() {
     return std::make_tuple(Field("table", &PullRowsMessage::table), Field("clock", &PullRowsMessage::clock),
-                           Field("ids", &PullRowsMessage::ids));
+                           Field("ids", &PullRowsMessage::ids), Field("epoch", &PullRowsMessage::epoch));
   }
 };
 
@@ -125,10 +136,11 @@ struct PushRowsMessage {
   int64_t trainer = 0;
   Tensor ids;   // int64 [n]
   Tensor grad;  // float32 [n, dim]
+  int64_t epoch = 0;
   static constexpr auto Fields() {
     return std::make_tuple(Field("table", &PushRowsMessage::table), Field("clock", &PushRowsMessage::clock),
                            Field("trainer", &PushRowsMessage::trainer), Field("ids", &PushRowsMessage::ids),
-                           Field("grad", &PushRowsMessage::grad));
+                           Field("grad", &PushRowsMessage::grad), Field("epoch", &PushRowsMessage::epoch));
   }
 };
 
@@ -156,6 +168,70 @@ struct LeaveTableMessage {
   static constexpr auto Fields() {
     return std::make_tuple(Field("table", &LeaveTableMessage::table), Field("trainer", &LeaveTableMessage::trainer),
                            Field("last", &LeaveTableMessage::last));
+  }
+};
+
+// Re-sharding (Client::Reshard), on the servers of the table's layout `epoch`: freeze the
+// shard from clock `point` on (pushes of later clocks are refused with ABORTED) and answer,
+// once every step before it is complete here, with the clock it froze at (the point, or
+// later when this shard is already past it: the client asks all again with that).
+// point < 0 only asks where it would freeze now.
+struct FreezeMessage {
+  static constexpr char kFunction[] = "__ps.freeze";
+  using Reply = int64_t;
+  std::string table;
+  int64_t epoch = 0;
+  int64_t point = -1;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &FreezeMessage::table), Field("epoch", &FreezeMessage::epoch),
+                           Field("point", &FreezeMessage::point));
+  }
+};
+
+// A shard in its checkpoint form (shard.h): named tensors.
+struct ShardForm {
+  std::vector<std::string> names;
+  std::vector<Tensor> tensors;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("names", &ShardForm::names), Field("tensors", &ShardForm::tensors));
+  }
+};
+
+// The frozen shard of layout `epoch`, once quiescent.
+struct ExportMessage {
+  static constexpr char kFunction[] = "__ps.export";
+  using Reply = ShardForm;
+  std::string table;
+  int64_t epoch = 0;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &ExportMessage::table), Field("epoch", &ExportMessage::epoch));
+  }
+};
+
+// This server's shard of the table in its next layout (the form's epoch), kept aside until
+// a request of that layout or EndFreeze puts it in place.
+struct ImportMessage {
+  static constexpr char kFunction[] = "__ps.import";
+  using Reply = Ack;
+  std::string table;
+  ShardForm form;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &ImportMessage::table), Field("form", &ImportMessage::form));
+  }
+};
+
+// The end of a re-sharding: commit (the layout `epoch` is in the store: the imported shard
+// takes over, or a server not in it lets the table go) or abort (the frozen shard serves
+// again, an imported one is dropped).
+struct EndFreezeMessage {
+  static constexpr char kFunction[] = "__ps.end_freeze";
+  using Reply = Ack;
+  std::string table;
+  int64_t epoch = 0;
+  int64_t commit = 1;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &EndFreezeMessage::table), Field("epoch", &EndFreezeMessage::epoch),
+                           Field("commit", &EndFreezeMessage::commit));
   }
 };
 

@@ -100,7 +100,7 @@ uint64_t RowStore::IdOf(uint32_t slot) const { return *reinterpret_cast<const ui
 uint32_t& RowStore::Prev(uint32_t slot) const { return chunks_[slot >> chunk_shift_].prev[slot & (chunk_rows_ - 1)]; }
 uint32_t& RowStore::Next(uint32_t slot) const { return chunks_[slot >> chunk_shift_].next[slot & (chunk_rows_ - 1)]; }
 
-// Not MixId(id) itself: ServerOfId already fixed its residue modulo the server count.
+// Not MixId(id) itself: IdPlacement already fixed its low bits (the bucket) per server.
 uint64_t RowStore::Hash(uint64_t id) { return MixId(~id); }
 uint64_t RowStore::Bucket(uint64_t id) const { return Hash(id) & (index_.size() - 1); }
 

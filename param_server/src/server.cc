@@ -16,6 +16,7 @@
 #include "gradwire/optim/functional.h"
 #include "gradwire/rpc/errors.h"
 #include "gradwire/tensor/kernels.h"
+#include "freeze.h"
 #include "messages.h"
 #include "shard.h"
 #include "trainer_registry.h"
@@ -64,10 +65,10 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
              agent_.Handle<internal::CreateSparseMessage>(
                  [self](const CallInfo&, const internal::CreateSparseMessage& m) { return self->CreateSparse(m); }),
              agent_.Handle<internal::PullMessage>(
-                 [self](const CallInfo&, const internal::PullMessage& m) { return self->Pull(m.table, m.clock); }),
+                 [self](const CallInfo&, const internal::PullMessage& m) { return self->Pull(m.table, m.clock, m.epoch); }),
              agent_.Handle<internal::PushMessage>([self](const CallInfo& info, const internal::PushMessage& m) {
                self->trainers_.Pushed(m.trainer, info.caller_rank, info.caller);
-               return self->Push(m.table, m.clock, m.trainer, m.grad);
+               return self->Push(m.table, m.clock, m.trainer, m.grad, m.epoch);
              }),
              agent_.Handle<internal::PullRowsMessage>(
                  [self](const CallInfo&, const internal::PullRowsMessage& m) { return self->PullRows(m); }),
@@ -87,6 +88,14 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
              }),
              agent_.Handle<internal::LeaveTableMessage>(
                  [self](const CallInfo&, const internal::LeaveTableMessage& m) { return self->LeaveTable(m); }),
+             agent_.Handle<internal::FreezeMessage>(
+                 [self](const CallInfo&, const internal::FreezeMessage& m) { return self->Freeze(m); }),
+             agent_.Handle<internal::ExportMessage>(
+                 [self](const CallInfo&, const internal::ExportMessage& m) { return self->Export(m); }),
+             agent_.Handle<internal::ImportMessage>(
+                 [self](const CallInfo&, const internal::ImportMessage& m) { return self->Import(m); }),
+             agent_.Handle<internal::EndFreezeMessage>(
+                 [self](const CallInfo&, const internal::EndFreezeMessage& m) { return self->EndFreeze(m); }),
              agent_.Handle<internal::CheckpointMessage>(
                  [self](const CallInfo&, internal::CheckpointMessage) { return self->Checkpoint(); }),
              agent_.Handle<internal::ShardRRefMessage>(
@@ -265,6 +274,52 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     return found;
   }
 
+  // The shard a request split by layout `epoch` is for: ABORTED when the table has
+  // another layout here (re-sharded: the client re-reads it and sends the request again).
+  // The first request of a layout whose shard was imported puts that shard in place.
+  absl::StatusOr<std::shared_ptr<Shard>> Lookup(const std::string& table, bool sparse, int64_t epoch) {
+    std::shared_ptr<Shard> retired;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = staged_.find(table); it != staged_.end() && it->second->config.epoch == epoch) {
+        if (auto live = shards_.find(table); live != shards_.end()) retired = live->second;
+        shards_[table] = it->second;
+        staged_.erase(it);
+      }
+      if (auto it = moved_.find(table); it != moved_.end() && !shards_.contains(table)) {
+        return absl::AbortedError(absl::StrCat("table '", table, "' moved away from ", name_, " (layout ", it->second,
+                                               "): the client re-reads the layout"));
+      }
+    }
+    if (retired) Retire(*retired);
+    absl::StatusOr<std::shared_ptr<Shard>> found = FindKind(table, sparse);
+    if (found.ok() && (*found)->config.epoch != epoch) {
+      return absl::AbortedError(absl::StrCat("table '", table, "' on ", name_, " has layout ", (*found)->config.epoch,
+                                             ", the request was split by layout ", epoch,
+                                             " (re-sharded): the client re-reads the layout"));
+    }
+    return found;
+  }
+
+  // A shard a new layout replaced: everything it still gets is refused (ABORTED), and
+  // the pulls and freezes that wait on it end so.
+  void Retire(Shard& s) {
+    std::vector<Promise<Tensor>> pulls;
+    std::vector<Promise<int64_t>> freezes;
+    {
+      absl::MutexLock gate(&s.gate);
+      s.gate_closed = true;
+    }
+    absl::MutexLock lock(&s.mu);
+    s.frozen_at = Shard::kRetired;
+    for (Waiter& w : s.waiting) pulls.push_back(w.answer);
+    s.waiting.clear();
+    freezes.swap(s.quiescent);
+    const absl::Status why = internal::FrozenRefusal(absl::StrCat("a shard on ", name_), s, true, 0);
+    for (auto& p : pulls) p.Set(why);
+    for (auto& p : freezes) p.Set(why);
+  }
+
   // Dense shards copied for a reader that does not train (never waits for a step).
   absl::StatusOr<internal::TablesRead> Read(const internal::ReadMessage& m) const {
     internal::TablesRead out;
@@ -304,6 +359,10 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       return MakeReadyFuture<Tensor>(agent_.executor(), read());
     }
     absl::MutexLock lock(&s.mu);
+    if (absl::Status frozen = internal::FrozenRefusal(absl::StrCat("table '", table, "' on ", name_), s, false, clock);
+        !frozen.ok()) {
+      return MakeReadyFuture<Tensor>(agent_.executor(), frozen);
+    }
     if (s.clock.Readable(clock)) return MakeReadyFuture<Tensor>(agent_.executor(), read());
     if (std::string dead = trainers_.DeadAmong(s.clock.Lagging(clock)); !dead.empty()) {
       return MakeReadyFuture<Tensor>(agent_.executor(), DeadTrainerError(table, s, clock, dead));
@@ -314,8 +373,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     return answer.future();
   }
 
-  Future<Tensor> Pull(const std::string& table, int64_t clock) {
-    absl::StatusOr<std::shared_ptr<Shard>> shard = FindKind(table, false);
+  Future<Tensor> Pull(const std::string& table, int64_t clock, int64_t epoch) {
+    absl::StatusOr<std::shared_ptr<Shard>> shard = Lookup(table, false, epoch);
     if (!shard.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), shard.status());
     Shard* s = shard->get();
     // kSync: the values change again only when every trainer has pushed the next step,
@@ -326,7 +385,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   }
 
   Future<Tensor> PullRows(const internal::PullRowsMessage& m) {
-    absl::StatusOr<std::shared_ptr<Shard>> shard = FindKind(m.table, true);
+    absl::StatusOr<std::shared_ptr<Shard>> shard = Lookup(m.table, true, m.epoch);
     if (!shard.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), shard.status());
     if (!m.ids.defined() || m.ids.dim() != 1 || m.ids.dtype() != DType::kInt64) {
       return MakeReadyFuture<Tensor>(agent_.executor(),
@@ -360,13 +419,20 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   // whenever some are released.
   absl::Status Admit(const std::string& table, Shard& s, int64_t clock, int64_t trainer,
                      const std::function<absl::Status()>& check, const ConsistencyClock::Ops& ops) {
+    const std::string where = absl::StrCat("table '", table, "' on ", name_);
     if (s.config.sparse && s.config.consistency == Consistency::kAsync) {
       // Nothing waits on an asynchronous table and its rows have their own locks: pushes
-      // run in parallel with each other and with pulls.
-      return rpc::CatchExceptions(absl::StrCat("table '", table, "' on ", name_), [&] { ops.apply_now(); });
+      // run in parallel with each other and with pulls (a freeze waits for them).
+      absl::ReaderMutexLock gate(&s.gate);
+      if (s.gate_closed) {
+        return absl::AbortedError(absl::StrCat(where, " is being re-sharded or was: the client sends this again "
+                                                      "once the new layout is in place"));
+      }
+      return rpc::CatchExceptions(where, [&] { ops.apply_now(); });
     }
     return ChangeClock(table, s, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
       if (absl::Status c = check(); !c.ok()) return c;
+      if (absl::Status f = internal::FrozenRefusal(where, s, true, clock); !f.ok()) return f;
       return s.clock.Push(clock, trainer, ops);
     });
   }
@@ -376,6 +442,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   absl::Status ChangeClock(const std::string& table, Shard& s, const std::function<absl::Status()>& change) {
     const std::string where = absl::StrCat("table '", table, "' on ", name_);
     std::vector<std::pair<Promise<Tensor>, Tensor>> ready;
+    std::vector<std::pair<Promise<int64_t>, int64_t>> frozen;
     absl::Status status;
     {
       absl::MutexLock lock(&s.mu);
@@ -384,9 +451,16 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       } catch (...) {
         status = rpc::StatusFromException("the update");
       }
-      if (!status.ok()) status = absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
+      if (!status.ok() && status.code() != absl::StatusCode::kAborted) {
+        status = absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
+      }
       ready = Released(s);  // also after a failed push: what it released is answered all the same
+      if (!s.quiescent.empty() && internal::Quiescent(s)) {
+        for (Promise<int64_t>& p : s.quiescent) frozen.emplace_back(p, s.frozen_at);
+        s.quiescent.clear();
+      }
     }
+    for (auto& [p, at] : frozen) p.Set(at);
     // Large answers go out from the worker pool: sending one copies the values into the
     // transport, and this thread has its own caller to answer, so a step's answers to its
     // trainers are copied in parallel. Small ones are answered here (no hop).
@@ -398,8 +472,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     return status;
   }
 
-  absl::Status Push(const std::string& table, int64_t clock, int64_t trainer, const Tensor& grad) {
-    absl::StatusOr<std::shared_ptr<Shard>> found = FindKind(table, false);
+  absl::Status Push(const std::string& table, int64_t clock, int64_t trainer, const Tensor& grad, int64_t epoch) {
+    absl::StatusOr<std::shared_ptr<Shard>> found = Lookup(table, false, epoch);
     if (!found.ok()) return found.status();
     Shard& s = **found;
     auto check = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) -> absl::Status {
@@ -478,7 +552,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   }
 
   absl::Status PushRows(const internal::PushRowsMessage& m) {
-    absl::StatusOr<std::shared_ptr<Shard>> found = FindKind(m.table, true);
+    absl::StatusOr<std::shared_ptr<Shard>> found = Lookup(m.table, true, m.epoch);
     if (!found.ok()) return found.status();
     Shard& s = **found;
     const int64_t dim = s.config.dim;
@@ -509,13 +583,142 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                                                                      m.tables.size(), " tables")));
     }
     for (size_t i = 0; i < m.tables.size(); ++i) {
-      if (absl::Status s = Push(m.tables[i], m.clock, m.trainer, m.grads[i]); !s.ok()) {
+      if (absl::Status s = Push(m.tables[i], m.clock, m.trainer, m.grads[i], m.epoch); !s.ok()) {
         return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), s);
       }
     }
     std::vector<Future<Tensor>> pulled;
-    for (const std::string& table : m.tables) pulled.push_back(Pull(table, m.clock + 1));
+    for (const std::string& table : m.tables) pulled.push_back(Pull(table, m.clock + 1, m.epoch));
     return WhenAll(agent_.executor(), std::move(pulled));  // answered on the completing thread: no pool hop
+  }
+
+  // ---------------------------------------------------------------- re-sharding
+
+  // The live shard of layout `epoch` (the one a re-sharding moves).
+  absl::StatusOr<std::shared_ptr<Shard>> Moving(const std::string& table, int64_t epoch) const {
+    absl::StatusOr<std::shared_ptr<Shard>> found = Find(table);
+    if (found.ok() && (*found)->config.epoch != epoch) {
+      return absl::FailedPreconditionError(absl::StrCat("table '", table, "' on ", name_, " has layout ",
+                                                        (*found)->config.epoch, ", not ", epoch,
+                                                        " (another re-sharding ran meanwhile?)"));
+    }
+    return found;
+  }
+
+  Future<int64_t> Freeze(const internal::FreezeMessage& m) {
+    absl::StatusOr<std::shared_ptr<Shard>> found = Moving(m.table, m.epoch);
+    if (!found.ok()) return MakeReadyFuture<int64_t>(agent_.executor(), found.status());
+    Shard& s = **found;
+    if (m.point >= 0 && s.config.sparse && s.config.consistency == Consistency::kAsync) {
+      absl::MutexLock gate(&s.gate);  // waits for the pushes under way
+      s.gate_closed = true;
+    }
+    std::vector<Promise<Tensor>> refused;
+    absl::Status why;
+    Future<int64_t> answer;
+    {
+      absl::MutexLock lock(&s.mu);
+      if (s.frozen_at == Shard::kRetired) {
+        return MakeReadyFuture<int64_t>(agent_.executor(), internal::FrozenRefusal(m.table, s, true, 0));
+      }
+      const int64_t proposal = internal::FreezeProposal(s);
+      if (m.point < 0) return MakeReadyFuture<int64_t>(agent_.executor(), proposal);
+      const int64_t at = std::max({m.point, proposal, s.frozen_at == Shard::kNotFrozen ? int64_t{0} : s.frozen_at});
+      s.frozen_at = at;
+      // Pulls that could only be answered after the freeze point end now (the client asks
+      // the next layout).
+      const std::string where = absl::StrCat("table '", m.table, "' on ", name_);
+      auto keep = std::partition(s.waiting.begin(), s.waiting.end(), [&](const Waiter& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+        return internal::FrozenRefusal(where, s, false, w.clock).ok();
+      });
+      for (auto it = keep; it != s.waiting.end(); ++it) refused.push_back(it->answer);
+      s.waiting.erase(keep, s.waiting.end());
+      why = internal::FrozenRefusal(where, s, true, at);
+      if (internal::Quiescent(s)) {
+        answer = MakeReadyFuture<int64_t>(agent_.executor(), at);
+      } else {
+        Promise<int64_t> later(agent_.executor());
+        s.quiescent.push_back(later);
+        answer = later.future();
+      }
+    }
+    for (auto& p : refused) p.Set(why);
+    return answer;
+  }
+
+  absl::StatusOr<internal::ShardForm> Export(const internal::ExportMessage& m) {
+    absl::StatusOr<std::shared_ptr<Shard>> found = Moving(m.table, m.epoch);
+    if (!found.ok()) return found.status();
+    Shard& s = **found;
+    nn::NamedTensors form;
+    {
+      absl::MutexLock lock(&s.mu);
+      if (!internal::Quiescent(s)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("table '", m.table, "' on ", name_, " is not frozen at rest: freeze it first"));
+      }
+      internal::Snapshot(m.table, s, form);
+    }
+    internal::ShardForm out;
+    const std::string prefix = absl::StrCat(m.table, "|");
+    for (auto& [name, t] : form) {
+      out.names.push_back(name.substr(prefix.size()));
+      out.tensors.push_back(std::move(t));
+    }
+    return out;
+  }
+
+  absl::Status Import(const internal::ImportMessage& m) {
+    if (m.form.names.size() != m.form.tensors.size()) return absl::InvalidArgumentError("import: one tensor per name");
+    nn::NamedTensors form;
+    for (size_t i = 0; i < m.form.names.size(); ++i) form.emplace_back(absl::StrCat(m.table, "|", m.form.names[i]), m.form.tensors[i]);
+    auto restored = internal::Restore(form);
+    if (!restored.ok()) return absl::InvalidArgumentError(absl::StrCat("import of table '", m.table, "': ", restored.status().message()));
+    if (restored->size() != 1) return absl::InvalidArgumentError(absl::StrCat("import of table '", m.table, "': not one table"));
+    std::unique_ptr<Shard> shard = std::move((*restored)[0].second);
+    {
+      absl::MutexLock lock(&shard->mu);
+      shard->clock.ClearRestored();  // the clocks of a live layout, not of a checkpoint
+    }
+    absl::MutexLock lock(&mu_);
+    staged_[m.table] = std::move(shard);
+    return absl::OkStatus();
+  }
+
+  absl::Status EndFreeze(const internal::EndFreezeMessage& m) {
+    std::shared_ptr<Shard> retired, thawed;
+    {
+      absl::MutexLock lock(&mu_);
+      auto staged = staged_.find(m.table);
+      auto live = shards_.find(m.table);
+      if (m.commit == 0) {  // aborted: the frozen shard serves again
+        if (staged != staged_.end()) staged_.erase(staged);
+        if (live != shards_.end()) thawed = live->second;
+      } else if (staged != staged_.end() && staged->second->config.epoch == m.epoch) {
+        if (live != shards_.end()) retired = live->second;
+        shards_[m.table] = staged->second;
+        staged_.erase(staged);
+      } else if (live != shards_.end() && live->second->config.epoch < m.epoch) {
+        retired = live->second;  // not in the new layout: the table moved away
+        shards_.erase(live);
+        moved_[m.table] = m.epoch;
+      }
+    }
+    if (retired) Retire(*retired);
+    if (thawed) {
+      {
+        absl::MutexLock gate(&thawed->gate);
+        thawed->gate_closed = false;
+      }
+      std::vector<Promise<int64_t>> freezes;
+      {
+        absl::MutexLock lock(&thawed->mu);
+        if (thawed->frozen_at != Shard::kRetired) thawed->frozen_at = Shard::kNotFrozen;
+        freezes.swap(thawed->quiescent);
+      }
+      for (auto& p : freezes) p.Set(absl::AbortedError(absl::StrCat("the re-sharding of table '", m.table, "' was aborted")));
+    }
+    return absl::OkStatus();
   }
 
   // ---------------------------------------------------------------- background
@@ -620,6 +823,10 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<Shard>> shards_ ABSL_GUARDED_BY(mu_);
+  // Re-sharding: shards imported for a table's next layout, and the tables whose layout
+  // left this server (and since which layout).
+  absl::flat_hash_map<std::string, std::shared_ptr<Shard>> staged_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> moved_ ABSL_GUARDED_BY(mu_);
   absl::Mutex checkpoint_mu_;
   std::thread watchdog_;
 };

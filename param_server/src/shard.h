@@ -47,6 +47,7 @@ struct ShardConfig {
   int64_t dim = 0;       // sparse: row width
   RowInit init;          // sparse
   int64_t capacity = 0;  // sparse: 0 = unbounded
+  int64_t epoch = 0;     // the table's layout (Client::Reshard) this shard belongs to
 };
 
 // A pull that waits for its clock to become readable.
@@ -82,6 +83,18 @@ class Shard {
   RowSum row_sum ABSL_GUARDED_BY(mu);  // sparse kSync: the open step's rows
   absl::Time step_deadline ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
   std::vector<Waiter> waiting ABSL_GUARDED_BY(mu);  // pulls that wait for a clock
+
+  // Re-sharding (server.cc, Client::Reshard): pushes from clock `frozen_at` on are
+  // refused (kNotFrozen: none; kRetired: the shard was replaced, everything is refused),
+  // and the answers to Freeze wait in `quiescent` until every step before it is complete
+  // here. Sparse asynchronous pushes take no `mu`: they hold `gate` shared, and a freeze
+  // takes it exclusively to set gate_closed, so none is half-applied when it is frozen.
+  static constexpr int64_t kNotFrozen = INT64_MAX;
+  static constexpr int64_t kRetired = INT64_MIN;
+  int64_t frozen_at ABSL_GUARDED_BY(mu) = kNotFrozen;
+  std::vector<Promise<int64_t>> quiescent ABSL_GUARDED_BY(mu);
+  absl::Mutex gate;
+  bool gate_closed ABSL_GUARDED_BY(gate) = false;
 };
 
 // Checkpoint form of a shard: named tensors "<table>|<field>". Snapshot copies the

@@ -17,7 +17,7 @@ StripedRows::StripedRows(int64_t dim, int state_size, int64_t capacity, RowInit 
   }
 }
 
-// The top bits of the id's hash: independent of ServerOfId's residue and of RowStore's index.
+// The top bits of the id's hash: independent of IdPlacement's bucket (low bits) and of RowStore's index.
 int StripedRows::StripeOf(uint64_t id) { return static_cast<int>(MixId(id) >> 61); }
 static_assert(StripedRows::kStripes == 8, "StripeOf takes 3 bits");
 

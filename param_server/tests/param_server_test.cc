@@ -38,10 +38,32 @@ TEST(ShardingTest, DenseRangesCoverEveryKeyOnceForOneToSevenServers) {
   EXPECT_THROW(ShardDense(10, 0), gw::Error);
 }
 
-TEST(ShardingTest, SparseIdsSpreadEvenly) {
+TEST(ShardingTest, SparseIdsSpreadEvenlyAndAddingOrRemovingAServerMovesOnlyItsShare) {
+  constexpr int kIds = 60000;
+  const IdPlacement three({"ps0", "ps1", "ps2"});
   std::vector<int> count(3, 0);
-  for (uint64_t id = 0; id < 30000; ++id) ++count[static_cast<size_t>(ServerOfId(id, 3))];
-  for (int c : count) EXPECT_NEAR(c, 10000, 500);
+  for (uint64_t id = 0; id < kIds; ++id) ++count[static_cast<size_t>(three.ServerOf(id))];
+  for (int c : count) EXPECT_NEAR(c, kIds / 3, kIds / 3 * 0.15);  // 256 points per server
+  // A fourth server takes about a quarter, from each of the others; nothing else moves.
+  const IdPlacement four({"ps0", "ps1", "ps2", "ps3"});
+  int moved = 0;
+  for (uint64_t id = 0; id < kIds; ++id) {
+    const int before = three.ServerOf(id), after = four.ServerOf(id);
+    if (before != after) {
+      ++moved;
+      EXPECT_EQ(after, 3) << "id " << id << " moved between two old servers";
+    }
+  }
+  EXPECT_NEAR(moved, kIds / 4, kIds / 4 * 0.2);
+  // Removing ps1 moves its rows only; the order of the names does not matter.
+  const IdPlacement without({"ps2", "ps0"});
+  for (uint64_t id = 0; id < kIds; ++id) {
+    const int before = three.ServerOf(id);
+    if (before != 1) {
+      EXPECT_EQ(without.ServerOf(id), before == 0 ? 1 : 0) << "id " << id;
+    }
+  }
+  EXPECT_THROW(IdPlacement({}), gw::Error);
 }
 
 // Three servers (ranks 0-2) and two trainers (ranks 3-4).

@@ -14,7 +14,7 @@
 //     One message per server each; shard buffers are views of `grad`
 //     (no copy) and the pulled shards are assembled into one tensor.
 //   - CreateSparse(name, dim, options, optimizer, consistency) creates an embedding-style
-//     table of rows keyed by 64-bit ids on every server (each holds the ids ServerOfId
+//     table of rows keyed by 64-bit ids on every server (each holds the ids IdPlacement
 //     gives it). PullRows(name, clock, ids) returns rows [n, dim] in the order of `ids`
 //     (int64 [n], duplicates allowed, unknown ids created from options.init); PushRows
 //     sends gradient rows [n, dim] for `ids` (duplicates are summed on the server). Ids
@@ -34,6 +34,26 @@
 //     last_clock) takes this trainer out after its push at last_clock (-1: it pushed
 //     none): later steps and pulls stop waiting for it. Join and Leave are idempotent
 //     (a retry changes nothing).
+//   - Re-sharding: Reshard(name, new_servers) moves a table onto other servers (added,
+//     removed, or both: e.g. a server that joined the job, rpc agent.h) while trainers
+//     keep training. Every old shard is frozen at one clock (the steps before it complete,
+//     pushes of later clocks are refused with ABORTED), its data, optimizer state and
+//     clocks are cut again (dense: the key ranges of ShardDense over the new servers;
+//     sparse: consistent hashing, IdPlacement, so adding a server moves about 1/(S+1) of
+//     the rows and removing one only its own), the new shards are put in place beside the
+//     old, and the new layout (servers and an epoch, bumped each time) is written to the
+//     store (the commit), after which the new shards take over and the servers no longer
+//     in it let the table go. Every request carries the layout's epoch; one refused
+//     because the table is frozen or moved is sent again by the client, split by the
+//     layout it then reads from the store (Pull, Push, PushPull, PushPullMany, PullRows,
+//     PushRows wait so at most sync_timeout). So no acknowledged push is lost and, under
+//     kSync and kBoundedStaleness, none counts twice (a kAsync push refused by one server
+//     and applied by another applies again there: at least once, as with reconnection).
+//     A failure before the commit thaws the old layout (an error says where it failed);
+//     concurrent Reshards of one table are not supported. Run it from a worker that is
+//     not blocked on the table's steps (not from a synchronous trainer between its own
+//     push and pull). CreateDense/CreateSparse of a table that was re-sharded finds it
+//     in its current layout.
 //   - Checkpoint() asks every server to write a checkpoint now; returns their paths.
 //   - The same tables through distributed autograd: ShardRRefs(name) returns a dense
 //     table's shards as RRefs owned by the servers (one per server, in server order; the
@@ -114,6 +134,8 @@ class Client {
   absl::StatusOr<int64_t> Join(const std::string& name);
   absl::Status Leave(const std::string& name, int64_t last_clock);
 
+  absl::Status Reshard(const std::string& name, const std::vector<std::string>& new_servers);
+
   Future<std::vector<std::string>> Checkpoint();
 
   absl::StatusOr<std::vector<rpc::RRef<Tensor>>> ShardRRefs(const std::string& name);
@@ -124,18 +146,44 @@ class Client {
  private:
   struct Table {
     Shape shape;
-    std::vector<KeyRange> ranges;
     Consistency consistency = Consistency::kSync;
     bool sparse = false;
     int64_t dim = 0;  // sparse
+    // The layout: the servers holding it (in shard order), its epoch (0 until re-sharded),
+    // and where keys go.
+    std::vector<std::string> servers;
+    int64_t epoch = 0;
+    std::vector<KeyRange> ranges;                  // dense
+    std::shared_ptr<const IdPlacement> placement;  // sparse
+  };
+  struct Layout {
+    std::vector<std::string> servers;
+    int64_t epoch = 0;
   };
   // Positions of `ids` by server: ids[i] goes to server s as its k-th id.
   struct Split {
     std::vector<std::vector<int64_t>> positions;  // per server
     std::vector<Tensor> ids;                      // per server, int64 [k]
   };
-  Split SplitIds(const Tensor& ids) const;
-  // agent_.Async<T>(servers_[server], ...) made by `call`, retried while the server is
+  static Split SplitIds(const Table& table, const Tensor& ids);
+  static void Place(Table& table, std::vector<std::string> servers, int64_t epoch);
+  static absl::Status NotKnown(const std::string& name);
+  // "<run_id>/ps/layout/<table>": "<epoch> <server>,<server>,..." once re-sharded.
+  std::string LayoutKey(const std::string& name) const;
+  absl::StatusOr<Layout> ReadLayout(const std::string& name) const;
+  // The table, in the layout the store has now.
+  absl::StatusOr<Table> Refreshed(const std::string& name);
+  // op(table) sent again, split by the store's layout, while it fails with ABORTED.
+  template <typename T>
+  Future<T> OnLayout(const std::string& name, std::function<Future<T>(const Table&)> op);
+  Future<Tensor> PullOn(const Table& table, const std::string& name, int64_t clock) const;
+  Future<bool> PushOn(const Table& table, const std::string& name, int64_t clock, const Tensor& flat) const;
+  Future<std::vector<Tensor>> PushPullManyOn(const std::vector<Table>& tables, const std::vector<std::string>& names,
+                                             int64_t clock, const std::vector<Tensor>& flat) const;
+  Future<Tensor> PullRowsOn(const Table& table, const std::string& name, int64_t clock, const Tensor& ids) const;
+  Future<bool> PushRowsOn(const Table& table, const std::string& name, int64_t clock, const Tensor& ids,
+                          const Tensor& grad) const;
+  // agent_.Async<T>(server, ...) made by `call`, retried while the server is
   // unavailable (ClientOptions::reconnect_timeout).
   // (attempt n = 0, 1, ... is passed to `call`.)
   template <typename T>
@@ -143,10 +191,11 @@ class Client {
   template <typename T>
   Future<T> Call(std::function<Future<T>()> call) const;
   struct LastPushes;
-  std::function<Future<rpc::Ack>()> Remember(Consistency consistency, const std::string& name, size_t server,
-                                             std::function<Future<rpc::Ack>()> push) const;
+  std::function<Future<rpc::Ack>()> Remember(Consistency consistency, const std::string& name,
+                                             const std::string& server, std::function<Future<rpc::Ack>()> push) const;
   std::function<Future<Tensor>(int attempt)> WithPushResent(Consistency consistency, const std::string& name,
-                                                            size_t server, std::function<Future<Tensor>()> pull) const;
+                                                            const std::string& server,
+                                                            std::function<Future<Tensor>()> pull) const;
   absl::StatusOr<Table> FindSparse(const std::string& name) const;
   absl::StatusOr<Table> Find(const std::string& name) const;
   // Find, and the gradient must have the table's shape.
