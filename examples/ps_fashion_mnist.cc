@@ -10,6 +10,11 @@
 //                                         [--checkpoint_every_s=S] [--reconnect_timeout_s=S]
 //                                         [--show_network] [--save=PATH]
 //
+// Elastic: start it with `gradwire launch -n 4 --max-workers 6 --master-port P ...`, then
+// add a trainer with `gradwire launch --join --master-port P ps_fashion_mnist --epochs=1`
+// (it joins the synchronous steps at the next step boundary, on a copy of a trainer's
+// data shard) or a server with `... ps_fashion_mnist --join_as=server` (the tables are
+// re-sharded onto it while the trainers train).
 // Trainer 0 shows the progress and the final test accuracy; exit status 1 when it ends
 // below --min_accuracy, 2 when the data or the group cannot be set up.
 #include <chrono>
@@ -54,25 +59,35 @@ int Train(gw::rpc::AgentOptions options, int servers) {
     }
   }
   std::vector<std::string> names;
+  for (const auto& [name, p] : params) names.push_back(name);
+  int64_t clock = 0;
+  if (setup.agent->options().join) {  // a trainer that joins the running job: at the next step boundary
+    absl::StatusOr<int64_t> from = ps.Join(names);
+    if (!from.ok()) return Fail("cannot join the tables", from.status());
+    clock = *from;
+    std::printf("%s: joined the job as trainer %d at step %lld\n", setup.agent->self().name.c_str(), trainer,
+                static_cast<long long>(clock));
+    std::fflush(stdout);
+  }
   std::vector<gw::Tensor> values;  // the parameters as of `clock`, from the servers
-  for (const auto& [name, p] : params) {
-    names.push_back(name);
-    absl::StatusOr<gw::Tensor> v = ps.Pull(name, 0).Get();
+  for (const std::string& name : names) {
+    absl::StatusOr<gw::Tensor> v = ps.Pull(name, clock).Get();
     if (!v.ok()) return Fail("pull", v.status());
     values.push_back(*v);
   }
   gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(trainer));
   gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
-  loader.Shard(trainer, trainers);
+  loader.Shard(trainer % trainers, trainers);  // one that joined trains on a copy of a shard
   const bool show = trainer == 0;
   if (show) {
     std::printf("%s\n%d servers, %d trainers, %lld parameters in %zu tables, batch %d per trainer\n",
                 model->ToString().c_str(), servers, trainers, static_cast<long long>(model->NumParameters()),
                 params.size(), absl::GetFlag(FLAGS_batch_size));
+    std::fflush(stdout);  // the launcher's pipe: seen before the first epoch ends
   }
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  int64_t clock = 0, samples = 0;  // samples: both trainers' (every trainer sees the same count)
+  int64_t samples = 0;  // samples: both trainers' (every trainer sees the same count)
   double test_acc = 0, time_to_85 = -1, samples_to_85 = 0;
   const double stop_at = absl::GetFlag(FLAGS_stop_at);
   for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
@@ -129,6 +144,11 @@ int Train(gw::rpc::AgentOptions options, int servers) {
          "samples/s");
     line("final_test_acc", test_acc, "fraction");
   }
+  if (absl::Status s = gw::examples::LeaveTables(setup, names, clock); !s.ok()) return Fail("leave the tables", s);
+  if (setup.agent->options().join) {
+    std::printf("%s: trained %lld steps, test accuracy %.4f\n", setup.agent->self().name.c_str(),
+                static_cast<long long>(samples / std::max(1, trainers) / absl::GetFlag(FLAGS_batch_size)), test_acc);
+  }
   return gw::examples::Finish(*setup.agent, show, test_acc, absl::GetFlag(FLAGS_min_accuracy));
 }
 
@@ -137,5 +157,12 @@ int Train(gw::rpc::AgentOptions options, int servers) {
 int main(int argc, char** argv) {
   return gw::examples::Main(argc, argv,
                             "Parameter-server training of an MLP on Fashion-MNIST; run under `gradwire launch -n N`.",
-                            Train);
+                            Train, [] {
+                              gw::Generator gen(0);
+                              std::vector<std::string> tables;
+                              for (const auto& [name, p] : gw::examples::FashionMnistMlp(gen)->NamedParameters()) {
+                                tables.push_back(name);
+                              }
+                              return tables;
+                            });
 }

@@ -4,7 +4,12 @@
 // defines its own --epochs and --min_accuracy).
 //
 // Under `gradwire launch -n N`, the first --servers ranks serve the tables (checkpoints
-// with --checkpoint_dir), the others run `train(options, servers)`.
+// with --checkpoint_dir), the others run `train(options, servers)`. Elastic jobs (started
+// with `gradwire launch --max-workers M`): a worker started later with
+// `gradwire launch --join` joins the running job as a trainer (train() joins the tables
+// at the next step boundary) or, with --join_as=server, as a parameter server onto which
+// the tables are moved (re-sharded) while the trainers train; trainers that finish leave
+// the job, so that those still training go on alone.
 #ifndef GRADWIRE_EXAMPLES_PS_JOB_H_
 #define GRADWIRE_EXAMPLES_PS_JOB_H_
 
@@ -32,6 +37,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "servers: write checkpoints here and 
 ABSL_FLAG(double, checkpoint_every_s, 0, "servers: seconds between periodic checkpoints (0: none)");
 ABSL_FLAG(double, reconnect_timeout_s, 60,
           "trainers: how long to wait for a server that died to come back (restarted from its checkpoint)");
+ABSL_FLAG(std::string, join_as, "trainer",
+          "a worker started with `gradwire launch --join`: joins the running job as a \"trainer\" or as a \"server\" "
+          "that takes its share of every table");
 ABSL_FLAG(bool, show_network, false,
           "every process prints the address it announced to the others and, at the end, how many of its "
           "connections and tensors went through shared memory (only between processes on one host)");
@@ -58,7 +66,30 @@ inline void ShowAfterShutdown(const rpc::Agent& agent) {
               static_cast<long long>(stats.shared_memory_tensors));
 }
 
-inline int Serve(rpc::AgentOptions options) {
+// Is this worker part of an elastic job (workers may join it)?
+inline bool Elastic(const rpc::Agent& agent) { return agent.options().max_world_size > agent.options().world_size; }
+
+// A server that joined the running job: every table moves onto the servers that hold it
+// and this one.
+inline absl::Status TakeShare(rpc::Agent& agent, int servers, const std::vector<std::string>& tables) {
+  std::vector<std::string> names;
+  for (int r = 0; r < servers; ++r) names.push_back(agent.workers()[static_cast<size_t>(r)].name);
+  param_server::Client admin(agent, names, /*trainer=*/-1, /*trainers=*/1);
+  for (const std::string& table : tables) {
+    absl::StatusOr<std::vector<std::string>> now = admin.ServersOf(table);
+    if (!now.ok()) return now.status();
+    std::vector<std::string> with_me = *now;
+    with_me.push_back(agent.self().name);
+    if (absl::Status s = admin.Reshard(table, with_me); !s.ok()) return s;
+  }
+  std::printf("%s: joined the job as a parameter server and took its share of %zu tables\n",
+              agent.self().name.c_str(), tables.size());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+// `tables`: for a server that joins (--join_as=server), the tables to take a share of.
+inline int Serve(rpc::AgentOptions options, int servers = 0, const std::vector<std::string>& tables = {}) {
   // A server serves until the trainers are done, however long training takes (if a
   // trainer dies, the launcher stops everyone).
   options.shutdown_timeout = absl::Hours(24 * 7);
@@ -81,6 +112,9 @@ inline int Serve(rpc::AgentOptions options) {
   ShowAddress(**agent);
   std::printf("%s: serving parameters%s\n", (*agent)->self().name.c_str(),
               restored > 0 ? absl::StrCat(" (", restored, " tables restored from its checkpoint)").c_str() : "");
+  if (options.join) {
+    if (absl::Status s = TakeShare(**agent, servers, tables); !s.ok()) return Fail("cannot take a share of the tables", s);
+  }
   // Serves until every worker has reached shutdown (the trainers, when they are done).
   absl::Status s = (*agent)->Shutdown();
   ShowAfterShutdown(**agent);
@@ -121,16 +155,29 @@ inline int StartTrainer(const rpc::AgentOptions& options, int servers, TrainerSe
   setup->train = *std::move(train);
   setup->test = *std::move(test);
   setup->agent = *agent;
-  setup->trainers = options.world_size - servers;
-  setup->trainer = options.rank - servers;
+  // The group's (a worker that joined learns its rank and the group's size at Start).
+  setup->trainers = (*agent)->options().world_size - servers;
+  setup->trainer = (*agent)->self().rank - servers;
   setup->ps = MakeClient(*setup->agent, servers);
   return 0;
+}
+
+// A trainer done with `tables` at `clock` (its next step): in an elastic job it leaves
+// them (later steps do not wait for it); the others train on.
+inline absl::Status LeaveTables(const TrainerSetup& setup, const std::vector<std::string>& tables, int64_t clock) {
+  if (!Elastic(*setup.agent)) return absl::OkStatus();
+  for (const std::string& table : tables) {
+    if (absl::Status s = setup.ps->Leave(table, clock - 1); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 // A trainer's end: graceful shutdown, then exit status 1 if trainer 0 (`show`) saw a test
 // accuracy below `required`.
 inline int Finish(rpc::Agent& agent, bool show, double test_acc, double required) {
-  if (absl::Status s = agent.Shutdown(); !s.ok()) return Fail("shutdown", s);
+  // In an elastic job a trainer leaves (the others may train on for long); otherwise the
+  // group shuts down together.
+  if (absl::Status s = Elastic(agent) ? agent.Leave() : agent.Shutdown(); !s.ok()) return Fail("shutdown", s);
   ShowAfterShutdown(agent);
   if (show && test_acc < required) {
     std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc, required);
@@ -139,15 +186,25 @@ inline int Finish(rpc::Agent& agent, bool show, double test_acc, double required
   return 0;
 }
 
-// Parses flags and runs the rank's role: Serve, or train(options, servers).
+// Parses flags and runs the rank's role: Serve, or train(options, servers). `tables`: the
+// tables a server that joins takes a share of (none: servers cannot join this example).
 inline int Main(int argc, char** argv, const char* usage,
-                const std::function<int(rpc::AgentOptions, int servers)>& train) {
+                const std::function<int(rpc::AgentOptions, int servers)>& train,
+                const std::function<std::vector<std::string>()>& tables = {}) {
   absl::SetProgramUsageMessage(usage);
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<rpc::AgentOptions> options = rpc::AgentOptions::FromEnv();
   if (!options.ok()) return Fail("not started by a launcher", options.status());
   options->start_timeout = absl::Seconds(120);  // servers wait for trainers loading data
   const int servers = absl::GetFlag(FLAGS_servers);
+  if (options->join) {  // the rank comes from the running group
+    const std::string role = absl::GetFlag(FLAGS_join_as);
+    if (role == "trainer") return train(*options, servers);
+    if (role == "server" && tables) return Serve(*options, servers, tables());
+    std::fprintf(stderr, "error: --join_as=%s: a worker that joins is a \"trainer\"%s\n", role.c_str(),
+                 tables ? " or a \"server\"" : " (this example has no servers to add)");
+    return 2;
+  }
   if (servers < 1 || servers >= options->world_size) {
     std::fprintf(stderr, "error: --servers=%d needs 1 <= servers < WORLD_SIZE (%d): at least one trainer\n", servers,
                  options->world_size);

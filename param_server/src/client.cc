@@ -332,30 +332,37 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
                                                 absl::InvalidArgumentError("PushPullMany: one gradient per table"));
   }
   std::vector<Tensor> flat;  // each gradient as a contiguous 1-D view, once
-  bool one_layout = true;
-  std::optional<Table> first;
   for (size_t t = 0; t < names.size(); ++t) {
     absl::StatusOr<Table> table = FindForGradient(names[t], grads[t]);
     if (!table.ok()) return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), table.status());
-    if (!first) first = *table;
-    one_layout = one_layout && table->servers == first->servers && table->epoch == first->epoch;
     flat.push_back(kernels::Reshape(kernels::Contiguous(grads[t]), {grads[t].numel()}));
   }
-  if (!one_layout) {  // tables re-sharded apart: one exchange per table
-    std::vector<Future<Tensor>> each;
-    for (size_t t = 0; t < names.size(); ++t) each.push_back(PushPull(names[t], clock, grads[t]));
-    return WhenAll(agent_.executor(), std::move(each));
-  }
-  // Under one layout (the first table's; the others' are checked by their servers).
-  return OnLayout<std::vector<Tensor>>(names[0], [this, names, clock, flat](const Table&) {
-    std::vector<Table> tables;
-    for (const std::string& name : names) {
-      absl::StatusOr<Table> t = Find(name);
-      if (!t.ok()) return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), t.status());
-      tables.push_back(*std::move(t));
-    }
-    return PushPullManyOn(tables, names, clock, flat);
-  });
+  // As OnLayout, for several tables: refused while they are re-sharded, sent again split
+  // by the layouts the store then has. Tables in different layouts (re-sharded one after
+  // the other) are exchanged one by one.
+  rpc::RetryPolicy policy;
+  policy.initial_backoff = absl::Milliseconds(10);
+  policy.max_backoff = absl::Milliseconds(500);
+  policy.deadline = sync_timeout_;
+  policy.retryable = [](const absl::Status& s) { return s.code() == absl::StatusCode::kAborted; };
+  return rpc::Retry<std::vector<Tensor>>(
+      agent_.executor(), agent_.timers(), std::move(policy),
+      [this, names, clock, grads, flat](int attempt) -> Future<std::vector<Tensor>> {
+        std::vector<Table> tables;
+        for (const std::string& name : names) {
+          absl::StatusOr<Table> t = attempt == 0 ? Find(name) : Refreshed(name);
+          if (!t.ok()) return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), t.status());
+          tables.push_back(*std::move(t));
+        }
+        for (const Table& t : tables) {
+          if (t.servers != tables[0].servers || t.epoch != tables[0].epoch) {
+            std::vector<Future<Tensor>> each;
+            for (size_t i = 0; i < names.size(); ++i) each.push_back(PushPull(names[i], clock, grads[i]));
+            return WhenAll(agent_.executor(), std::move(each));
+          }
+        }
+        return PushPullManyOn(tables, names, clock, flat);
+      });
 }
 
 Future<std::vector<Tensor>> Client::PushPullManyOn(const std::vector<Table>& tables, const std::vector<std::string>& names,
@@ -367,10 +374,6 @@ Future<std::vector<Tensor>> Client::PushPullManyOn(const std::vector<Table>& tab
   for (size_t i = 0; i < layout.servers.size(); ++i) {
     std::vector<Tensor> shards;
     for (size_t t = 0; t < names.size(); ++t) {
-      if (tables[t].ranges.size() != layout.servers.size()) {
-        return MakeReadyFuture<std::vector<Tensor>>(
-            agent_.executor(), absl::AbortedError("PushPullMany: the tables' layouts changed apart"));
-      }
       const KeyRange& r = tables[t].ranges[i];
       shards.push_back(kernels::Narrow(flat[t], 0, r.begin, r.size()));
     }
@@ -515,20 +518,31 @@ Future<bool> Client::PushRowsOn(const Table& table, const std::string& name, int
 
 // ---------------------------------------------------------------- elastic trainers
 
-absl::StatusOr<int64_t> Client::Join(const std::string& name) {
+absl::StatusOr<std::vector<std::string>> Client::ServersOf(const std::string& name) const {
+  absl::StatusOr<Layout> layout = ReadLayout(name);
+  if (!layout.ok()) return layout.status();
+  return layout->servers;
+}
+
+absl::StatusOr<int64_t> Client::Join(const std::string& name) { return Join(std::vector<std::string>{name}); }
+
+absl::StatusOr<int64_t> Client::Join(const std::vector<std::string>& names) {
+  if (names.empty()) return absl::InvalidArgumentError("Join: no tables");
   // Ask every server where it would take this trainer (from < 0), then to take it from
   // the furthest answer; a synchronous step that started meanwhile on some server
   // answers with a later clock: ask all again with that (each round needs a step of the
   // other trainers to complete first, so a few rounds at most).
   int64_t from = -1;
   for (int round = 0; round < 1000; ++round) {
-    absl::StatusOr<Table> table = Refreshed(name);
-    if (!table.ok()) return table.status();
     std::vector<Future<int64_t>> answers;
-    for (const std::string& server : table->servers) {
-      answers.push_back(Call<int64_t>([agent = &agent_, server, m = JoinTableMessage{name, trainer_, from}] {
-        return agent->Send(server, m);
-      }));
+    for (const std::string& name : names) {
+      absl::StatusOr<Table> table = Refreshed(name);
+      if (!table.ok()) return table.status();
+      for (const std::string& server : table->servers) {
+        answers.push_back(Call<int64_t>([agent = &agent_, server, m = JoinTableMessage{name, trainer_, from}] {
+          return agent->Send(server, m);
+        }));
+      }
     }
     absl::StatusOr<std::vector<int64_t>> clocks = WhenAll(agent_.executor(), std::move(answers)).Get();
     if (!clocks.ok()) return clocks.status();
@@ -536,7 +550,7 @@ absl::StatusOr<int64_t> Client::Join(const std::string& name) {
     if (from >= 0 && furthest == from) return from;
     from = furthest;
   }
-  return absl::DeadlineExceededError(absl::StrCat("trainer ", trainer_, " could not join table '", name,
+  return absl::DeadlineExceededError(absl::StrCat("trainer ", trainer_, " could not join table '", names[0],
                                                   "': its steps kept moving on while it asked the servers"));
 }
 

@@ -39,6 +39,9 @@
 namespace gw::rpc {
 namespace {
 
+// The prefix of the agent's own protocol messages.
+constexpr std::string_view kAgentPrefix = "__agent.";
+
 // A worker that joined the group introduces itself to a member (Agent::Start): its hello
 // admitted it; the answer says so.
 struct JoinNotice {
@@ -524,7 +527,10 @@ class Agent::Impl {
       calls_->Complete(env.id, absl::Status(s.code(), absl::StrCat("call to ", to, ".", function, ": ", s.message())));
     };
     if (absl::Status s = rrefs_->PrepareOutgoing(&env.payload, rank); !s.ok()) return fail(s);
-    if (hooks_) {
+    // The agent's own messages (membership, statistics) belong to no layer's call: the
+    // hooks do not see them (a distributed-autograd context current on the sending thread
+    // must not travel with a LeaveNotice).
+    if (hooks_ && !function.starts_with(kAgentPrefix)) {
       if (absl::Status s = hooks_->OnSendRequest(rank, env.payload, env.meta); !s.ok()) {
         rrefs_->AbandonOutgoing(&env.payload);
         return fail(s);

@@ -10,18 +10,25 @@
 namespace gw::rpc::internal {
 
 absl::Status ShutdownBarrier::AwaitAll(const char* what, absl::Time deadline) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < ranks_; ++r) keys.push_back(rendezvous_.Key(what, r));
-  absl::Status s = rendezvous_.store().Wait(keys, std::max(absl::ZeroDuration(), deadline - absl::Now()));
-  if (s.ok()) return s;
-  std::vector<std::string> missing;
-  for (int r = 0; r < ranks_; ++r) {
-    if (!rendezvous_.store().Get(keys[static_cast<size_t>(r)], absl::Milliseconds(1)).ok()) {
-      missing.push_back(absl::StrCat(r));
+  // The ranks handed out may grow while this waits (a worker joins the running group):
+  // once the keys of those known are there, the count is read again.
+  for (int waited = 0;;) {
+    std::vector<std::string> keys;
+    for (int r = waited; r < ranks_; ++r) keys.push_back(rendezvous_.Key(what, r));
+    absl::Status s = rendezvous_.store().Wait(keys, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!s.ok()) {
+      std::vector<std::string> missing;
+      for (int r = 0; r < ranks_; ++r) {
+        if (!rendezvous_.store().Get(rendezvous_.Key(what, r), absl::Milliseconds(1)).ok()) missing.push_back(absl::StrCat(r));
+      }
+      return absl::Status(s.code(), absl::StrCat("rank(s) ", missing.empty() ? "?" : absl::StrJoin(missing, ", "),
+                                                 " did not reach '", what, "' (", s.message(), ")"));
     }
+    waited = ranks_;
+    absl::StatusOr<int> now = rendezvous_.Ranks(world_size_, capacity_);
+    if (!now.ok() || *now <= ranks_) return absl::OkStatus();
+    ranks_ = *now;
   }
-  return absl::Status(s.code(), absl::StrCat("rank(s) ", missing.empty() ? "?" : absl::StrJoin(missing, ", "),
-                                             " did not reach '", what, "' (", s.message(), ")"));
 }
 
 absl::Status ShutdownBarrier::Arrive(const char* what, absl::Time deadline) {

@@ -16,8 +16,9 @@
 //        linearizable) removes the run's keys (Rendezvous::ForgetRun), so that the next
 //        run under the same job name starts clean; when that fails it warns on stderr
 //        with the command that removes them.
-//   The ranks waited for are those handed out so far (Start's group and the workers that
-//   joined it: Rendezvous::Ranks). A worker that left (Agent::Leave) called Depart, which
+//   The ranks waited for are those handed out (Start's group and the workers that joined
+//   it: Rendezvous::Ranks), read again whenever those known so far arrived, so a worker
+//   that joins while the others wait in their shutdown is waited for too. A worker that left (Agent::Leave) called Depart, which
 //   passes every step for it at once: nobody waits for it.
 //   Every wait is bounded by `deadline`; a barrier that does not complete is
 //   DEADLINE_EXCEEDED "<worker>: graceful shutdown did not complete: ..." naming the
@@ -61,7 +62,7 @@ class ShutdownBarrier {
   const int rank_;
   const int world_size_;
   const int capacity_;
-  int ranks_ = 0;  // Run's: the ranks handed out when it began
+  int ranks_ = 0;  // the ranks handed out, as last read
 };
 
 }  // namespace gw::rpc::internal

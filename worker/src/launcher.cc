@@ -336,6 +336,8 @@ std::vector<std::string> CommonEnvironment(const LaunchOptions& options, int por
     env.push_back(absl::StrCat("OMP_NUM_THREADS=", OmpThreadsPerWorker(options.num_workers)));
   }
   env.push_back(absl::StrCat("WORLD_SIZE=", options.nnodes * options.num_workers));
+  if (options.max_workers > 0) env.push_back(absl::StrCat("GRADWIRE_MAX_WORLD_SIZE=", options.max_workers));
+  if (options.join) env.push_back("GRADWIRE_JOIN=1");
   env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", options.num_workers));
   env.push_back(absl::StrCat("GROUP_RANK=", options.node_rank));
   if (!options.rdzv.empty()) {
@@ -475,12 +477,14 @@ class Supervisor {
     for (int local = 0; local < options_.num_workers; ++local) {
       Worker& w = workers_[static_cast<size_t>(local)];
       w.rank = options_.node_rank * options_.num_workers + local;
-      w.name = absl::StrCat(options_.name_prefix, w.rank);
+      w.name = options_.join ? absl::StrCat("joiner", local) : absl::StrCat(options_.name_prefix, w.rank);
       w.prefix = absl::StrCat("[", w.name, "] ");
       w.env = common;
-      w.env.push_back(absl::StrCat("RANK=", w.rank));
       w.env.push_back(absl::StrCat("LOCAL_RANK=", local));
-      w.env.push_back(absl::StrCat("GRADWIRE_WORKER_NAME=", w.name));
+      if (!options_.join) {  // a worker that joins gets its rank and name from the group
+        w.env.push_back(absl::StrCat("RANK=", w.rank));
+        w.env.push_back(absl::StrCat("GRADWIRE_WORKER_NAME=", w.name));
+      }
       if (absl::Status s = Start(w, devnull.get()); !s.ok()) {
         KillStarted();
         return s;

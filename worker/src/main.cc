@@ -18,7 +18,7 @@ namespace {
 constexpr char kUsage[] =
     R"(usage: gradwire launch [-n N] [--nnodes M --node-rank K] [--master-addr A] [--master-port P]
                        [--name-prefix S] [--kill-grace SECONDS] [--max-restarts K]
-                       PROGRAM [ARGS...]
+                       [--max-workers M] [--join] PROGRAM [ARGS...]
        gradwire launch --rdzv etcd://HOST:PORT/JOB [-n N] [--nnodes M --node-rank K] ... PROGRAM [ARGS...]
        gradwire --help
 
@@ -47,6 +47,12 @@ Options of launch (they end at PROGRAM; everything after it goes to PROGRAM unto
   --max-restarts K          start a failed worker again under the same rank and name, up
                             to K times each (default 0: the first failure stops the job);
                             rank 0 hosts the rendezvous and is restarted only with --rdzv
+  --max-workers M           the job may grow to M workers as others join it (elastic;
+                            default: the workers started now)
+  --join                    these workers join a job that is running (started with
+                            --max-workers): give its --master-addr and --master-port (or
+                            --rdzv); each gets the next free rank and the name
+                            worker<rank> from the job, and leaves it when it exits
   -h, --help                print this help
 
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the node
@@ -99,7 +105,12 @@ int RunLaunch(const std::vector<std::string>& args) {
     }
     const bool known = name == "-n" || name == "--nproc-per-node" || name == "--nnodes" || name == "--node-rank" ||
                        name == "--master-addr" || name == "--master-port" || name == "--rdzv" ||
-                       name == "--name-prefix" || name == "--kill-grace" || name == "--max-restarts";
+                       name == "--name-prefix" || name == "--kill-grace" || name == "--max-restarts" ||
+                       name == "--max-workers";
+    if (name == "--join") {  // a flag
+      options.join = true;
+      continue;
+    }
     if (!known) return UsageError(absl::StrCat(kWho, "unknown option '", arg, "'"));
     if (!has_value) {
       if (i + 1 >= args.size()) return UsageError(absl::StrCat(kWho, name, " needs a value"));
@@ -136,6 +147,10 @@ int RunLaunch(const std::vector<std::string>& args) {
       if (!absl::SimpleAtoi(value, &options.max_restarts) || options.max_restarts < 0) {
         return UsageError(absl::StrCat(kWho, "--max-restarts expects a number of restarts (0, 1, ...), got '", value, "'"));
       }
+    } else if (name == "--max-workers") {
+      if (!absl::SimpleAtoi(value, &options.max_workers) || options.max_workers < 1) {
+        return UsageError(absl::StrCat(kWho, "--max-workers expects a number of workers, got '", value, "'"));
+      }
     } else if (name == "--name-prefix") {
       options.name_prefix = value;
     } else {  // --kill-grace
@@ -162,6 +177,14 @@ int RunLaunch(const std::vector<std::string>& args) {
     return UsageError(absl::StrCat(kWho, "--nnodes ", options.nnodes,
                                    " needs --master-port: give every node's launcher the same port, e.g. 29500 "
                                    "(or the same --rdzv etcd://HOST:PORT/JOB)"));
+  }
+  if (options.join && options.master_port == 0 && options.rdzv.empty()) {
+    return UsageError(absl::StrCat(kWho, "--join needs the running job's rendezvous: --master-addr and --master-port "
+                                   "(or --rdzv etcd://HOST:PORT/JOB)"));
+  }
+  if (options.max_workers > 0 && options.max_workers < options.nnodes * options.num_workers) {
+    return UsageError(absl::StrCat(kWho, "--max-workers ", options.max_workers, " is below the ",
+                                   options.nnodes * options.num_workers, " workers the job starts with"));
   }
   if (options.master_port == 0 && options.rdzv.empty()) {
     absl::StatusOr<int> port = PickFreePort(options.master_addr);

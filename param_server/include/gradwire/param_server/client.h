@@ -33,7 +33,7 @@
 //     which on every step is the mean over the trainers taking part. Leave(name,
 //     last_clock) takes this trainer out after its push at last_clock (-1: it pushed
 //     none): later steps and pulls stop waiting for it. Join and Leave are idempotent
-//     (a retry changes nothing).
+//     (a retry changes nothing). Join(names) joins several tables at one clock.
 //   - Re-sharding: Reshard(name, new_servers) moves a table onto other servers (added,
 //     removed, or both: e.g. a server that joined the job, rpc agent.h) while trainers
 //     keep training. Every old shard is frozen at one clock (the steps before it complete,
@@ -135,6 +135,11 @@ class Client {
   absl::Status Leave(const std::string& name, int64_t last_clock);
 
   absl::Status Reshard(const std::string& name, const std::vector<std::string>& new_servers);
+  // The servers that hold table `name` now (the store's layout; the servers this client
+  // was given while it was never re-sharded).
+  absl::StatusOr<std::vector<std::string>> ServersOf(const std::string& name) const;
+  // Join for several tables at one clock (a trainer that pushes them together).
+  absl::StatusOr<int64_t> Join(const std::vector<std::string>& names);
 
   Future<std::vector<std::string>> Checkpoint();
 

@@ -87,6 +87,12 @@ struct LaunchOptions {
   std::string name_prefix = "worker";  // worker names by global rank: worker0, worker1, ...
   absl::Duration kill_grace = absl::Seconds(5);  // SIGTERM, then SIGKILL after this
   int max_restarts = 0;                // times each failed worker is restarted (rank 0 only with rdzv)
+  // Elastic jobs (rpc agent.h): the ranks the group may grow to (GRADWIRE_MAX_WORLD_SIZE;
+  // 0: a fixed group), and whether these workers join a running job (GRADWIRE_JOIN=1:
+  // each gets its rank and name, worker<rank>, from the group; no RANK is set, and
+  // master_port or rdzv must name the running job's rendezvous).
+  int max_workers = 0;
+  bool join = false;
   std::vector<std::string> command;    // PROGRAM ARGS...
   // Added to every worker's environment. Must not set the variables Launch() sets.
   std::map<std::string, std::string> extra_env;
