@@ -278,20 +278,14 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   // another layout here (re-sharded: the client re-reads it and sends the request again).
   // The first request of a layout whose shard was imported puts that shard in place.
   absl::StatusOr<std::shared_ptr<Shard>> Lookup(const std::string& table, bool sparse, int64_t epoch) {
-    std::shared_ptr<Shard> retired;
+    Promote(table, epoch);
     {
       absl::MutexLock lock(&mu_);
-      if (auto it = staged_.find(table); it != staged_.end() && it->second->config.epoch == epoch) {
-        if (auto live = shards_.find(table); live != shards_.end()) retired = live->second;
-        shards_[table] = it->second;
-        staged_.erase(it);
-      }
       if (auto it = moved_.find(table); it != moved_.end() && !shards_.contains(table)) {
         return absl::AbortedError(absl::StrCat("table '", table, "' moved away from ", name_, " (layout ", it->second,
                                                "): the client re-reads the layout"));
       }
     }
-    if (retired) Retire(*retired);
     absl::StatusOr<std::shared_ptr<Shard>> found = FindKind(table, sparse);
     if (found.ok() && (*found)->config.epoch != epoch) {
       return absl::AbortedError(absl::StrCat("table '", table, "' on ", name_, " has layout ", (*found)->config.epoch,
@@ -299,6 +293,21 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                                              " (re-sharded): the client re-reads the layout"));
     }
     return found;
+  }
+
+  // Puts the shard imported for layout `epoch` of `table` in place, if there is one.
+  void Promote(const std::string& table, int64_t epoch) {
+    std::shared_ptr<Shard> retired;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = staged_.find(table);
+      if (it == staged_.end() || it->second->config.epoch != epoch) return;
+      if (auto live = shards_.find(table); live != shards_.end()) retired = live->second;
+      shards_[table] = it->second;
+      staged_.erase(it);
+    }
+    if (retired) Retire(*retired);
+    AfterLayoutChange();
   }
 
   // A shard a new layout replaced: everything it still gets is refused (ABORTED), and
@@ -595,7 +604,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   // ---------------------------------------------------------------- re-sharding
 
   // The live shard of layout `epoch` (the one a re-sharding moves).
-  absl::StatusOr<std::shared_ptr<Shard>> Moving(const std::string& table, int64_t epoch) const {
+  absl::StatusOr<std::shared_ptr<Shard>> Moving(const std::string& table, int64_t epoch) {
+    Promote(table, epoch);  // a re-sharding whose coordinator died after its commit
     absl::StatusOr<std::shared_ptr<Shard>> found = Find(table);
     if (found.ok() && (*found)->config.epoch != epoch) {
       return absl::FailedPreconditionError(absl::StrCat("table '", table, "' on ", name_, " has layout ",
@@ -685,6 +695,15 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     return absl::OkStatus();
   }
 
+  // A table's layout changed here: a checkpoint now, so that a restarted server does not
+  // come back with the old layout's shard (or one it gave away).
+  void AfterLayoutChange() {
+    if (options_.checkpoint_dir.empty()) return;
+    if (absl::StatusOr<std::string> path = Checkpoint(); !path.ok()) {
+      std::fprintf(stderr, "gradwire: %s\n", std::string(path.status().message()).c_str());
+    }
+  }
+
   absl::Status EndFreeze(const internal::EndFreezeMessage& m) {
     std::shared_ptr<Shard> retired, thawed;
     {
@@ -704,7 +723,10 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
         moved_[m.table] = m.epoch;
       }
     }
-    if (retired) Retire(*retired);
+    if (retired) {
+      Retire(*retired);
+      AfterLayoutChange();
+    }
     if (thawed) {
       {
         absl::MutexLock gate(&thawed->gate);

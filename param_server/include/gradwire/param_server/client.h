@@ -50,7 +50,10 @@
 //     kSync and kBoundedStaleness, none counts twice (a kAsync push refused by one server
 //     and applied by another applies again there: at least once, as with reconnection).
 //     A failure before the commit thaws the old layout (an error says where it failed);
-//     concurrent Reshards of one table are not supported. Run it from a worker that is
+//     concurrent Reshards of one table are not supported; a coordinator that dies midway
+//     leaves the table frozen (its trainers' requests fail after sync_timeout): running
+//     Reshard again completes it (a frozen shard may be frozen again, an imported one
+//     replaced). Servers that keep checkpoints write one when the layout changes. Run it from a worker that is
 //     not blocked on the table's steps (not from a synchronous trainer between its own
 //     push and pull). CreateDense/CreateSparse of a table that was re-sharded finds it
 //     in its current layout.

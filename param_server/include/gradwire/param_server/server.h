@@ -5,16 +5,18 @@
 //     server's messages on that agent; the Client (client.h) sends them. They are the
 //     records of param_server/src/messages.h: CreateDenseMessage and CreateSparseMessage
 //     (a TableConfig each), PullMessage, PushMessage, PushPullManyMessage,
-//     PullRowsMessage, PushRowsMessage, CheckpointMessage, ShardRRefMessage, and ReadMessage
-//     (dense shards copied as they are now, with their update counts, for reader.h).
+//     PullRowsMessage, PushRowsMessage, CheckpointMessage, ShardRRefMessage, ReadMessage
+//     (dense shards copied as they are now, with their update counts, for reader.h),
+//     JoinTableMessage and LeaveTableMessage (elastic trainers), and FreezeMessage,
+//     ExportMessage, ImportMessage, EndFreezeMessage (re-sharding, client.h).
 //   - A dense table shard holds a contiguous key range of a flat float32 table; a sparse
 //     table shard holds the rows (row_store.h) whose ids hash to this server, created on
 //     first touch (pull or push) from a seeded initializer, optionally bounded by an LRU
 //     capacity. Each shard has a functional optimizer of optim/ with its state kept here
 //     (sparse: per row, and only the pushed rows are updated: optim::UpdateRow; the rows
 //     of one push are summed by id first) and a consistency mode:
-//       kSync     a step's pushes from all `trainers` are summed and averaged, then
-//                 applied once; a pull for clock c waits until step c-1 was applied. If
+//       kSync     a step's pushes from all the trainers taking part in it are summed
+//                 and averaged, then applied once; a pull for clock c waits until step c-1 was applied. If
 //                 the step is not complete within `sync_timeout` the waiting pulls fail
 //                 with DEADLINE_EXCEEDED naming the trainers that did not push. Pulls are
 //                 answered without a copy (the values change only once every trainer
@@ -36,6 +38,19 @@
 //     pushes carry no such identity: a retried one applies again (at least once). The
 //     server runs one trainer's requests concurrently: under kBoundedStaleness a trainer
 //     waits for a push's answer before its next push of that table.
+//   - Trainers: a table starts with trainers 0 .. trainers-1; others join it
+//     (JoinTableMessage: a synchronous table at a step boundary, the others at once) and
+//     leave it after their last push (LeaveTableMessage: later steps and pulls stop
+//     waiting for them); consistency_clock.h has the rules.
+//   - Re-sharding: a shard belongs to one layout of its table (an epoch; 0 until the table
+//     is re-sharded). Data requests name the layout they were split by; another layout's
+//     is refused with ABORTED (the client re-reads the layout and sends it again). A
+//     frozen shard (FreezeMessage) refuses the pushes from its freeze clock on and answers
+//     the freeze once every step before it is complete; ExportMessage then gives its
+//     checkpoint form; ImportMessage stages this server's shard of the next layout, which
+//     takes over at EndFreezeMessage (commit) or at the first request of that layout; a
+//     server not in the new layout drops the table (later requests: ABORTED, "moved").
+//     An aborted re-sharding thaws the frozen shard. Checkpoints keep a shard's layout.
 //   - Bounds: at most 65,536 trainers, rows of at most 2^20 floats, capacity at most
 //     8 x (2^27 - 1) rows per shard; a table created again must ask for the same
 //     consistency, trainers and staleness (ALREADY_EXISTS otherwise).
