@@ -103,5 +103,35 @@ TEST_F(EtcdAgentTest, AnEtcdRestartDuringTheRendezvousOnlyDelaysIt) {
   EXPECT_TRUE(down1.ok()) << down1;
 }
 
+// Elastic groups through etcd: nobody hosts the store, so any worker may leave, rank 0
+// too; a worker joins, rank 0 leaves, and the two left shut down gracefully, the last one
+// out removing the run's keys.
+TEST_F(EtcdAgentTest, WorkersJoinAndRankZeroLeavesAJobMetThroughEtcd) {
+  AgentOptions base;
+  base.rendezvous = etcd_->Url("elastic");
+  base.max_world_size = 3;
+  std::unique_ptr<AgentGroup> group = AgentGroup::Start(2, RegisterTestFunctions, base);
+  ASSERT_NE(group, nullptr);
+  AgentOptions join = base;
+  join.join = true;
+  absl::StatusOr<std::shared_ptr<Agent>> joined = Agent::Start(join, RegisterTestFunctions);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ((*joined)->self().name, "worker2");
+  absl::StatusOr<std::string> who = (*group)[1].Sync<std::string>("worker2", "whoami");
+  ASSERT_TRUE(who.ok()) << who.status();
+  ASSERT_TRUE((*group)[0].Leave().ok());
+  who = (*joined)->Sync<std::string>("worker0", "whoami");
+  EXPECT_EQ(who.status().code(), absl::StatusCode::kUnavailable) << who.status();
+  who = (*joined)->Sync<std::string>("worker1", "whoami");
+  ASSERT_TRUE(who.ok()) << who.status();
+  absl::Status down1, down2;
+  std::thread stop1([&] { down1 = (*group)[1].Shutdown(); });
+  down2 = (*joined)->Shutdown();
+  stop1.join();
+  EXPECT_TRUE(down1.ok()) << down1;
+  EXPECT_TRUE(down2.ok()) << down2;
+  EXPECT_FALSE(RunKeysLeft("elastic"));
+}
+
 }  // namespace
 }  // namespace gw::rpc::testing
