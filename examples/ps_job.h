@@ -75,6 +75,7 @@ inline absl::Status TakeShare(rpc::Agent& agent, int servers, const std::vector<
   std::vector<std::string> names;
   for (int r = 0; r < servers; ++r) names.push_back(agent.workers()[static_cast<size_t>(r)].name);
   param_server::Client admin(agent, names, /*trainer=*/-1, /*trainers=*/1);
+  const absl::Time start = absl::Now();
   for (const std::string& table : tables) {
     absl::StatusOr<std::vector<std::string>> now = admin.ServersOf(table);
     if (!now.ok()) return now.status();
@@ -82,8 +83,8 @@ inline absl::Status TakeShare(rpc::Agent& agent, int servers, const std::vector<
     with_me.push_back(agent.self().name);
     if (absl::Status s = admin.Reshard(table, with_me); !s.ok()) return s;
   }
-  std::printf("%s: joined the job as a parameter server and took its share of %zu tables\n",
-              agent.self().name.c_str(), tables.size());
+  std::printf("%s: joined the job as a parameter server and took its share of %zu tables (re-sharded in %.3f s)\n",
+              agent.self().name.c_str(), tables.size(), absl::ToDoubleSeconds(absl::Now() - start));
   std::fflush(stdout);
   return absl::OkStatus();
 }

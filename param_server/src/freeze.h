@@ -39,9 +39,11 @@ inline bool Quiescent(const Shard& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   if (s.frozen_at == Shard::kNotFrozen || s.frozen_at == Shard::kRetired) return false;
   switch (s.config.consistency) {
     case Consistency::kSync: return s.clock.applied() >= s.frozen_at && s.clock.pushed().empty();
-    case Consistency::kBoundedStaleness:
+    case Consistency::kBoundedStaleness: {
+      const int64_t at = s.frozen_at;
       return std::all_of(s.clock.trainers().begin(), s.clock.trainers().end(),
-                         [&](const auto& t) { return t.second.next >= s.frozen_at || t.second.until < s.frozen_at; });
+                         [at](const auto& t) { return t.second.next >= at || t.second.until < at; });
+    }
     case Consistency::kAsync: return true;
   }
   return false;
