@@ -253,7 +253,8 @@ class Agent::Impl {
         ConnectionCallbacks{[this](const std::shared_ptr<Connection>& c, Message m) { OnMessage(c, std::move(m)); },
                             [this](const std::shared_ptr<Connection>& c, const absl::Status& s) { OnClose(c, s); },
                             [this](const std::shared_ptr<Connection>& c) { dispatcher_->OnFlush(c); }},
-        [this](const WorkerInfo& w) { OnJoined(w); });
+        internal::Peers::Events{[this](const WorkerInfo& w) { OnJoined(w); },
+                                [this](int rank) { liveness_->Heard(rank); }});
     calls_ = std::make_unique<internal::CallTable>(timers_, [this](int rank) { return peers_->Describe(rank); });
     dispatcher_ = std::make_unique<internal::Dispatcher>(
         options_.name, pool_,
@@ -843,13 +844,15 @@ class Agent::Impl {
     // closing then is expected, and dropping their forks would hide the leaks the shutdown
     // check reports. The other layers are told while this worker still serves, also during
     // its graceful shutdown (a parameter server serves its trainers from there).
+    // Our outgoing connection to `rank` died: its calls cannot be answered. Failed before
+    // the layers are told: a call one of them makes in answer (on a new connection) is
+    // not among them.
+    if (outgoing) calls_->FailPeer(rank, reason);
     if (rank >= 0 && state != State::kClosed && reason.code() == absl::StatusCode::kUnavailable) {
       if (state == State::kRunning) rrefs_->OnPeerGone(rank);
       if (hooks_) hooks_->OnPeerGone(rank);
       watchers_->Notify(rank);
     }
-    // Our outgoing connection to `rank` died: its calls cannot be answered.
-    if (outgoing) calls_->FailPeer(rank, reason);
   }
 
   // ---------------------------------------------------------------- graceful shutdown

@@ -18,7 +18,9 @@
 //     sent, and a connection that carries traffic is never pinged (heartbeats cost a busy
 //     job nothing). A peer's silence is counted from the first tick that sees a
 //     connection to it; after it is declared dead, or when it has no connection any more,
-//     its count starts again.
+//     its count starts again. The agent also calls Heard for every new connection to a
+//     peer (dialled, or its hello accepted), so a peer declared dead and reached again is
+//     not declared dead at once for the old connection's silence.
 //   - A pure state machine: it sends and closes nothing itself; tests drive it with their
 //     own clock. Heard is thread-safe; Tick is called by one thread at a time.
 #ifndef GRADWIRE_RPC_SRC_LIVENESS_H_

@@ -37,9 +37,7 @@ absl::Status Members::Admit(const WorkerInfo& w, bool* joined) {
   absl::MutexLock lock(&mu_);
   const Slot& slot = slots_[static_cast<size_t>(w.rank)];
   switch (slot.state.load(std::memory_order_acquire)) {
-    case State::kLeft:
-      return absl::FailedPreconditionError(
-          absl::StrCat(w.name, " (rank ", w.rank, ") left this job; a worker that joins again gets a new rank"));
+    case State::kLeft:  // it still answers what it took before it left
     case State::kPresent:
       if (slot.info.name == w.name) return absl::OkStatus();
       return absl::FailedPreconditionError(absl::StrCat("its hello names '", w.name, "' as rank ", w.rank, ", which is ",

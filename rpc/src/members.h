@@ -8,7 +8,8 @@
 //   - SetKnown(workers) records the group this worker found at Start (for a worker that
 //     joined later: every member it found in the store); known() says it did.
 //   - Admit(w) records a worker that introduced itself in its hello: it must lie in
-//     [0, capacity), not have left, and its name must be its own (one name, one rank).
+//     [0, capacity) and its name must be its own (one name, one rank; a member that left
+//     keeps its name: it may still answer the calls it took).
 //     A rank already known must come with the name it has; a new one is recorded from
 //     the hello (a peer of Start's group may dial before this worker read the records;
 //     it announced the same record), and one above Start's group is a worker that

@@ -34,12 +34,15 @@ absl::StatusOr<Message> Peers::EncodeHello(const absl::Status& refusal) const {
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> Peers::Outgoing(int rank) {
-  std::optional<WorkerInfo> record = members_.Get(rank);
-  if (!record) return absl::NotFoundError(absl::StrCat("no worker of rank ", rank, " in this group"));
+  if (rank < 0 || rank >= members_.capacity()) {
+    return absl::NotFoundError(absl::StrCat("no worker of rank ", rank, " in this group"));
+  }
   {
     absl::ReaderMutexLock lock(&mu_);
     if (outgoing_[rank] && !outgoing_[rank]->closed()) return outgoing_[rank];
   }
+  std::optional<WorkerInfo> record = members_.Get(rank);  // dialling: its address
+  if (!record) return absl::NotFoundError(absl::StrCat("no worker of rank ", rank, " in this group"));
   absl::MutexLock dial(&dial_mu_[rank]);
   std::string address;
   {
@@ -70,6 +73,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Peers::Outgoing(int rank) {
   if (!conn.ok()) return UnavailableError(Describe(rank), conn.status().message());
   absl::StatusOr<Message> hello = EncodeHello(absl::OkStatus());
   if (!hello.ok()) return hello.status();
+  if (events_.connected) events_.connected(rank);  // before it is identified (see OnHello)
   {
     absl::MutexLock lock(&mu_);
     outgoing_[rank] = *conn;
@@ -144,11 +148,14 @@ absl::Status Peers::OnHello(const std::shared_ptr<Connection>& conn, const Envel
   // Our hello goes first: once the connection is identified, Outgoing may send calls on it.
   absl::StatusOr<Message> answer = EncodeHello(absl::OkStatus());
   if (answer.ok()) conn->Send(std::move(*answer));
+  // Heard before the connection is identified: a detector's tick that sees the connection
+  // sees the news too.
+  if (events_.connected) events_.connected(static_cast<int>(peer.rank));
   {
     absl::MutexLock lock(&mu_);
     rank_of_[conn.get()] = {static_cast<int>(peer.rank), conn};
   }
-  if (joined && on_joined_) on_joined_(*members_.Get(static_cast<int>(peer.rank)));
+  if (joined && events_.joined) events_.joined(*members_.Get(static_cast<int>(peer.rank)));
   return absl::OkStatus();
 }
 

@@ -4,7 +4,9 @@
 //   - The workers are those of `members` (members.h): SetWorkers records the group found
 //     at Start (by rank; for a worker that joined later, every member it found), and a
 //     worker that joins later is admitted by its hello, which carries its record (rank,
-//     name, address, pid), and reported through on_joined.
+//     name, address, pid), and reported through events.joined.
+//   - events.connected(rank) runs whenever a new connection to `rank` is identified (dialled
+//     by this worker, or its hello accepted): the failure detector counts it as hearing.
 //   - Outgoing(rank) returns the connection this worker calls `rank` on: the one it has,
 //     else one the peer dialled (both ends send calls and replies on a connection, so two
 //     workers that call each other use one connection, unless both dial at the same
@@ -69,15 +71,18 @@ struct HelloMessage {
 
 class Peers {
  public:
-  // on_joined(w) runs on the I/O thread that read the hello of a worker that joined.
+  struct Events {
+    std::function<void(const WorkerInfo&)> joined;  // on the I/O thread that read its hello
+    std::function<void(int rank)> connected;        // quick: on the dialling or I/O thread
+  };
   Peers(const WorkerInfo& self, Members& members, Transport& transport, Rendezvous& rendezvous,
-        ConnectionCallbacks callbacks, std::function<void(const WorkerInfo&)> on_joined)
+        ConnectionCallbacks callbacks, Events events)
       : self_(self),
         members_(members),
         transport_(transport),
         rendezvous_(rendezvous),
         callbacks_(std::move(callbacks)),
-        on_joined_(std::move(on_joined)),
+        events_(std::move(events)),
         dial_mu_(static_cast<size_t>(members.capacity())),
         outgoing_(static_cast<size_t>(members.capacity())) {}
 
@@ -110,7 +115,7 @@ class Peers {
   Transport& transport_;
   Rendezvous& rendezvous_;
   const ConnectionCallbacks callbacks_;
-  const std::function<void(const WorkerInfo&)> on_joined_;
+  const Events events_;
   // Written once by SetWorkers (before members_ is known), then read-only.
   std::vector<WorkerInfo> workers_;
   std::vector<absl::Mutex> dial_mu_;  // one per rank
