@@ -104,7 +104,16 @@ void Client::Place(Table& table, std::vector<std::string> servers, int64_t epoch
 
 absl::StatusOr<Client::Layout> Client::ReadLayout(const std::string& name) const {
   absl::StatusOr<std::string> record = agent_.store().Get(LayoutKey(name), absl::Milliseconds(1));
-  if (!record.ok()) return Layout{servers_, 0};  // never re-sharded
+  if (!record.ok()) {
+    // A missing key (the wait for it timed out): never re-sharded. Anything else (the
+    // store unreachable) must not be taken for that.
+    if (record.status().code() == absl::StatusCode::kDeadlineExceeded ||
+        record.status().code() == absl::StatusCode::kNotFound) {
+      return Layout{servers_, 0};
+    }
+    return absl::Status(record.status().code(),
+                        absl::StrCat("cannot read the layout of table '", name, "': ", record.status().message()));
+  }
   Layout layout;
   std::vector<std::string> parts = absl::StrSplit(*record, ' ');
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &layout.epoch)) {
@@ -532,19 +541,27 @@ absl::StatusOr<int64_t> Client::Join(const std::vector<std::string>& names) {
   // the furthest answer; a synchronous step that started meanwhile on some server
   // answers with a later clock: ask all again with that (each round needs a step of the
   // other trainers to complete first, so a few rounds at most).
+  // A table being re-sharded answers ABORTED: asked again (from the start) once its new
+  // layout is in place.
   int64_t from = -1;
+  const absl::Time deadline = absl::Now() + sync_timeout_;
   for (int round = 0; round < 1000; ++round) {
     std::vector<Future<int64_t>> answers;
     for (const std::string& name : names) {
       absl::StatusOr<Table> table = Refreshed(name);
       if (!table.ok()) return table.status();
       for (const std::string& server : table->servers) {
-        answers.push_back(Call<int64_t>([agent = &agent_, server, m = JoinTableMessage{name, trainer_, from}] {
+        answers.push_back(Call<int64_t>([agent = &agent_, server, m = JoinTableMessage{name, trainer_, from, table->epoch}] {
           return agent->Send(server, m);
         }));
       }
     }
     absl::StatusOr<std::vector<int64_t>> clocks = WhenAll(agent_.executor(), std::move(answers)).Get();
+    if (!clocks.ok() && clocks.status().code() == absl::StatusCode::kAborted && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+      from = -1;
+      continue;
+    }
     if (!clocks.ok()) return clocks.status();
     const int64_t furthest = std::max<int64_t>(0, *std::max_element(clocks->begin(), clocks->end()));
     if (from >= 0 && furthest == from) return from;
@@ -555,15 +572,20 @@ absl::StatusOr<int64_t> Client::Join(const std::vector<std::string>& names) {
 }
 
 absl::Status Client::Leave(const std::string& name, int64_t last_clock) {
-  absl::StatusOr<Table> table = Refreshed(name);
-  if (!table.ok()) return table.status();
-  std::vector<Future<Ack>> left;
-  for (const std::string& server : table->servers) {
-    left.push_back(Call<Ack>([agent = &agent_, server, m = LeaveTableMessage{name, trainer_, last_clock}] {
-      return agent->Send(server, m);
-    }));
+  const absl::Time deadline = absl::Now() + sync_timeout_;
+  for (;;) {  // as Join: again while the table is re-sharded
+    absl::StatusOr<Table> table = Refreshed(name);
+    if (!table.ok()) return table.status();
+    std::vector<Future<Ack>> left;
+    for (const std::string& server : table->servers) {
+      left.push_back(Call<Ack>([agent = &agent_, server, m = LeaveTableMessage{name, trainer_, last_clock, table->epoch}] {
+        return agent->Send(server, m);
+      }));
+    }
+    absl::Status s = WhenAll(agent_.executor(), std::move(left)).Get().status();
+    if (s.code() != absl::StatusCode::kAborted || absl::Now() >= deadline) return s;
+    absl::SleepFor(absl::Milliseconds(50));
   }
-  return WhenAll(agent_.executor(), std::move(left)).Get().status();
 }
 
 // ---------------------------------------------------------------- re-sharding
@@ -621,9 +643,12 @@ absl::Status Client::Reshard(const std::string& name, const std::vector<std::str
     return failed(s, "sending the new shards");
   }
   // 3. The commit: the new layout in the store, where every client looks it up.
-  if (absl::Status s = agent_.store().Set(LayoutKey(name), absl::StrCat(epoch, " ", absl::StrJoin(new_servers, ",")));
-      !s.ok()) {
-    return failed(s, "writing the new layout to the store");
+  const std::string record = absl::StrCat(epoch, " ", absl::StrJoin(new_servers, ","));
+  if (absl::Status s = agent_.store().Set(LayoutKey(name), record); !s.ok()) {
+    // A write that failed may still have been applied (etcd answering late): only a
+    // layout that is not in the store may be rolled back.
+    absl::StatusOr<std::string> now = agent_.store().Get(LayoutKey(name), absl::Seconds(5));
+    if (!now.ok() || *now != record) return failed(s, "writing the new layout to the store");
   }
   // 4. The new shards take over (a request of the new layout would also put them in
   // place), and the servers that left the layout let the table go.

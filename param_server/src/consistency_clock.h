@@ -15,7 +15,10 @@
 //       kBoundedStaleness clock below the trainer's next clock: a retry; otherwise
 //                         ops.apply_now and the trainer's next clock is clock + 1.
 //     kSync and kBoundedStaleness check the trainer: INVALID_ARGUMENT when it is not one
-//     of the table's, FAILED_PRECONDITION for a step before it joined or after it left.
+//     of the table's (also once it left: a bounded-staleness trainer at once, a
+//     synchronous one when its last step was applied; before that a later step is
+//     FAILED_PRECONDITION), FAILED_PRECONDITION for a step before it joined. A retry of a
+//     synchronous push already applied is a no-op whoever sent it.
 //     An op that throws leaves the clock as if the push had not come (the trainer is not
 //     counted) and the exception propagates.
 //   - Trainers: 0 .. trainers-1 from clock 0 (the table's creation), then elastic:

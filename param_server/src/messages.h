@@ -152,9 +152,10 @@ struct JoinTableMessage {
   std::string table;
   int64_t trainer = 0;
   int64_t from = -1;
+  int64_t epoch = 0;  // the layout it was sent by (as data requests: ABORTED if another, or frozen)
   static constexpr auto Fields() {
     return std::make_tuple(Field("table", &JoinTableMessage::table), Field("trainer", &JoinTableMessage::trainer),
-                           Field("from", &JoinTableMessage::from));
+                           Field("from", &JoinTableMessage::from), Field("epoch", &JoinTableMessage::epoch));
   }
 };
 
@@ -165,9 +166,10 @@ struct LeaveTableMessage {
   std::string table;
   int64_t trainer = 0;
   int64_t last = -1;
+  int64_t epoch = 0;
   static constexpr auto Fields() {
     return std::make_tuple(Field("table", &LeaveTableMessage::table), Field("trainer", &LeaveTableMessage::trainer),
-                           Field("last", &LeaveTableMessage::last));
+                           Field("last", &LeaveTableMessage::last), Field("epoch", &LeaveTableMessage::epoch));
   }
 };
 

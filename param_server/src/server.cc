@@ -319,12 +319,16 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       absl::MutexLock gate(&s.gate);
       s.gate_closed = true;
     }
-    absl::MutexLock lock(&s.mu);
-    s.frozen_at = Shard::kRetired;
-    for (Waiter& w : s.waiting) pulls.push_back(w.answer);
-    s.waiting.clear();
-    freezes.swap(s.quiescent);
-    const absl::Status why = internal::FrozenRefusal(absl::StrCat("a shard on ", name_), s, true, 0);
+    absl::Status why;
+    {
+      absl::MutexLock lock(&s.mu);
+      s.frozen_at = Shard::kRetired;
+      for (Waiter& w : s.waiting) pulls.push_back(w.answer);
+      s.waiting.clear();
+      freezes.swap(s.quiescent);
+      why = internal::FrozenRefusal(absl::StrCat("a shard on ", name_), s, true, 0);
+    }
+    // Outside the lock: answering runs the waiters' continuations (replies, sends).
     for (auto& p : pulls) p.Set(why);
     for (auto& p : freezes) p.Set(why);
   }
@@ -383,6 +387,10 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   }
 
   Future<Tensor> Pull(const std::string& table, int64_t clock, int64_t epoch) {
+    if (clock < 0) {
+      return MakeReadyFuture<Tensor>(agent_.executor(), absl::InvalidArgumentError(absl::StrCat(
+                                                            "table '", table, "': negative clock ", clock)));
+    }
     absl::StatusOr<std::shared_ptr<Shard>> shard = Lookup(table, false, epoch);
     if (!shard.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), shard.status());
     Shard* s = shard->get();
@@ -394,6 +402,10 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   }
 
   Future<Tensor> PullRows(const internal::PullRowsMessage& m) {
+    if (m.clock < 0) {
+      return MakeReadyFuture<Tensor>(agent_.executor(), absl::InvalidArgumentError(absl::StrCat(
+                                                            "table '", m.table, "': negative clock ", m.clock)));
+    }
     absl::StatusOr<std::shared_ptr<Shard>> shard = Lookup(m.table, true, m.epoch);
     if (!shard.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), shard.status());
     if (!m.ids.defined() || m.ids.dim() != 1 || m.ids.dtype() != DType::kInt64) {
@@ -533,8 +545,23 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
 
   // ---------------------------------------------------------------- elastic trainers
 
+  // The shard a change of trainers applies to: that of the sender's layout, not frozen (a
+  // frozen shard's trainers are on their way to the next layout's shards: ABORTED, the
+  // client asks the next layout).
+  absl::StatusOr<std::shared_ptr<Shard>> TrainersOf(const std::string& table, int64_t epoch) {
+    absl::StatusOr<std::shared_ptr<Shard>> found = Lookup(table, /*sparse=*/false, epoch);
+    if (!found.ok() && found.status().code() == absl::StatusCode::kInvalidArgument) found = Lookup(table, true, epoch);
+    if (!found.ok()) return found;
+    absl::MutexLock lock(&(*found)->mu);
+    if ((*found)->frozen_at != Shard::kNotFrozen) {
+      return absl::AbortedError(absl::StrCat("table '", table, "' on ", name_, " is being re-sharded: the client "
+                                             "sends this again once the new layout is in place"));
+    }
+    return found;
+  }
+
   absl::StatusOr<int64_t> JoinTable(const internal::JoinTableMessage& m) {
-    absl::StatusOr<std::shared_ptr<Shard>> found = Find(m.table);
+    absl::StatusOr<std::shared_ptr<Shard>> found = TrainersOf(m.table, m.epoch);
     if (!found.ok()) return found.status();
     if (m.trainer < 0 || m.trainer >= internal::kMaxTrainers) {
       return absl::InvalidArgumentError(absl::StrCat("table '", m.table, "': no trainer index ", m.trainer, " (at most ",
@@ -551,7 +578,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   }
 
   absl::Status LeaveTable(const internal::LeaveTableMessage& m) {
-    absl::StatusOr<std::shared_ptr<Shard>> found = Find(m.table);
+    absl::StatusOr<std::shared_ptr<Shard>> found = TrainersOf(m.table, m.epoch);
     if (!found.ok()) return found.status();
     Shard& s = **found;
     return ChangeClock(m.table, s, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
@@ -616,6 +643,9 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   }
 
   Future<int64_t> Freeze(const internal::FreezeMessage& m) {
+    if (m.point >= Shard::kNotFrozen) {
+      return MakeReadyFuture<int64_t>(agent_.executor(), absl::InvalidArgumentError("freeze: bad clock"));
+    }
     absl::StatusOr<std::shared_ptr<Shard>> found = Moving(m.table, m.epoch);
     if (!found.ok()) return MakeReadyFuture<int64_t>(agent_.executor(), found.status());
     Shard& s = **found;
@@ -710,9 +740,9 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       absl::MutexLock lock(&mu_);
       auto staged = staged_.find(m.table);
       auto live = shards_.find(m.table);
-      if (m.commit == 0) {  // aborted: the frozen shard serves again
-        if (staged != staged_.end()) staged_.erase(staged);
-        if (live != shards_.end()) thawed = live->second;
+      if (m.commit == 0) {  // aborted: the frozen shard of the layout before serves again
+        if (staged != staged_.end() && staged->second->config.epoch == m.epoch) staged_.erase(staged);
+        if (live != shards_.end() && live->second->config.epoch == m.epoch - 1) thawed = live->second;
       } else if (staged != staged_.end() && staged->second->config.epoch == m.epoch) {
         if (live != shards_.end()) retired = live->second;
         shards_[m.table] = staged->second;

@@ -116,6 +116,11 @@ TEST(ReshardTest, ADenseSynchronousTableMovesOntoAJoinedServerAndOffAnOldOneWhil
   absl::StatusOr<Tensor> now = late.Pull("w", kSteps).Get(absl::Seconds(10));
   ASSERT_TRUE(now.ok()) << now.status();
   EXPECT_LT(kernels::MaxAbsDiff(*now, w), 1e-4);
+  // ... and may join it there (the trainer messages name the new layout too), and leave.
+  absl::StatusOr<int64_t> from = late.Join("w");
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_EQ(*from, kSteps);
+  EXPECT_TRUE(late.Leave("w", kSteps - 1).ok());
   d.ShutdownAll();
 }
 

@@ -387,6 +387,7 @@ class Agent::Impl {
   }
 
   void UpdateNames() {
+    absl::MutexLock lock(&names_mu_);  // two joining at once: the later list is the fuller
     std::vector<std::string> names;
     for (int r = 0; r < members_->capacity(); ++r) names.push_back(members_->Name(r));
     rrefs_->SetWorkerNames(std::move(names));
@@ -904,6 +905,7 @@ class Agent::Impl {
   std::shared_ptr<Watchers<int>> watchers_ = std::make_shared<Watchers<int>>();
   std::shared_ptr<Watchers<MemberChange>> member_watchers_ = std::make_shared<Watchers<MemberChange>>();
   std::unique_ptr<internal::Members> members_;  // set in Start
+  absl::Mutex names_mu_;                        // UpdateNames, one at a time
   Statistics::Source own_statistics_;               // reads the units above: dropped first
 
   absl::Mutex mu_;
