@@ -16,15 +16,6 @@ namespace {
 using testing::HostNetwork;
 using testing::HostProcess;
 
-// Waits until `process` printed `text`, or the deadline passed.
-bool AwaitOutput(const HostProcess& process, const std::string& text, absl::Time deadline) {
-  while (absl::Now() < deadline) {
-    if (process.output().find(text) != std::string::npos) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
-
 TEST(PsElasticTest, TheMainJobTakesATrainerAndAServerThatJoinItMidRun) {
   if (std::string why = HostNetwork::Unsupported(); !why.empty()) GTEST_SKIP() << why;
   absl::StatusOr<std::unique_ptr<HostNetwork>> network = HostNetwork::Create(1);
@@ -36,7 +27,7 @@ TEST(PsElasticTest, TheMainJobTakesATrainerAndAServerThatJoinItMidRun) {
        "--servers=2", "--epochs=6", "--min_accuracy=0.80"},
       {{"OMP_NUM_THREADS", "1"}});
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(AwaitOutput(**job, "parameters in", absl::Now() + absl::Seconds(120))) << (*job)->output();
+  ASSERT_TRUE((*job)->AwaitText("parameters in", absl::Now() + absl::Seconds(120))) << (*job)->output();
   absl::StatusOr<HostProcess*> trainer = (*network)->Start(
       0, {GRADWIRE_CLI, "launch", "--join", "--master-port", port, PS_FASHION_MNIST, "--servers=2", "--epochs=1"},
       {{"OMP_NUM_THREADS", "1"}});

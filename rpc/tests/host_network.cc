@@ -116,14 +116,14 @@ std::string HostProcess::Field(const std::string& key) const {
   return value;
 }
 
-std::string HostProcess::AwaitField(const std::string& key, absl::Time deadline) {
+bool HostProcess::AwaitOutput(const std::function<bool()>& done, absl::Time deadline) {
   const int fd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-  if (fd < 0) return "";
+  if (fd < 0) return done();
   ::inotify_add_watch(fd, log_.c_str(), IN_MODIFY);
-  std::string value;
+  bool holds = false;
   for (;;) {
-    value = Field(key);  // after the watch exists: no write is missed
-    if (!value.empty() || Reap() || absl::Now() >= deadline) break;
+    holds = done();  // after the watch exists: no write is missed
+    if (holds || Reap() || absl::Now() >= deadline) break;
     pollfd fds[2] = {{fd, POLLIN, 0}, {pidfd_, POLLIN, 0}};
     const int64_t ms = std::clamp<int64_t>(absl::ToInt64Milliseconds(deadline - absl::Now()), 0, 1000);
     ::poll(fds, 2, static_cast<int>(ms));
@@ -132,7 +132,16 @@ std::string HostProcess::AwaitField(const std::string& key, absl::Time deadline)
     }
   }
   ::close(fd);
-  return value.empty() ? Field(key) : value;
+  return holds || done();
+}
+
+std::string HostProcess::AwaitField(const std::string& key, absl::Time deadline) {
+  AwaitOutput([&] { return !Field(key).empty(); }, deadline);
+  return Field(key);
+}
+
+bool HostProcess::AwaitText(const std::string& text, absl::Time deadline) {
+  return AwaitOutput([&] { return output().find(text) != std::string::npos; }, deadline);
 }
 
 bool HostProcess::Reap() {

@@ -27,6 +27,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,6 +56,8 @@ class HostProcess {
   // returns its value; "" if the deadline passed or the process exited without one. The
   // process must flush its output after printing the line.
   std::string AwaitField(const std::string& key, absl::Time deadline);
+  // The same for `text` anywhere in output(): whether it is there.
+  bool AwaitText(const std::string& text, absl::Time deadline);
   // Kills it (SIGKILL) and reaps it, if it still runs.
   void Kill();
 
@@ -62,6 +65,8 @@ class HostProcess {
   friend class HostNetwork;
   // Reaps it if it exited; true once it has.
   bool Reap();
+  // Waits (inotify on the log, and the process's exit) until done() holds.
+  bool AwaitOutput(const std::function<bool()>& done, absl::Time deadline);
 
   const pid_t pid_;
   const int pidfd_;
