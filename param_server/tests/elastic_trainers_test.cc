@@ -34,13 +34,8 @@ struct ElasticDeployment {
   // A new worker joins the running group.
   std::shared_ptr<rpc::Agent> Join() {
     rpc::AgentOptions o;
-    o.join = true;
-    o.rendezvous = group->store_address();
-    o.host_store = false;
     o.shutdown_timeout = absl::Seconds(10);
-    absl::StatusOr<std::shared_ptr<rpc::Agent>> a = rpc::Agent::Start(o);
-    EXPECT_TRUE(a.ok()) << a.status();
-    return a.ok() ? *a : nullptr;
+    return group->Join({}, o);
   }
 };
 

@@ -41,17 +41,10 @@ struct Deployment {
   // A server worker joins the running job ("worker4").
   bool AddServer() {
     rpc::AgentOptions o;
-    o.join = true;
-    o.rendezvous = group->store_address();
-    o.host_store = false;
     o.shutdown_timeout = absl::Seconds(10);
-    absl::StatusOr<std::shared_ptr<rpc::Agent>> a = rpc::Agent::Start(o, [this](rpc::Agent& agent) {
-      return rpc::Assign(ParameterServer::Install(agent), joined_server);
-    });
-    EXPECT_TRUE(a.ok()) << a.status();
-    if (!a.ok()) return false;
-    joined = *a;
-    return true;
+    joined = group->Join(
+        [this](rpc::Agent& agent) { return rpc::Assign(ParameterServer::Install(agent), joined_server); }, o);
+    return joined != nullptr;
   }
   void ShutdownAll() {
     std::vector<std::thread> threads;

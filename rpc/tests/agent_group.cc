@@ -86,6 +86,15 @@ AgentGroup::~AgentGroup() {
   if (store_) store_->Shutdown();
 }
 
+std::shared_ptr<Agent> AgentGroup::Join(Setup setup, AgentOptions base) const {
+  base.join = true;
+  base.rendezvous = store_address_;
+  base.host_store = false;
+  absl::StatusOr<std::shared_ptr<Agent>> agent = Agent::Start(base, std::move(setup));
+  EXPECT_TRUE(agent.ok()) << agent.status();
+  return agent.ok() ? *agent : nullptr;
+}
+
 absl::Status AgentGroup::ShutdownAll() {
   std::vector<absl::Status> results(agents_.size());
   std::vector<std::thread> threads;

@@ -34,6 +34,9 @@ class AgentGroup {
   // counts.
   absl::Status AwaitRRefsReleased(absl::Duration timeout = absl::Seconds(20));
   const std::string& store_address() const { return store_address_; }
+  // Starts a worker that joins this group's running job (AgentOptions::join; `base`'s
+  // other options apply, `setup` as in Start); null (and a test failure) if it cannot.
+  std::shared_ptr<Agent> Join(Setup setup = {}, AgentOptions base = {}) const;
 
  private:
   std::unique_ptr<StoreServer> store_;
