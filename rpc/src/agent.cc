@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -254,7 +255,11 @@ class Agent::Impl {
                             [this](const std::shared_ptr<Connection>& c, const absl::Status& s) { OnClose(c, s); },
                             [this](const std::shared_ptr<Connection>& c) { dispatcher_->OnFlush(c); }},
         internal::Peers::Events{[this](const WorkerInfo& w) { OnJoined(w); },
-                                [this](int rank) { liveness_->Heard(rank); }});
+                                [this](int rank) {
+                                  liveness_->Heard(rank);
+                                  absl::MutexLock lock(&gone_mu_);
+                                  gone_.erase(rank);  // reached again
+                                }});
     calls_ = std::make_unique<internal::CallTable>(timers_, [this](int rank) { return peers_->Describe(rank); });
     dispatcher_ = std::make_unique<internal::Dispatcher>(
         options_.name, pool_,
@@ -580,7 +585,11 @@ class Agent::Impl {
       result = barrier.Run(absl::Now() + options_.shutdown_timeout,
                            {.drain = [this](absl::Time deadline) { Drain(deadline); },
                             .check_leaks = [this] { return CheckLeaks(); },
-                            .await_handlers = [this](absl::Time deadline) { dispatcher_->AwaitIdle(deadline); }});
+                            .await_handlers = [this](absl::Time deadline) { dispatcher_->AwaitIdle(deadline); },
+                            .gone = [this](int rank) {
+                              absl::MutexLock lock(&gone_mu_);
+                              return gone_.contains(rank);
+                            }});
     }
     Close(ShuttingDownError(options_.name));
     return result;
@@ -849,6 +858,10 @@ class Agent::Impl {
     // the layers are told: a call one of them makes in answer (on a new connection) is
     // not among them.
     if (outgoing) calls_->FailPeer(rank, reason);
+    if (rank >= 0 && reason.code() == absl::StatusCode::kUnavailable) {
+      absl::MutexLock lock(&gone_mu_);
+      gone_.insert(rank);
+    }
     if (rank >= 0 && state != State::kClosed && reason.code() == absl::StatusCode::kUnavailable) {
       if (state == State::kRunning) rrefs_->OnPeerGone(rank);
       if (hooks_) hooks_->OnPeerGone(rank);
@@ -906,6 +919,8 @@ class Agent::Impl {
   std::shared_ptr<Watchers<MemberChange>> member_watchers_ = std::make_shared<Watchers<MemberChange>>();
   std::unique_ptr<internal::Members> members_;  // set in Start
   absl::Mutex names_mu_;                        // UpdateNames, one at a time
+  absl::Mutex gone_mu_;
+  absl::flat_hash_set<int> gone_ ABSL_GUARDED_BY(gone_mu_);  // connection closed, not reached since
   Statistics::Source own_statistics_;               // reads the units above: dropped first
 
   absl::Mutex mu_;

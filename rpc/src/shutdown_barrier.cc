@@ -12,10 +12,18 @@ namespace gw::rpc::internal {
 absl::Status ShutdownBarrier::AwaitAll(const char* what, absl::Time deadline) {
   // The ranks handed out may grow while this waits (a worker joins the running group):
   // once the keys of those known are there, the count is read again.
+  // A joined worker that is gone is dropped from the wait: with joined workers the wait
+  // goes in slices of a second, to look again.
   for (int waited = 0;;) {
     std::vector<std::string> keys;
-    for (int r = waited; r < ranks_; ++r) keys.push_back(rendezvous_.Key(what, r));
-    absl::Status s = rendezvous_.store().Wait(keys, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    for (int r = waited; r < ranks_; ++r) {
+      if (r >= world_size_ && gone_ && gone_(r)) continue;
+      keys.push_back(rendezvous_.Key(what, r));
+    }
+    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
+    const bool sliced = ranks_ > world_size_ && gone_;
+    absl::Status s = rendezvous_.store().Wait(keys, sliced ? std::min(left, absl::Seconds(1)) : left);
+    if (!s.ok() && sliced && s.code() == absl::StatusCode::kDeadlineExceeded && absl::Now() < deadline) continue;
     if (!s.ok()) {
       std::vector<std::string> missing;
       for (int r = 0; r < ranks_; ++r) {
@@ -45,6 +53,7 @@ absl::Status ShutdownBarrier::Depart() {
 }
 
 absl::Status ShutdownBarrier::Run(absl::Time deadline, const Steps& steps) {
+  gone_ = steps.gone;
   absl::StatusOr<int> ranks = rendezvous_.Ranks(world_size_, capacity_);
   ranks_ = ranks.ok() ? *ranks : world_size_;
   steps.drain(deadline);

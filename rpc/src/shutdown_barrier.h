@@ -41,6 +41,10 @@ class ShutdownBarrier {
     std::function<void(absl::Time deadline)> drain;
     std::function<absl::Status()> check_leaks;
     std::function<void(absl::Time deadline)> await_handlers;
+    // Whether a worker is gone (declared dead, not reconnected): a worker that joined the
+    // group and is gone is not waited for (it may have died before its shutdown; the
+    // workers of Start's group are, until the deadline, named if missing).
+    std::function<bool(int rank)> gone;
   };
 
   // `capacity`: the ranks the group may grow to (AgentOptions::max_world_size).
@@ -55,6 +59,7 @@ class ShutdownBarrier {
   // Publishes "<what><rank>" and waits for every rank's.
   absl::Status Arrive(const char* what, absl::Time deadline);
   absl::Status AwaitAll(const char* what, absl::Time deadline);
+  std::function<bool(int rank)> gone_;  // Run's steps.gone
   static constexpr const char* kSteps[] = {"shutdown/", "rrefs_drained/", "exited/"};
 
   Rendezvous& rendezvous_;

@@ -141,5 +141,25 @@ TEST(ElasticTest, AWorkerLeavesAndTheOthersGoOn) {
   EXPECT_LT(absl::Now() - start, base.shutdown_timeout / 2);
 }
 
+// A worker that joined and then died (closed without its graceful shutdown) does not
+// hold the others' graceful shutdown until their shutdown_timeout.
+TEST(ElasticTest, AJoinedWorkerThatDiedDoesNotHoldTheOthersShutdown) {
+  AgentOptions base;
+  base.max_world_size = 3;
+  base.shutdown_timeout = absl::Seconds(30);
+  std::unique_ptr<AgentGroup> group = AgentGroup::Start(2, RegisterTestFunctions, base);
+  ASSERT_NE(group, nullptr);
+  std::shared_ptr<Agent> joined = group->Join(RegisterTestFunctions);
+  ASSERT_NE(joined, nullptr);
+  ASSERT_TRUE((*group)[0].Sync<std::string>("worker2", "whoami").ok());
+  ASSERT_TRUE((*group)[1].Sync<std::string>("worker2", "whoami").ok());
+  ASSERT_TRUE(joined->Shutdown(/*graceful=*/false).ok());  // gone, no barrier keys
+  const absl::Time start = absl::Now();
+  std::thread t1([&] { EXPECT_TRUE((*group)[1].Shutdown().ok()); });
+  EXPECT_TRUE((*group)[0].Shutdown().ok());
+  t1.join();
+  EXPECT_LT(absl::Now() - start, base.shutdown_timeout / 3);
+}
+
 }  // namespace
 }  // namespace gw::rpc::testing

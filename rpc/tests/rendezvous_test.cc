@@ -108,7 +108,8 @@ TEST_P(RendezvousTest, ABarrierRunsItsStepsInOrderOnEveryWorker) {
              note("leaks");
              return r == 2 ? absl::FailedPreconditionError("w2 leaks") : absl::OkStatus();
            },
-           .await_handlers = [&](absl::Time) { note("handlers"); }});
+           .await_handlers = [&](absl::Time) { note("handlers"); },
+           .gone = {}});
     });
   }
   for (auto& t : threads) t.join();
@@ -134,7 +135,8 @@ TEST_P(RendezvousTest, ABarrierAWorkerNeverReachesFailsByItsDeadlineNamingIt) {
   absl::Status s = barrier.Run(absl::Now() + absl::Milliseconds(300),
                                {.drain = [](absl::Time) {},
                                 .check_leaks = [] { return absl::OkStatus(); },
-                                .await_handlers = [](absl::Time) {}});
+                                .await_handlers = [](absl::Time) {},
+                                .gone = {}});
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(s.message().find("w0: graceful shutdown did not complete: rank(s) 1 did not reach 'shutdown/'"),
