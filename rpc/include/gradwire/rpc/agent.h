@@ -67,7 +67,8 @@
 //     state for it let go, as for a dead peer: RRefs it owns, autograd contexts it took
 //     part in, parameter-server trainers; calls to it fail at once with UNAVAILABLE "<name> is unavailable: it
 //     left the job"), finishes serving the requests it has, and closes; the graceful
-//     Shutdown of the others does not wait for it. members() is the group now (those
+//     Shutdown of the others does not wait for it (nor for a worker that joined and died:
+//     its connections closed). members() is the group now (those
 //     that joined included, those that left not); workers() stays Start's group. With a
 //     store hosted by rank 0, rank 0 cannot leave (use etcd, where any worker may).
 //   - A worker that dies and is started again with the same rank (and name) announces
