@@ -28,7 +28,7 @@ double MaxDiff(const gw::Tensor& a, const std::vector<double>& b) {
 }  // namespace
 
 int main() {
-  auto store = gw::rpc::StoreServer::Start("127.0.0.1", 0);
+  auto store = gw::rpc::StoreServer::Start("127.0.0.1", 0, gw::rpc::Security::FromEnv().value_or(gw::rpc::Security{}));
   if (!store.ok()) return 1;
   gw::Tensor wb = w8::Leaf(w8::Wb());
   std::vector<std::shared_ptr<gw::dist_autograd::DistAutograd>> engines(2);

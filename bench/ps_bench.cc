@@ -19,6 +19,7 @@
 // as the PyTorch script does. rows_per_s_sum = 2 trainers * steps * 4096 * 2 / wall, the
 // wall time from the common start to the last trainer's last acknowledged push. The
 // server reports its rows and memory (bytes / raw row bytes) on stderr.
+#include <cstdlib>
 #include <sys/wait.h>
 
 #include <cstring>
@@ -41,6 +42,9 @@ gw::rpc::AgentOptions Options(int rank, int port) {
   o.host_store = rank == 0;
   o.start_timeout = absl::Seconds(60);
   o.shutdown_timeout = absl::Seconds(300);
+  // GRADWIRE_TRANSPORT picks the transport, as for a launched job (the TLS comparison in
+  // BENCHMARKS.md runs tcp; TLS itself comes from GRADWIRE_TLS_*, as Agent::Start reads it).
+  if (const char* t = std::getenv("GRADWIRE_TRANSPORT")) o.transport = t;
   return o;
 }
 

@@ -6,6 +6,7 @@
 //
 // rpc_latency also measures a raw TCP ping-pong of 64 bytes between the same two
 // processes (blocking send/recv, TCP_NODELAY): the floor any RPC stack sits on.
+#include <cstdlib>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -93,6 +94,9 @@ AgentOptions Options(int rank, int port) {
   o.start_timeout = absl::Seconds(60);
   o.default_timeout = absl::Seconds(120);
   o.shutdown_timeout = absl::Seconds(60);
+  // GRADWIRE_TRANSPORT picks the transport, as for a launched job (the TLS comparison in
+  // BENCHMARKS.md runs tcp; TLS itself comes from GRADWIRE_TLS_*, as Agent::Start reads it).
+  if (const char* t = std::getenv("GRADWIRE_TRANSPORT")) o.transport = t;
   return o;
 }
 

@@ -155,6 +155,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     auto ctx = std::make_shared<ContextState>(agent_.NewId());
     absl::MutexLock lock(&mu_);
     contexts_[ctx->id] = ctx;
+    ++contexts_of_peer_[ctx->id.rank()];
     return ctx;
   }
 
@@ -167,9 +168,20 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
         return agent_.PeerGoneError(rank);
       }
     }
-    auto& slot = contexts_[id];
-    if (!slot) slot = std::make_shared<ContextState>(id);
-    return slot;
+    auto it = contexts_.find(id);
+    if (it != contexts_.end()) return it->second;
+    // A context is held here until its creator releases it: a peer may have so many open
+    // here at once (PeerLimits::max_contexts).
+    const int64_t limit = agent_.options().security.limits.max_contexts;
+    int64_t& held = contexts_of_peer_[id.rank()];
+    if (limit > 0 && id.rank() != agent_.self().rank && held >= limit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          agent_.self().name, " holds ", held, " distributed autograd contexts of ", agent_.NameOf(id.rank()),
+          ", its limit (PeerLimits::max_contexts, GRADWIRE_MAX_CONTEXTS_PER_PEER): release contexts (end their "
+          "ContextGuard) before starting more"));
+    }
+    ++held;
+    return contexts_.emplace(id, std::make_shared<ContextState>(id)).first->second;
   }
 
   bool AwaitContexts(const std::function<bool(size_t)>& until, absl::Time deadline) const {
@@ -200,6 +212,9 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       if (it == contexts_.end()) return MakeReadyFuture<Ack>(agent_.executor(), Ack{});
       ctx = it->second;
       contexts_.erase(it);
+      if (auto n = contexts_of_peer_.find(id.rank()); n != contexts_of_peer_.end() && --n->second == 0) {
+        contexts_of_peer_.erase(n);
+      }
       if (!gone.empty()) {
         ended_[id] = gone;
         ended_order_.push_back(id);
@@ -607,6 +622,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   const int self_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<GlobalId, std::shared_ptr<ContextState>> contexts_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, int64_t> contexts_of_peer_ ABSL_GUARDED_BY(mu_);  // contexts_ by creator rank
   absl::flat_hash_set<int> gone_ ABSL_GUARDED_BY(mu_);  // declared dead (OnPeerGone): for good
   // Contexts ended because a worker they reached is gone, and why (the latest ones).
   static constexpr size_t kEndedKept = 4096;

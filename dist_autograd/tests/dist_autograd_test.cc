@@ -30,7 +30,8 @@ struct World {
   absl::Mutex mu;
   std::vector<Tensor> stashed;
 
-  explicit World(int n, std::shared_ptr<rpc::FaultInjector> faults = nullptr) : engines(static_cast<size_t>(n)) {
+  explicit World(int n, std::shared_ptr<rpc::FaultInjector> faults = nullptr, rpc::PeerLimits limits = {})
+      : engines(static_cast<size_t>(n)) {
     for (int r = 0; r < n; ++r) {
       Generator gen(static_cast<uint64_t>(100 + r));
       weights.push_back(MulScalar(Tensor::Randn({4, 4}, gen, DType::kFloat64), 0.5).set_requires_grad(true));
@@ -38,6 +39,7 @@ struct World {
     rpc::AgentOptions o;
     o.default_timeout = absl::Seconds(30);
     o.transport_options.faults = std::move(faults);
+    o.security.limits = limits;
     group = rpc::testing::AgentGroup::Start(n, [this](Agent& a) { return Register(a); }, o);
   }
   ~World() {
@@ -279,6 +281,37 @@ TEST(DistAutogradTest, ConcurrentContextsNeverMixGradients) {
   // Each context saw exactly one pass: no gradient of the other trainer leaked in.
   ExpectClose(grads[0], l1.grad(), "w1, trainer 0");
   ExpectClose(grads[1], l1.grad(), "w1, trainer 1");
+}
+
+// A worker holds a peer's contexts until the peer releases them: PeerLimits::max_contexts
+// bounds how many; past it the peer's call fails, and another peer's go on.
+TEST(DistAutogradTest, APeerPastItsContextsGetsResourceExhaustedWhileOthersGoOn) {
+  rpc::PeerLimits limits;
+  limits.max_contexts = 2;
+  World w(3, nullptr, limits);
+  ASSERT_NE(w.group, nullptr);
+  Tensor x = Input();
+  {
+    Context c1(w.engine(0));
+    ASSERT_TRUE(w.agent(0).Sync<Tensor>("worker1", "stage", x).ok());
+    Context c2(w.engine(0));
+    ASSERT_TRUE(w.agent(0).Sync<Tensor>("worker1", "stage", x).ok());
+    Context c3(w.engine(0));
+    absl::StatusOr<Tensor> past = w.agent(0).Sync<Tensor>("worker1", "stage", x);
+    EXPECT_EQ(past.status().code(), absl::StatusCode::kResourceExhausted) << past.status();
+    EXPECT_NE(past.status().message().find("max_contexts"), std::string::npos) << past.status();
+    std::thread other([&] {
+      Context theirs(w.engine(2));
+      absl::StatusOr<Tensor> y = w.agent(2).Sync<Tensor>("worker1", "stage", x);
+      ASSERT_TRUE(y.ok()) << y.status();
+      EXPECT_TRUE(theirs.Backward({Sum(*y)}).ok());
+    });
+    other.join();
+  }
+  // Released contexts make room.
+  ASSERT_TRUE(w.engine(1).AwaitContexts([](size_t live) { return live == 0; }, absl::Now() + absl::Seconds(20)));
+  Context again(w.engine(0));
+  EXPECT_TRUE(w.agent(0).Sync<Tensor>("worker1", "stage", x).ok());
 }
 
 TEST(DistAutogradTest, RetainGraphAllowsASecondPassThatAccumulates) {

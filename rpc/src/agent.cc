@@ -152,6 +152,9 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
                                                      " (a duration such as 500ms or 3s)"));
     }
   }
+  absl::StatusOr<Security> security = Security::FromEnv();
+  if (!security.ok()) return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: ", security.status().message()));
+  o.security = *std::move(security);
   if (std::string f = Env("GRADWIRE_FAULTS"); !f.empty()) {
     absl::StatusOr<FaultSpec> faults = ParseFaults(f);
     if (!faults.ok()) {
@@ -213,6 +216,30 @@ class Agent::Impl {
     if (dispatcher_) dispatcher_->ClearHandlers();  // while the members their state may call are alive
   }
 
+  // The secret and TLS files not given in options_ come from the environment; a group that
+  // may have more than one worker needs a secret unless authentication is turned off.
+  absl::Status ResolveSecurity() {
+    Security& sec = options_.security;
+    if (sec.secret.empty() || !sec.tls.enabled()) {
+      absl::StatusOr<Security> env = Security::FromEnv();
+      if (!env.ok()) return env.status();
+      if (sec.secret.empty()) sec.secret = env->secret;
+      if (!sec.tls.enabled()) sec.tls = env->tls;
+      if (!env->authenticate) sec.authenticate = false;
+    }
+    if (absl::Status s = sec.Validate(); !s.ok()) return s;
+    const bool alone = options_.max_world_size <= 1 && !options_.join;
+    if (sec.authenticate && sec.secret.empty() && !alone) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          options_.name.empty() ? absl::StrCat("rank ", options_.rank) : options_.name,
+          ": this job has no secret, and its workers authenticate each other by one: start it with `gradwire "
+          "launch` (which makes one), or give every worker the same secret (GRADWIRE_SECRET_FILE=PATH, "
+          "GRADWIRE_SECRET=..., or AgentOptions::security.secret); only on a network where every process is "
+          "trusted, turn authentication off with GRADWIRE_AUTH=off (Security::authenticate = false)"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Start(const Setup& setup, Agent& agent) {
     if (options_.join) options_.rank = -1;  // the group gives it one
     if (options_.max_world_size == 0) options_.max_world_size = options_.world_size;
@@ -229,6 +256,7 @@ class Agent::Impl {
           "), or a silent peer is declared dead before it could answer a ping; to turn heartbeats off set "
           "heartbeat_interval (GRADWIRE_HEARTBEAT_INTERVAL) to 0"));
     }
+    if (absl::Status s = ResolveSecurity(); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + options_.start_timeout;
     auto rendezvous = internal::Rendezvous::Join(options_, deadline);
     if (!rendezvous.ok()) return rendezvous.status();
@@ -246,6 +274,7 @@ class Agent::Impl {
         options_.peer_timeout);
 
     if (options_.transport_options.self_name.empty()) options_.transport_options.self_name = options_.name;
+    options_.transport_options.security = options_.security;
     auto transport = MakeTransport(options_.transport, options_.transport_options);
     if (!transport.ok()) return transport.status();
     transport_ = std::move(*transport);
@@ -267,7 +296,8 @@ class Agent::Impl {
             [this](int rank) { return peers_->Name(rank); },
             [this](int to, uint64_t id, const absl::StatusOr<Value>& result, const CallHooks::Scope& scope) {
               return EncodeReply(to, id, result, scope);
-            }});
+            }},
+        options_.security.limits.max_calls_in_flight);
 
     // The RRef context exists before any peer can reach us.
     internal::RRefContext::Hooks hooks;
@@ -277,6 +307,7 @@ class Agent::Impl {
     hooks.world_size = options_.max_world_size;
     hooks.gone_error = [this](int rank) { return PeerGoneError(rank); };
     hooks.default_timeout = options_.default_timeout;
+    hooks.max_rrefs_per_peer = options_.security.limits.max_rrefs;
     hooks.invoke = [this](const std::string& caller, const std::string& function, ValueList args) {
       return dispatcher_->InvokeLocal(Info(caller, function), std::move(args), /*here=*/false);
     };

@@ -23,8 +23,9 @@ Future<Value> Invoke(const RawHandler& fn, const CallInfo& info, ValueList args,
 
 }  // namespace
 
-Dispatcher::Dispatcher(std::string self_name, ThreadPool& pool, Peers peers)
-    : self_name_(std::move(self_name)), pool_(pool), peers_(std::move(peers)) {}
+Dispatcher::Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int max_calls_in_flight)
+    : self_name_(std::move(self_name)), pool_(pool), peers_(std::move(peers)),
+      max_calls_in_flight_(max_calls_in_flight) {}
 
 absl::Status Dispatcher::Register(const std::string& name, RawHandler handler, RegisterOptions options) {
   absl::MutexLock lock(&mu_);
@@ -51,9 +52,10 @@ std::shared_ptr<Dispatcher::Handler> Dispatcher::Find(const std::string& name) c
   return it == handlers_.end() ? nullptr : it->second;
 }
 
-void Dispatcher::Started() {
+int Dispatcher::Started(int from) {
   absl::MutexLock lock(&idle_mu_);
   ++inflight_;
+  return ++inflight_by_peer_[from];
 }
 
 void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env) {
@@ -63,8 +65,17 @@ void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, En
   request.info.caller_rank = from;
   request.info.caller = from >= 0 ? peers_.name_of(from) : "unknown";
   request.handler = Find(env.function);
-  Started();
   ReadBatch batch;
+  if (const int running = Started(from); max_calls_in_flight_ > 0 && running > max_calls_in_flight_) {
+    Reply(conn, from, request.id,
+          absl::ResourceExhaustedError(absl::StrCat(
+              env.function, ": ", request.info.caller, " has ", running - 1, " calls in flight on ", self_name_,
+              ", its limit (PeerLimits::max_calls_in_flight, GRADWIRE_MAX_CALLS_IN_FLIGHT): wait for replies "
+              "before sending more")),
+          &batch.replies);
+    MergeBatch(conn, batch);
+    return;
+  }
   if (hooks_) {
     absl::StatusOr<CallHooks::Scope> scope = hooks_->OnReceiveRequest(request.info.caller_rank, env.payload, env.meta);
     if (!scope.ok()) {
@@ -101,7 +112,7 @@ void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, En
 }
 
 void Dispatcher::Refuse(const std::shared_ptr<Connection>& conn, int from, uint64_t id, const absl::Status& why) {
-  Started();
+  Started(from);
   Reply(conn, from, id, why, nullptr);
 }
 
@@ -198,6 +209,9 @@ void Dispatcher::Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t
   }
   absl::MutexLock lock(&idle_mu_);
   --inflight_;
+  if (auto it = inflight_by_peer_.find(to); it != inflight_by_peer_.end() && --it->second == 0) {
+    inflight_by_peer_.erase(it);
+  }
 }
 
 Future<Value> Dispatcher::InvokeLocal(const CallInfo& info, ValueList args, bool here) {

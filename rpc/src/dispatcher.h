@@ -17,6 +17,9 @@
 //     creation and method calls on values owned here).
 //   - Defer(fn) runs fn on the pool inside the current handler's scope; from an inline
 //     handler, together with the rest of its read's pool work.
+//   - A peer may have at most max_calls_in_flight requests here at once (PeerLimits;
+//     0: no limit): a request past it is answered RESOURCE_EXHAUSTED at once, naming the
+//     limit, and runs nothing; the peer's other calls and everyone else's go on.
 //   - AwaitIdle(deadline): no handler is running or awaiting its future. Thread-safe.
 #ifndef GRADWIRE_RPC_SRC_DISPATCHER_H_
 #define GRADWIRE_RPC_SRC_DISPATCHER_H_
@@ -49,7 +52,7 @@ class Dispatcher {
         encode_reply;
   };
 
-  Dispatcher(std::string self_name, ThreadPool& pool, Peers peers);
+  Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int max_calls_in_flight = 0);
 
   // REQUIRES: before any request arrives (Agent::Start's setup).
   void SetHooks(std::shared_ptr<CallHooks> hooks) { hooks_ = std::move(hooks); }
@@ -99,7 +102,8 @@ class Dispatcher {
   // if null.
   void Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t id, const absl::StatusOr<Value>& result,
              std::vector<Message>* batch, const CallHooks::Scope& scope = nullptr);
-  void Started();
+  // Counts a request of `from` as running; returns how many of its requests now are.
+  int Started(int from);
 
   // The read batch of the inline handler running on this I/O thread (see Defer).
   static thread_local ReadBatch* t_read_batch;
@@ -108,6 +112,7 @@ class Dispatcher {
   const std::string self_name_;
   ThreadPool& pool_;
   const Peers peers_;
+  const int max_calls_in_flight_;
   std::shared_ptr<CallHooks> hooks_;  // set in setup, then read-only
 
   // Three locks, so that looking up handlers (every request, on I/O threads), counting
@@ -116,6 +121,7 @@ class Dispatcher {
   absl::flat_hash_map<std::string, std::shared_ptr<Handler>> handlers_ ABSL_GUARDED_BY(mu_);
   absl::Mutex idle_mu_;
   int inflight_ ABSL_GUARDED_BY(idle_mu_) = 0;
+  absl::flat_hash_map<int, int> inflight_by_peer_ ABSL_GUARDED_BY(idle_mu_);  // rank (-1: unidentified)
   absl::Mutex batch_mu_;
   absl::flat_hash_map<Connection*, ReadBatch> batches_ ABSL_GUARDED_BY(batch_mu_);
 };

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gradwire/proto/etcd.grpc.pb.h"
 #include "gradwire/rpc/retry.h"
+#include "grpc_credentials.h"
 #include "host_address.h"
 
 namespace gw::rpc::internal {
@@ -389,7 +390,8 @@ absl::StatusOr<EtcdUrl> ParseEtcdUrl(absl::string_view address) {
   return url;
 }
 
-absl::StatusOr<std::unique_ptr<EtcdStore>> ConnectEtcdStore(const std::string& address, absl::Time deadline) {
+absl::StatusOr<std::unique_ptr<EtcdStore>> ConnectEtcdStore(const std::string& address, absl::Time deadline,
+                                                             const TlsOptions& tls) {
   absl::StatusOr<EtcdUrl> url = ParseEtcdUrl(address);
   if (!url.ok()) return url.status();
   grpc::ChannelArguments args;
@@ -398,7 +400,9 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> ConnectEtcdStore(const std::string& a
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  auto channel = grpc::CreateCustomChannel(url->endpoint, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds = ChannelCredentials(tls, &args, /*check_host=*/true);
+  if (!creds.ok()) return creds.status();
+  auto channel = grpc::CreateCustomChannel(url->endpoint, *creds, args);
   if (!channel->WaitForConnected(absl::ToChronoTime(deadline))) {
     return absl::UnavailableError(UnreachableHint(*url));
   }

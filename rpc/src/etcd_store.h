@@ -69,7 +69,10 @@ class EtcdStore : public Store {
   virtual absl::StatusOr<int64_t> DeletePrefix(const std::string& key_prefix) = 0;
 };
 
-absl::StatusOr<std::unique_ptr<EtcdStore>> ConnectEtcdStore(const std::string& url, absl::Time deadline);
+// With tls.enabled(): over TLS, presenting the certificate and checking etcd's against
+// the CA and its host name.
+absl::StatusOr<std::unique_ptr<EtcdStore>> ConnectEtcdStore(const std::string& url, absl::Time deadline,
+                                                             const TlsOptions& tls = {});
 
 }  // namespace gw::rpc::internal
 

@@ -15,7 +15,8 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const AgentOptions&
   std::unique_ptr<Rendezvous> r(new Rendezvous(options));
   r->store_address_ = options.rendezvous;
   if (IsEtcdUrl(options.rendezvous)) {
-    absl::StatusOr<std::unique_ptr<EtcdStore>> etcd = ConnectEtcdStore(options.rendezvous, deadline);
+    absl::StatusOr<std::unique_ptr<EtcdStore>> etcd =
+        ConnectEtcdStore(options.rendezvous, deadline, options.security.tls);
     if (!etcd.ok()) return etcd.status();
     r->etcd_ = etcd->get();
     r->store_ = *std::move(etcd);
@@ -28,12 +29,12 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const AgentOptions&
       return absl::InvalidArgumentError(absl::StrCat("bad rendezvous address '", options.rendezvous,
                                                      "' (expected host:port, e.g. MASTER_ADDR:MASTER_PORT)"));
     }
-    auto server = StoreServer::Start(options.rendezvous.substr(0, colon), port);
+    auto server = StoreServer::Start(options.rendezvous.substr(0, colon), port, options.security);
     if (!server.ok()) return server.status();
     r->server_ = std::move(*server);
     if (port == 0) r->store_address_ = r->server_->address();
   }
-  auto store = ConnectStore(r->store_address_, deadline);
+  auto store = ConnectStore(r->store_address_, deadline, options.security);
   if (!store.ok()) return store.status();
   r->store_ = std::move(*store);
   return r;

@@ -121,7 +121,10 @@ Executor& RRefContext::Exec() {
 
 RRefContext::Owned& RRefContext::OwnedEntry(GlobalId rref_id, const std::string& type) {
   auto it = owned_.find(rref_id);
-  if (it == owned_.end()) it = owned_.emplace(rref_id, Owned(Exec())).first;
+  if (it == owned_.end()) {
+    it = owned_.emplace(rref_id, Owned(Exec())).first;
+    if (rref_id.rank() != hooks_.self_rank) ++owned_for_peer_[rref_id.rank()];
+  }
   if (it->second.type.empty()) it->second.type = type;
   return it->second;
 }
@@ -267,6 +270,17 @@ absl::Status RRefContext::OnRemote(const CallInfo& info, RRefRemote m) {
         return s;
       }
       self_value = it->second.value;
+    }
+    if (const int64_t limit = hooks_.max_rrefs_per_peer; limit > 0 && !owned_.contains(m.rref)) {
+      if (auto n = owned_for_peer_.find(from); n != owned_for_peer_.end() && n->second >= limit) {
+        absl::Status s = absl::ResourceExhaustedError(absl::StrCat(
+            WorkerName(hooks_.self_rank), " owns ", n->second, " RRefs for ", info.caller,
+            ", its limit (PeerLimits::max_rrefs, GRADWIRE_MAX_RREFS_PER_PEER): release some first"));
+        mu_.Unlock();
+        FailUnfilled(m.rref, s);
+        mu_.Lock();
+        return s;
+      }
     }
     Owned& e = OwnedEntry(m.rref, m.type);
     e.forks[m.fork] = from;
@@ -543,6 +557,11 @@ void RRefContext::MaybeFree(GlobalId rref_id, Outbox& out) {
   if (it == owned_.end() || !it->second.forks.empty() || it->second.local > 0) return;
   out.garbage.push_back(std::move(it->second));
   owned_.erase(it);
+  if (rref_id.rank() != hooks_.self_rank) {
+    if (auto n = owned_for_peer_.find(rref_id.rank()); n != owned_for_peer_.end() && --n->second == 0) {
+      owned_for_peer_.erase(n);
+    }
+  }
 }
 
 void RRefContext::QueueDelete(int owner, GlobalId rref_id, GlobalId fork, Outbox& out) {

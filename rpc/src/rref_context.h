@@ -48,6 +48,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     // inline handler).
     std::function<void(std::function<void()>)> defer;
     std::function<bool(const std::string& function)> has_function;
+    // RRefs one peer may have this worker own for it (PeerLimits::max_rrefs; 0: no limit).
+    int64_t max_rrefs_per_peer = 0;
   };
 
   explicit RRefContext(Hooks hooks);
@@ -188,6 +190,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   std::atomic<bool> closed_{false};
   std::shared_ptr<const std::vector<std::string>> names_;  // atomic access
   absl::flat_hash_map<GlobalId, Owned> owned_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, int64_t> owned_for_peer_ ABSL_GUARDED_BY(mu_);  // owned_ by the ids' creator rank
   absl::flat_hash_map<GlobalId, UserFork> users_ ABSL_GUARDED_BY(mu_);  // by fork id
   absl::flat_hash_map<int, DeleteQueue> deletes_ ABSL_GUARDED_BY(mu_);   // by owner rank
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;

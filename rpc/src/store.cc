@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdio>
 #include <map>
 
 #include "absl/strings/numbers.h"
@@ -9,6 +10,8 @@
 #include "absl/synchronization/mutex.h"
 #include "etcd_store.h"
 #include "gradwire/proto/store.grpc.pb.h"
+#include "grpc_credentials.h"
+#include "store_sessions.h"
 
 namespace gw::rpc {
 namespace {
@@ -25,15 +28,55 @@ absl::Time DeadlineFromMs(int64_t ms) {
   return ms <= 0 ? absl::InfiniteFuture() : absl::Now() + absl::Milliseconds(ms);
 }
 
+std::string Metadata(const grpc::ServerContext* ctx, const char* key) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(key);
+  return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
 class StoreService final : public pb::Store::Service {
  public:
-  grpc::Status Set(grpc::ServerContext*, const pb::SetRequest* req, pb::SetResponse*) override {
+  explicit StoreService(const Security& security) {
+    if (security.authenticates()) {
+      sessions_ = std::make_unique<internal::StoreSessions>(security.secret, security.handshake_timeout);
+    }
+  }
+
+  grpc::Status Hello(grpc::ServerContext* ctx, const pb::HelloRequest* req, pb::HelloResponse* resp) override {
+    if (!sessions_) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "this store does not authenticate (its host runs without a job secret)");
+    }
+    absl::StatusOr<internal::StoreSessions::Challenge> c = sessions_->Hello(req->hello());
+    if (!c.ok()) return Refuse(ctx, c.status());
+    resp->set_challenge(c->bytes);
+    resp->set_handshake(c->handshake);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Prove(grpc::ServerContext* ctx, const pb::ProveRequest* req, pb::ProveResponse* resp) override {
+    if (!sessions_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this store does not authenticate");
+    internal::StoreSessions::Verdict v = sessions_->Prove(req->handshake(), req->proof());
+    if (v.bytes.empty()) return Refuse(ctx, v.refused);
+    if (!v.refused.ok()) Refuse(ctx, v.refused);  // logged; the verdict says no
+    resp->set_verdict(v.bytes);
+    resp->set_session(v.session);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Set(grpc::ServerContext* ctx, const pb::SetRequest* req, pb::SetResponse*) override {
+    if (grpc::Status a = Authorize(ctx, "Set", *req); !a.ok()) return a;
     absl::MutexLock lock(&mu_);
     data_[req->key()] = req->value();
     return grpc::Status::OK;
   }
 
   grpc::Status Get(grpc::ServerContext* ctx, const pb::GetRequest* req, pb::GetResponse* resp) override {
+    if (grpc::Status a = Authorize(ctx, "Get", *req); !a.ok()) return a;
     absl::MutexLock lock(&mu_);
     if (!AwaitKeys({req->key()}, DeadlineFromMs(req->timeout_ms()), ctx)) {
       return Missing(req->key());
@@ -42,7 +85,8 @@ class StoreService final : public pb::Store::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Add(grpc::ServerContext*, const pb::AddRequest* req, pb::AddResponse* resp) override {
+  grpc::Status Add(grpc::ServerContext* ctx, const pb::AddRequest* req, pb::AddResponse* resp) override {
+    if (grpc::Status a = Authorize(ctx, "Add", *req); !a.ok()) return a;
     absl::MutexLock lock(&mu_);
     int64_t v = 0;
     auto it = data_.find(req->key());
@@ -57,6 +101,7 @@ class StoreService final : public pb::Store::Service {
   }
 
   grpc::Status Wait(grpc::ServerContext* ctx, const pb::WaitRequest* req, pb::WaitResponse*) override {
+    if (grpc::Status a = Authorize(ctx, "Wait", *req); !a.ok()) return a;
     absl::MutexLock lock(&mu_);
     std::vector<std::string> keys(req->keys().begin(), req->keys().end());
     if (!AwaitKeys(keys, DeadlineFromMs(req->timeout_ms()), ctx)) {
@@ -68,7 +113,8 @@ class StoreService final : public pb::Store::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Delete(grpc::ServerContext*, const pb::DeleteRequest* req, pb::DeleteResponse* resp) override {
+  grpc::Status Delete(grpc::ServerContext* ctx, const pb::DeleteRequest* req, pb::DeleteResponse* resp) override {
+    if (grpc::Status a = Authorize(ctx, "Delete", *req); !a.ok()) return a;
     absl::MutexLock lock(&mu_);
     resp->set_deleted(data_.erase(req->key()) > 0);
     return grpc::Status::OK;
@@ -80,6 +126,20 @@ class StoreService final : public pb::Store::Service {
   }
 
  private:
+  // Every data call of an authenticating store carries its session's MAC (store_sessions.h).
+  grpc::Status Authorize(grpc::ServerContext* ctx, const char* method, const google::protobuf::Message& req) {
+    if (!sessions_) return grpc::Status::OK;
+    absl::Status s = sessions_->Authorize(Metadata(ctx, "gw-session"), Metadata(ctx, "gw-seq"), Metadata(ctx, "gw-mac"),
+                                          method, req.SerializeAsString());
+    return s.ok() ? grpc::Status::OK : Refuse(ctx, s);
+  }
+
+  static grpc::Status Refuse(grpc::ServerContext* ctx, const absl::Status& why) {
+    std::fprintf(stderr, "gradwire: the rendezvous store refused a call from %s: %s\n", ctx->peer().c_str(),
+                 std::string(why.message()).c_str());
+    return ToGrpc(why);
+  }
+
   // Waits (bounded, and at most 100 ms at a time so that cancelled calls and shutdown
   // are noticed) until every key exists.
   bool AwaitKeys(const std::vector<std::string>& keys, absl::Time deadline,
@@ -104,6 +164,7 @@ class StoreService final : public pb::Store::Service {
                         absl::StrCat("store key '", key, "' did not appear in time"));
   }
 
+  std::unique_ptr<internal::StoreSessions> sessions_;  // null: no authentication
   absl::Mutex mu_;
   std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -111,11 +172,16 @@ class StoreService final : public pb::Store::Service {
 
 class GrpcStoreServer final : public StoreServer {
  public:
-  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host, int port) {
-    auto server = std::make_unique<GrpcStoreServer>();
+  explicit GrpcStoreServer(const Security& security) : service_(security) {}
+
+  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host, int port,
+                                                            const Security& security) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = internal::ServerCredentials(security.tls);
+    if (!creds.ok()) return creds.status();
+    auto server = std::make_unique<GrpcStoreServer>(security);
     grpc::ServerBuilder builder;
     int bound = 0;
-    builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(), &bound);
+    builder.AddListeningPort(absl::StrCat(host, ":", port), *creds, &bound);
     builder.RegisterService(&server->service_);
     server->server_ = builder.BuildAndStart();
     if (!server->server_ || bound == 0) {
@@ -152,6 +218,38 @@ class GrpcStore final : public Store {
   GrpcStore(std::string address, std::shared_ptr<grpc::Channel> channel)
       : address_(std::move(address)), stub_(pb::Store::NewStub(channel)) {}
 
+  // Opens a session (store_sessions.h) by the job secret's challenge-response.
+  absl::Status Authenticate(const std::string& secret, absl::Time deadline) {
+    internal::Handshake hs(internal::Handshake::Role::kClient, secret, std::string(internal::kStorePurpose));
+    pb::HelloRequest hello;
+    hello.set_hello(hs.TakeOutput());
+    pb::HelloResponse challenge;
+    grpc::ClientContext ctx1;
+    SetDeadline(&ctx1, deadline - absl::Now());
+    if (absl::Status s = FromGrpc(stub_->Hello(&ctx1, hello, &challenge), Refused()); !s.ok()) return s;
+    if (challenge.challenge().size() != hs.wanted()) {
+      return absl::UnauthenticatedError(absl::StrCat(Refused(), ": its answer is not a gradwire handshake"));
+    }
+    if (absl::Status s = hs.OnInput(challenge.challenge()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(Refused(), ": ", s.message()));
+    }
+    pb::ProveRequest prove;
+    prove.set_handshake(challenge.handshake());
+    prove.set_proof(hs.TakeOutput());
+    pb::ProveResponse verdict;
+    grpc::ClientContext ctx2;
+    SetDeadline(&ctx2, deadline - absl::Now());
+    if (absl::Status s = FromGrpc(stub_->Prove(&ctx2, prove, &verdict), Refused()); !s.ok()) return s;
+    if (verdict.verdict().size() != hs.wanted()) {
+      return absl::UnauthenticatedError(absl::StrCat(Refused(), ": its verdict is not a gradwire handshake"));
+    }
+    if (absl::Status s = hs.OnInput(verdict.verdict()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(Refused(), ": ", s.message()));
+    }
+    signer_ = std::make_unique<internal::CallSigner>(verdict.session(), hs.session_key());
+    return absl::OkStatus();
+  }
+
   absl::Status Set(const std::string& key, const std::string& value) override {
     pb::SetRequest req;
     req.set_key(key);
@@ -159,6 +257,7 @@ class GrpcStore final : public Store {
     pb::SetResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx, kRpcTimeout);
+    Sign(&ctx, "Set", req);
     return FromGrpc(stub_->Set(&ctx, req, &resp), What("Set", key));
   }
 
@@ -169,6 +268,7 @@ class GrpcStore final : public Store {
     pb::GetResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx, timeout + kRpcTimeout);
+    Sign(&ctx, "Get", req);
     if (absl::Status s = FromGrpc(stub_->Get(&ctx, req, &resp), What("Get", key)); !s.ok()) return s;
     return resp.value();
   }
@@ -180,6 +280,7 @@ class GrpcStore final : public Store {
     pb::AddResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx, kRpcTimeout);
+    Sign(&ctx, "Add", req);
     if (absl::Status s = FromGrpc(stub_->Add(&ctx, req, &resp), What("Add", key)); !s.ok()) return s;
     return resp.value();
   }
@@ -191,6 +292,7 @@ class GrpcStore final : public Store {
     pb::WaitResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx, timeout + kRpcTimeout);
+    Sign(&ctx, "Wait", req);
     return FromGrpc(stub_->Wait(&ctx, req, &resp), What("Wait", keys.empty() ? "" : keys[0]));
   }
 
@@ -200,6 +302,7 @@ class GrpcStore final : public Store {
     pb::DeleteResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx, kRpcTimeout);
+    Sign(&ctx, "Delete", req);
     if (absl::Status s = FromGrpc(stub_->Delete(&ctx, req, &resp), What("Delete", key)); !s.ok()) return s;
     return resp.deleted();
   }
@@ -216,38 +319,59 @@ class GrpcStore final : public Store {
                         std::chrono::milliseconds(absl::ToInt64Milliseconds(d)));
     }
   }
+  void Sign(grpc::ClientContext* ctx, const char* method, const google::protobuf::Message& req) {
+    if (!signer_) return;
+    internal::CallSigner::Signature sig = signer_->Sign(method, req.SerializeAsString());
+    ctx->AddMetadata("gw-session", sig.session);
+    ctx->AddMetadata("gw-seq", sig.seq);
+    ctx->AddMetadata("gw-mac", sig.mac);
+  }
+  std::string Refused() const {
+    return absl::StrCat("authentication with the rendezvous store at ", address_, " failed");
+  }
   std::string What(const char* op, const std::string& key) const {
     return absl::StrCat("store ", address_, " ", op, "('", key, "')");
   }
 
   std::string address_;
   std::unique_ptr<pb::Store::Stub> stub_;
+  std::unique_ptr<internal::CallSigner> signer_;  // null: the store does not authenticate us
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host, int port) {
-  return GrpcStoreServer::Start(host, port);
+absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host, int port,
+                                                               const Security& security) {
+  return GrpcStoreServer::Start(host, port, security);
 }
 
-absl::StatusOr<std::unique_ptr<Store>> ConnectStore(const std::string& address, absl::Time deadline) {
+absl::StatusOr<std::unique_ptr<Store>> ConnectStore(const std::string& address, absl::Time deadline,
+                                                    const Security& security) {
   if (internal::IsEtcdUrl(address)) {
-    absl::StatusOr<std::unique_ptr<internal::EtcdStore>> etcd = internal::ConnectEtcdStore(address, deadline);
+    absl::StatusOr<std::unique_ptr<internal::EtcdStore>> etcd =
+        internal::ConnectEtcdStore(address, deadline, security.tls);
     if (!etcd.ok()) return etcd.status();
     return std::unique_ptr<Store>(*std::move(etcd));
   }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds = internal::ChannelCredentials(security.tls, &args);
+  if (!creds.ok()) return creds.status();
+  auto channel = grpc::CreateCustomChannel(address, *creds, args);
   const auto tp = std::chrono::system_clock::now() +
                   std::chrono::milliseconds(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
   if (!channel->WaitForConnected(tp)) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach the rendezvous store at ", address,
-        " (is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same on every worker?)"));
+        " (is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same on every worker?",
+        security.tls.enabled() ? " With TLS: is its certificate signed by this job's CA?" : "", ")"));
   }
-  return std::unique_ptr<Store>(std::make_unique<GrpcStore>(address, channel));
+  auto store = std::make_unique<GrpcStore>(address, channel);
+  if (security.authenticates()) {
+    if (absl::Status s = store->Authenticate(security.secret, deadline); !s.ok()) return s;
+  }
+  return std::unique_ptr<Store>(std::move(store));
 }
 
 }  // namespace gw::rpc

@@ -21,7 +21,10 @@ std::unique_ptr<AgentGroup> AgentGroup::Start(int n, Setup register_fn,
   if (absl::StartsWith(base.rendezvous, "etcd://")) {
     group->store_address_ = base.rendezvous;  // nobody hosts it
   } else {
-    auto server = StoreServer::Start("127.0.0.1", 0);
+    // The store authenticates its clients by the job's secret, as the agents' would.
+    Security security = base.security;
+    if (security.secret.empty()) security.secret = Security::FromEnv().value_or(Security{}).secret;
+    auto server = StoreServer::Start("127.0.0.1", 0, security);
     if (!server.ok()) {
       ADD_FAILURE() << server.status();
       return nullptr;

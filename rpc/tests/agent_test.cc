@@ -192,7 +192,7 @@ TEST(AgentTest, CallsAfterShutdownFailCleanly) {
 }
 
 TEST(AgentTest, StartFailsByTheDeadlineWhenAWorkerIsMissing) {
-  auto server = StoreServer::Start("127.0.0.1", 0);
+  auto server = StoreServer::Start("127.0.0.1", 0, Security::FromEnv().value_or(Security{}));
   ASSERT_TRUE(server.ok());
   AgentOptions o;
   o.rank = 0;

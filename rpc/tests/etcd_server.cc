@@ -67,8 +67,9 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
 
 bool EtcdServer::Available() { return ::access(kBinary, X_OK) == 0; }
 
-absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start() {
+absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(const TlsOptions& tls) {
   std::unique_ptr<EtcdServer> server(new EtcdServer());
+  server->tls_ = tls;
   char dir[] = "/tmp/gw-etcd-XXXXXX";
   if (::mkdtemp(dir) == nullptr) return absl::InternalError("mkdtemp failed");
   server->dir_ = dir;
@@ -105,9 +106,9 @@ std::string EtcdServer::endpoint() const { return absl::StrCat("127.0.0.1:", cli
 std::string EtcdServer::Url(absl::string_view job) const { return absl::StrCat("etcd://", endpoint(), "/", job); }
 
 absl::Status EtcdServer::Launch() {
-  const std::string client = absl::StrCat("http://127.0.0.1:", client_port_);
+  const std::string client = absl::StrCat(tls_.enabled() ? "https" : "http", "://127.0.0.1:", client_port_);
   const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
-  const std::vector<std::string> args = {kBinary,
+  std::vector<std::string> args = {kBinary,
                                          "--name=gw-test",
                                          absl::StrCat("--data-dir=", dir_, "/data"),
                                          absl::StrCat("--listen-client-urls=", client),
@@ -117,6 +118,12 @@ absl::Status EtcdServer::Launch() {
                                          absl::StrCat("--initial-cluster=gw-test=", peer),
                                          "--initial-cluster-state=new",
                                          "--initial-cluster-token=gw-test"};
+  if (tls_.enabled()) {
+    for (std::string flag : {absl::StrCat("--cert-file=", tls_.cert_file), absl::StrCat("--key-file=", tls_.key_file),
+                             absl::StrCat("--trusted-ca-file=", tls_.ca_file), std::string("--client-cert-auth")}) {
+      args.push_back(flag);
+    }
+  }
   const std::string log = absl::StrCat(dir_, "/etcd.log");
   std::vector<char*> argv;  // made before fork: the child of a threaded process must not allocate
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -137,7 +144,10 @@ absl::Status EtcdServer::Launch() {
   }
   pid_ = pid;
   // Answering etcd's KV API is what ConnectStore waits for.
-  absl::StatusOr<std::unique_ptr<Store>> probe = ConnectStore(Url("probe"), absl::Now() + absl::Seconds(30));
+  Security security;
+  security.tls = tls_;
+  absl::StatusOr<std::unique_ptr<Store>> probe =
+      ConnectStore(Url("probe"), absl::Now() + absl::Seconds(30), security);
   if (probe.ok()) return absl::OkStatus();
   int status = 0;
   const bool exited = ::waitpid(pid_, &status, WNOHANG) == pid_;

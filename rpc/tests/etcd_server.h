@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "gradwire/rpc/security.h"
 
 namespace gw::rpc::testing {
 
@@ -50,7 +51,9 @@ class EtcdServer {
       "/usr/bin/etcd is missing: install Debian's etcd-server (scripts/setup-deps does) to run the etcd tests";
 
   static bool Available();
-  static absl::StatusOr<std::unique_ptr<EtcdServer>> Start();
+  // With tls: clients must use TLS and present a certificate the CA signed
+  // (--client-cert-auth); etcd presents tls's certificate (it must name 127.0.0.1).
+  static absl::StatusOr<std::unique_ptr<EtcdServer>> Start(const TlsOptions& tls = {});
   ~EtcdServer();
 
   void Stop();
@@ -71,6 +74,7 @@ class EtcdServer {
   std::string LogTail() const;
 
   std::string dir_;
+  TlsOptions tls_;
   int client_port_ = 0;
   int peer_port_ = 0;
   pid_t pid_ = -1;

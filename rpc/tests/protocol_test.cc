@@ -21,9 +21,16 @@ using internal::HelloMessage;
 using internal::Kind;
 
 // The envelopes a raw connection receives, and how it closed.
+TransportOptions JobOptions() {
+  TransportOptions o;
+  o.security = Security::FromEnv().value_or(Security{});
+  return o;
+}
+
 class RawPeer {
  public:
-  RawPeer() : transport_(*MakeTransport("tcp")) {}
+  // A member of the job (it holds the job's secret) that speaks the protocol its way.
+  RawPeer() : transport_(*MakeTransport("tcp", JobOptions())) {}
   ~RawPeer() { transport_->Shutdown(); }
 
   ConnectionCallbacks Callbacks() {
@@ -148,12 +155,12 @@ TEST(ProtocolTest, ARequestBeforeTheHelloOrAHelloOfAStrangerIsRefused) {
 
 TEST(ProtocolTest, CallsToAPeerOfAnotherVersionFailAtConnectTimeNamingBothVersions) {
   // worker1 is a raw peer built from "another release": it answers hellos with version 99.
-  auto store = StoreServer::Start("127.0.0.1", 0);
+  auto store = StoreServer::Start("127.0.0.1", 0, JobOptions().security);
   ASSERT_TRUE(store.ok());
   RawPeer old;
   auto fake_address = old.transport().Listen("127.0.0.1", "127.0.0.1", old.Callbacks());
   ASSERT_TRUE(fake_address.ok());
-  auto client = ConnectStore((*store)->address(), absl::Now() + absl::Seconds(5));
+  auto client = ConnectStore((*store)->address(), absl::Now() + absl::Seconds(5), JobOptions().security);
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE((*client)->Set("gradwire/worker/1", absl::StrCat("worker1\n", *fake_address, "\n", ::getpid())).ok());
   AgentOptions o = Tcp();
@@ -208,7 +215,7 @@ TEST(ProtocolTest, AHandlerThatThrowsIsAnsweredWithAStatusAndTheAgentGoesOn) {
 }
 
 TEST(ProtocolTest, ASetupThatFailsFailsStart) {
-  auto store = StoreServer::Start("127.0.0.1", 0);
+  auto store = StoreServer::Start("127.0.0.1", 0, JobOptions().security);
   ASSERT_TRUE(store.ok());
   AgentOptions o;
   o.rendezvous = (*store)->address();

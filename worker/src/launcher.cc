@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "gradwire/rpc/security.h"
 
 extern char** environ;
 
@@ -827,8 +828,60 @@ absl::StatusOr<int> PickFreePort(const std::string& address) {
   return *port;
 }
 
-absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options, std::FILE* out, std::FILE* err) {
-  if (absl::Status s = ValidateOptions(options, out, err); !s.ok()) return s;
+// Whether the user gave the job's secret (or turned authentication off), in the
+// launcher's environment or in extra_env.
+bool UserGaveSecret(const LaunchOptions& options) {
+  for (const char* name : {"GRADWIRE_SECRET", "GRADWIRE_SECRET_FILE", "GRADWIRE_AUTH"}) {
+    const char* v = std::getenv(name);
+    if ((v != nullptr && *v != '\0') || options.extra_env.count(name) != 0) return true;
+  }
+  return false;
+}
+
+// A fresh job secret in a file only this user may read, in a directory of its own; both
+// are removed when the launch ends.
+class JobSecretFile {
+ public:
+  absl::Status Make() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string dir = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/gradwire-job-XXXXXX");
+    if (::mkdtemp(dir.data()) == nullptr) return ErrnoError(absl::StrCat("cannot make a directory for the job secret in ", dir), errno);
+    dir_ = dir;
+    path_ = dir + "/secret";
+    Fd fd(::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!fd.valid()) return ErrnoError(absl::StrCat("cannot write the job secret to ", path_), errno);
+    const std::string secret = rpc::MakeJobSecret();
+    if (::write(fd.get(), secret.data(), secret.size()) != static_cast<ssize_t>(secret.size())) {
+      return ErrnoError(absl::StrCat("cannot write the job secret to ", path_), errno);
+    }
+    return absl::OkStatus();
+  }
+  ~JobSecretFile() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+    if (!dir_.empty()) ::rmdir(dir_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string dir_, path_;
+};
+
+absl::StatusOr<LaunchResult> Launch(const LaunchOptions& given, std::FILE* out, std::FILE* err) {
+  if (absl::Status s = ValidateOptions(given, out, err); !s.ok()) return s;
+  LaunchOptions options = given;
+  JobSecretFile secret;
+  if (!UserGaveSecret(options)) {
+    if (options.nnodes > 1 || options.join) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a job ", options.join ? "joined by more workers" : "over several machines",
+          " needs one secret on every launcher, and none is set: make one with `gradwire secret > job.secret`, "
+          "give the file to every machine (readable by the job's user only), and set "
+          "GRADWIRE_SECRET_FILE=job.secret for every launcher (or GRADWIRE_AUTH=off on a network where every "
+          "process is trusted)"));
+    }
+    if (absl::Status s = secret.Make(); !s.ok()) return s;
+    options.extra_env["GRADWIRE_SECRET_FILE"] = secret.path();
+  }
   LaunchSlot slot;
   if (!slot.acquired()) {
     return absl::FailedPreconditionError(

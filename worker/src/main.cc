@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "gradwire/rpc/security.h"
 #include "gradwire/worker/launcher.h"
 
 namespace gw::worker {
@@ -20,11 +21,15 @@ constexpr char kUsage[] =
                        [--name-prefix S] [--kill-grace SECONDS] [--max-restarts K]
                        [--max-workers M] [--join] PROGRAM [ARGS...]
        gradwire launch --rdzv etcd://HOST:PORT/JOB [-n N] [--nnodes M --node-rank K] ... PROGRAM [ARGS...]
+       gradwire secret
        gradwire --help
 
 Commands:
   launch   start N worker processes of PROGRAM on this machine (like torchrun): the whole
            job, or with --nnodes this machine's share of a job over several machines
+  secret   print a fresh job secret (64 hex digits), for a job over several machines or
+           one that others join: save it to a file readable by the job's user only, copy
+           it to every machine, and set GRADWIRE_SECRET_FILE=FILE for every launcher
 
 Options of launch (they end at PROGRAM; everything after it goes to PROGRAM untouched):
   -n N, --nproc-per-node N  number of workers on this machine (default 1)
@@ -60,6 +65,10 @@ rank), MASTER_ADDR and MASTER_PORT (with --rdzv: GRADWIRE_RDZV instead) and
 GRADWIRE_WORKER_NAME (and, unless already set,
 OMP_NUM_THREADS = cores / N, at least 1, as torchrun does), reads stdin from /dev/null,
 and has each line of its stdout and stderr prefixed with "[worker<rank>] ". SIGINT/SIGTERM are forwarded to the workers.
+The job's workers authenticate each other with a secret: unless GRADWIRE_SECRET_FILE,
+GRADWIRE_SECRET or GRADWIRE_AUTH is set, launch makes a fresh one for the job (in a file
+only this user may read, removed at the end) and gives its path as GRADWIRE_SECRET_FILE;
+a job over several machines, or --join, needs the secret given (`gradwire secret`).
 Exit status: 0 if every worker exited 0, else the first failing worker's status
 (128+N if it was killed by signal N); 2 for bad usage; 127 if PROGRAM is not found.
 )";
@@ -243,6 +252,10 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (command == "launch") return RunLaunch(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "secret") {
+    std::printf("%s\n", rpc::MakeJobSecret().c_str());
+    return 0;
+  }
   return UsageError(absl::StrCat("gradwire: unknown command '", command, "'"));
 }
 

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -186,6 +187,54 @@ TEST(LaunchTest, NodeRankGivesThisNodesShareOfTheGlobalRanks) {
   options.master_port = 29556;
   options.node_rank = 3;
   EXPECT_EQ(Launch(options, cap.out, cap.err).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The job secret (rpc security.h): without one in the environment, Launch makes a fresh
+// one per job in a file only this user may read, gives every worker its path, and
+// removes it at the end; a secret the user gave is passed through; a job over several
+// machines must be given one (each launcher would make its own).
+TEST(LaunchTest, EachJobGetsAFreshSecretOnlyItsUserMayRead) {
+  const char* saved = std::getenv("GRADWIRE_SECRET");
+  const std::string restore = saved ? saved : "";
+  ::unsetenv("GRADWIRE_SECRET");
+  std::vector<std::string> files, secrets;
+  for (int job = 0; job < 2; ++job) {
+    Capture cap;
+    absl::StatusOr<LaunchResult> result =
+        Launch(Shell(2, "echo \"file=$GRADWIRE_SECRET_FILE mode=$(stat -c %a \"$GRADWIRE_SECRET_FILE\") "
+                        "secret=$(cat \"$GRADWIRE_SECRET_FILE\")\""),
+               cap.out, cap.err);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->exit_code, 0) << cap.Err();
+    const std::string out = cap.Out();
+    std::smatch m;
+    const std::string first = out.substr(0, out.find('\n'));
+    ASSERT_TRUE(std::regex_search(first, m, std::regex("file=(\\S+) mode=600 secret=([0-9a-f]{64})"))) << out;
+    files.push_back(m[1]);
+    secrets.push_back(m[2]);
+    EXPECT_NE(out.find(absl::StrCat("secret=", secrets.back())), out.rfind(absl::StrCat("secret=", secrets.back())))
+        << "both workers got the same secret: " << out;
+    EXPECT_FALSE(std::filesystem::exists(files.back())) << "removed when the job ended";
+  }
+  EXPECT_NE(secrets[0], secrets[1]) << "a fresh secret per job";
+
+  LaunchOptions several = Shell(1, "true");
+  several.nnodes = 2;
+  several.master_port = 29557;
+  Capture cap;
+  absl::Status refused = Launch(several, cap.out, cap.err).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("gradwire secret"), std::string::npos) << refused;
+
+  ::setenv("GRADWIRE_SECRET", "given by the user", 1);
+  Capture given;
+  ASSERT_TRUE(Launch(Shell(1, "echo \"secret=$GRADWIRE_SECRET file=$GRADWIRE_SECRET_FILE.\""), given.out, given.err).ok());
+  EXPECT_NE(given.Out().find("secret=given by the user file=."), std::string::npos) << given.Out();
+  if (saved) {
+    ::setenv("GRADWIRE_SECRET", restore.c_str(), 1);
+  } else {
+    ::unsetenv("GRADWIRE_SECRET");
+  }
 }
 
 // Like torchrun: without OMP_NUM_THREADS, workers get an equal share of the cores; a

@@ -119,6 +119,7 @@
 #include "gradwire/rpc/statistics.h"
 #include "gradwire/rpc/store.h"
 #include "gradwire/rpc/timer_queue.h"
+#include "gradwire/rpc/security.h"
 #include "gradwire/rpc/transport.h"
 #include "gradwire/rpc/value.h"
 
@@ -175,6 +176,12 @@ struct AgentOptions {
   // How long Sync() polls for the reply before sleeping (0: never polls).
   absl::Duration sync_spin = absl::Microseconds(200);
   int worker_threads = 2;
+  // Who may talk to this worker (security.h): the job's secret (on by default: a group of
+  // more than one worker needs one), TLS, and limits per peer. Start takes what is not set
+  // here from the environment (GRADWIRE_SECRET_FILE / GRADWIRE_SECRET, as `gradwire
+  // launch` sets them; GRADWIRE_TLS_*; Security::FromEnv), and hands it to the transport
+  // and the rendezvous store (transport_options.security is overwritten).
+  Security security;
   TransportOptions transport_options;
   // At graceful shutdown, owned RRef values still referenced by other workers are
   // logged (kWarn) or also make Shutdown fail with FAILED_PRECONDITION (kError).
@@ -193,6 +200,7 @@ struct AgentOptions {
   // GRADWIRE_WORKER_NAME, GRADWIRE_TRANSPORT, GRADWIRE_RUN_ID (optional);
   // GRADWIRE_MAX_WORLD_SIZE (max_world_size), GRADWIRE_JOIN=1 (join; RANK is then not
   // needed, WORLD_SIZE still is, as the launcher sets it);
+  // the security settings (security: Security::FromEnv, the secret, TLS files, limits);
   // GRADWIRE_HEARTBEAT_INTERVAL and GRADWIRE_PEER_TIMEOUT (optional durations such as
   // "500ms", "3s": heartbeat_interval, peer_timeout); GRADWIRE_FAULTS (optional: faults to inject, as
   // ParseFaults reads them, into transport_options.faults; every worker needs it; the

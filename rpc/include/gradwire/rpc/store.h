@@ -20,6 +20,11 @@
 //     also what to check); a malformed etcd:// address is INVALID_ARGUMENT showing the
 //     expected form; a Get or Wait that times out is DEADLINE_EXCEEDED naming a missing
 //     key (etcd's client names every one).
+//   - Authentication (security.h): a store started with a secret serves only clients that
+//     opened a session by the secret's challenge-response, and only calls signed with the
+//     session's key, each sequence number once (store_sessions.h: replayed or altered
+//     calls are refused with UNAUTHENTICATED and logged). The values themselves travel in
+//     the clear unless TLS is on.
 //   - Thread-safe: clients and the server may be used from many threads.
 #ifndef GRADWIRE_RPC_STORE_H_
 #define GRADWIRE_RPC_STORE_H_
@@ -31,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "gradwire/rpc/security.h"
 
 namespace gw::rpc {
 
@@ -46,8 +52,11 @@ class Store {
 
 class StoreServer {
  public:
-  // Listens on host:port (port 0 picks a free one).
-  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host, int port);
+  // Listens on host:port (port 0 picks a free one). With security.authenticates(), every
+  // client must prove it holds the secret (and every call is signed, below); with TLS,
+  // clients must present a certificate signed by the CA.
+  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host, int port,
+                                                            const Security& security = {});
   virtual ~StoreServer() = default;
   virtual int port() const = 0;
   virtual std::string address() const = 0;
@@ -56,8 +65,13 @@ class StoreServer {
 };
 
 // A client of the store at `address` ("host:port", or "etcd://HOST:PORT/JOB" for etcd),
-// connected (or UNAVAILABLE) by `deadline`.
-absl::StatusOr<std::unique_ptr<Store>> ConnectStore(const std::string& address, absl::Time deadline);
+// connected (or UNAVAILABLE) by `deadline`; authenticated by security's secret
+// (PERMISSION_DENIED / UNAUTHENTICATED when the store refuses it or cannot prove it
+// holds the secret too), over TLS when security.tls is set (etcd: TLS only, checking
+// etcd's certificate against the CA and its host name; etcd's own client-certificate
+// authentication then keeps others out).
+absl::StatusOr<std::unique_ptr<Store>> ConnectStore(const std::string& address, absl::Time deadline,
+                                                    const Security& security = {});
 
 }  // namespace gw::rpc
 

@@ -52,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gradwire/rpc/frame.h"
+#include "gradwire/rpc/security.h"
 
 namespace gw::rpc {
 
@@ -94,6 +95,10 @@ struct TransportOptions {
   std::shared_ptr<FaultInjector> faults;
   // This worker's name, which the fault decorator tells its peers (for partitions).
   std::string self_name;
+  // Authentication, TLS and the connection rate per peer (security.h). Every connection
+  // is admitted (handshakes done) before its first frame; the default authenticates
+  // nothing, as no secret is set: the agent sets its job's.
+  Security security;
 };
 
 // Totals since the transport was made (Transport::stats()).

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <deque>
 #include <string>
@@ -15,7 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gradwire/proto/transport.grpc.pb.h"
+#include "connection_rate.h"
+#include "grpc_credentials.h"
+#include "handshake.h"
 #include "host_address.h"
 
 namespace gw::rpc {
@@ -41,6 +46,51 @@ std::string PeerFromGrpc(const std::string& grpc_peer) {
     }
   }
   return absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}});
+}
+
+// The job secret's challenge-response (handshake.h) as the first chunks of a Stream call,
+// before any frame: `read` and `write` move one chunk; `cancel` ends the call, which a
+// watchdog does when the peer has not answered within `timeout`.
+absl::Status RunHandshake(internal::Handshake::Role role, const std::string& secret, absl::Duration timeout,
+                          const std::string& peer, const std::function<bool(pb::FrameChunk*)>& read,
+                          const std::function<bool(const pb::FrameChunk&)>& write,
+                          const std::function<void()>& cancel) {
+  internal::Handshake hs(role, secret, "rpc");
+  absl::Notification finished;
+  bool timed_out = false;
+  std::thread watchdog([&] {
+    if (!finished.WaitForNotificationWithTimeout(timeout)) {
+      timed_out = true;
+      cancel();
+    }
+  });
+  absl::Status status;
+  pb::FrameChunk chunk;
+  while (true) {
+    if (std::string out = hs.TakeOutput(); !out.empty()) {
+      chunk.set_data(std::move(out));
+      if (!write(chunk) && status.ok()) status = absl::UnavailableError("the stream closed");
+    }
+    if (!status.ok() || hs.wanted() == 0) break;
+    if (!read(&chunk)) {
+      status = absl::UnavailableError("the stream closed (the peer refused our proof, or does not authenticate)");
+      break;
+    }
+    if (chunk.data().size() != hs.wanted()) {
+      status = absl::UnauthenticatedError("the peer's first message is not a gradwire handshake: it does not "
+                                          "authenticate (no job secret?)");
+      break;
+    }
+    status = hs.OnInput(chunk.data());  // a refusing server still sends its verdict above
+  }
+  finished.Notify();
+  watchdog.join();
+  if (timed_out) {
+    status = absl::DeadlineExceededError(absl::StrCat("no answer within ", absl::FormatDuration(timeout),
+                                                      " (Security::handshake_timeout)"));
+  }
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("authentication with ", peer, " failed: ", status.message()));
 }
 
 // One Connection = one Stream call. The subclasses (dialing / listening side) supply the
@@ -278,6 +328,14 @@ class GrpcClientConnection final : public GrpcConnection {
   // Opens the stream (sends the call's headers; may block briefly).
   void Open() { stream_ = stub_->Stream(&context_); }
 
+  // The challenge-response, before Start. REQUIRES: Open() was called.
+  absl::Status Authenticate(const std::string& secret, absl::Duration timeout) {
+    return RunHandshake(
+        internal::Handshake::Role::kClient, secret, timeout, peer_,
+        [this](pb::FrameChunk* c) { return stream_->Read(c); },
+        [this](const pb::FrameChunk& c) { return stream_->Write(c); }, [this] { context_.TryCancel(); });
+  }
+
   // Starts the reader and writer threads. REQUIRES: Open() was called.
   void Start() {
     StartWriter();
@@ -339,7 +397,8 @@ class GrpcServerConnection final : public GrpcConnection {
 
 class GrpcTransport final : public Transport {
  public:
-  explicit GrpcTransport(TransportOptions options) : options_(options), service_(this) {}
+  explicit GrpcTransport(TransportOptions options)
+      : options_(options), rate_(options.security.limits.max_connections_per_second), service_(this) {}
   ~GrpcTransport() override { Shutdown(); }
 
   std::string name() const override { return "grpc"; }
@@ -349,10 +408,13 @@ class GrpcTransport final : public Transport {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::FailedPreconditionError("grpc transport is shut down");
     if (server_) return absl::FailedPreconditionError("grpc transport is already listening");
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+        internal::ServerCredentials(options_.security.tls);
+    if (!creds.ok()) return creds.status();
     accept_callbacks_ = std::move(callbacks);
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(internal::JoinHostPort(host, 0), grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(internal::JoinHostPort(host, 0), *creds, &port);
     builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
     builder.SetMaxSendMessageSize(kMaxGrpcMessageBytes);
     builder.RegisterService(&service_);
@@ -379,14 +441,28 @@ class GrpcTransport final : public Transport {
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
     args.SetMaxSendMessageSize(kMaxGrpcMessageBytes);
-    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+        internal::ChannelCredentials(options_.security.tls, &args);
+    if (!creds.ok()) return creds.status();
+    auto channel = grpc::CreateCustomChannel(address, *creds, args);
     if (!channel->WaitForConnected(ToChrono(deadline))) {
       return absl::UnavailableError(absl::StrCat(
-          "cannot connect to ", address, ": no gRPC server answered before the deadline"));
+          "cannot connect to ", address, ": no gRPC server answered before the deadline",
+          options_.security.tls.enabled() ? " (or the TLS handshake failed: is the server's certificate signed by "
+                                            "this job's CA, and does it name TlsOptions::server_name?)"
+                                          : ""));
     }
     auto conn = std::make_shared<GrpcClientConnection>(address, std::move(channel),
                                                        std::move(callbacks), options_.limits);
     conn->Open();
+    if (options_.security.authenticates()) {
+      const absl::Duration timeout =
+          std::max(absl::Milliseconds(1), std::min(options_.security.handshake_timeout, deadline - absl::Now()));
+      if (absl::Status s = conn->Authenticate(options_.security.secret, timeout); !s.ok()) {
+        conn->Abandon();
+        return s;
+      }
+    }
     {
       absl::MutexLock lock(&mu_);
       if (!shut_down_) {
@@ -437,6 +513,25 @@ class GrpcTransport final : public Transport {
 
   grpc::Status Serve(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<pb::FrameChunk, pb::FrameChunk>* stream) {
+    const std::string peer = PeerFromGrpc(context->peer());
+    if (!rate_.Take(peer.substr(0, peer.rfind(':')), absl::Now())) {
+      std::fprintf(stderr,
+                   "gradwire: refused a connection from %s: more than %d new connections per second from its address "
+                   "(PeerLimits::max_connections_per_second)\n",
+                   peer.c_str(), options_.security.limits.max_connections_per_second);
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "too many new connections from this address");
+    }
+    if (options_.security.authenticates()) {
+      absl::Status s = RunHandshake(
+          internal::Handshake::Role::kServer, options_.security.secret, options_.security.handshake_timeout, peer,
+          [stream](pb::FrameChunk* c) { return stream->Read(c); },
+          [stream](const pb::FrameChunk& c) { return stream->Write(c); }, [context] { context->TryCancel(); });
+      if (!s.ok()) {
+        std::fprintf(stderr, "gradwire: refused a connection from %s: %s\n", peer.c_str(),
+                     std::string(s.message()).c_str());
+        return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(s.message()));
+      }
+    }
     std::shared_ptr<GrpcServerConnection> conn;
     {
       absl::MutexLock lock(&mu_);
@@ -466,6 +561,7 @@ class GrpcTransport final : public Transport {
   }
 
   const TransportOptions options_;
+  internal::ConnectionRate rate_;
   Service service_;
   absl::Mutex mu_;
   ConnectionCallbacks accept_callbacks_ ABSL_GUARDED_BY(mu_);
@@ -476,7 +572,8 @@ class GrpcTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> MakeGrpcTransport(TransportOptions options) {
+absl::StatusOr<std::unique_ptr<Transport>> MakeGrpcTransport(TransportOptions options) {
+  if (absl::Status s = options.security.Validate(); !s.ok()) return s;
   return std::make_unique<GrpcTransport>(options);
 }
 

@@ -32,7 +32,7 @@ namespace gw::rpc {
 // Largest FrameChunk payload; gRPC's message size limits are set to twice this.
 inline constexpr size_t kGrpcChunkBytes = size_t{1} << 20;
 
-std::unique_ptr<Transport> MakeGrpcTransport(TransportOptions options);
+absl::StatusOr<std::unique_ptr<Transport>> MakeGrpcTransport(TransportOptions options);
 
 }  // namespace gw::rpc
 

@@ -324,8 +324,8 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
 
 class ShmTransport final : public Transport {
  public:
-  explicit ShmTransport(TransportOptions options)
-      : tcp_(MakeTcpTransport(options)), identity_(HostIdentity::OfThisProcess()), pid_(::getpid()) {
+  ShmTransport(TransportOptions options, std::unique_ptr<Transport> tcp)
+      : tcp_(std::move(tcp)), identity_(HostIdentity::OfThisProcess()), pid_(::getpid()) {
     std::random_device rd;
     cookie_ = (static_cast<uint64_t>(rd()) << 32) | rd();
     if (options.shm_arena_bytes > 0) {
@@ -650,8 +650,10 @@ void ShmConnection::OnClose(const absl::Status& reason) {
 
 }  // namespace
 
-std::unique_ptr<Transport> MakeShmTransport(TransportOptions options) {
-  return std::make_unique<ShmTransport>(options);
+absl::StatusOr<std::unique_ptr<Transport>> MakeShmTransport(TransportOptions options) {
+  absl::StatusOr<std::unique_ptr<Transport>> tcp = MakeTcpTransport(options);
+  if (!tcp.ok()) return tcp.status();
+  return std::make_unique<ShmTransport>(options, *std::move(tcp));
 }
 
 }  // namespace gw::rpc

@@ -45,7 +45,7 @@ namespace gw::rpc {
 inline constexpr size_t kArenaThreshold = 64 << 10;
 inline constexpr size_t kCmaThreshold = 256 << 10;
 
-std::unique_ptr<Transport> MakeShmTransport(TransportOptions options);
+absl::StatusOr<std::unique_ptr<Transport>> MakeShmTransport(TransportOptions options);
 
 }  // namespace gw::rpc
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -15,7 +16,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "connection_rate.h"
 #include "host_address.h"
+#include "transport/tcp/admission.h"
+#include "transport/tcp/tls_connection.h"
 
 namespace gw::rpc {
 namespace {
@@ -396,8 +401,10 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
 class TcpTransport final : public Transport {
  public:
-  explicit TcpTransport(TransportOptions options)
-      : options_(options), work_(asio::make_work_guard(io_)), acceptor_(io_) {
+  TcpTransport(TransportOptions options, std::unique_ptr<internal::TlsContext> tls)
+      : options_(options), secret_(options.security.authenticates() ? options.security.secret : ""),
+        tls_(std::move(tls)), rate_(options.security.limits.max_connections_per_second),
+        work_(asio::make_work_guard(io_)), acceptor_(io_) {
     for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
       threads_.emplace_back([this] { io_.run(); });
     }
@@ -447,13 +454,7 @@ class TcpTransport final : public Transport {
           ec = boost::system::error_code(err, boost::system::system_category());
         }
       }
-      if (!ec) {
-        auto conn = std::make_shared<TcpConnection>(io_, std::move(socket), std::move(callbacks),
-                                                    options_.limits);
-        Track(conn);
-        conn->Start();
-        return std::shared_ptr<Connection>(conn);
-      }
+      if (!ec) return AdmitDialed(std::move(socket), std::move(callbacks), deadline);
       last_error = ec.message();
       if (absl::Now() + absl::Milliseconds(20) >= deadline) break;
       absl::SleepFor(absl::Milliseconds(20));
@@ -471,7 +472,7 @@ class TcpTransport final : public Transport {
       boost::system::error_code ignored;
       acceptor_.close(ignored);
     });
-    std::vector<std::weak_ptr<TcpConnection>> conns;
+    std::vector<std::weak_ptr<Connection>> conns;
     {
       absl::MutexLock lock(&mu_);
       conns.swap(connections_);
@@ -493,35 +494,99 @@ class TcpTransport final : public Transport {
   void Accept() {
     acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
       if (ec) return;  // closed
-      auto conn = std::make_shared<TcpConnection>(io_, std::move(socket), accept_callbacks_,
-                                                  options_.limits);
-      Track(conn);
-      conn->Start();
+      boost::system::error_code ignored;
+      const tcp::endpoint from = socket.remote_endpoint(ignored);
+      if (!rate_.Take(from.address().to_string(), absl::Now())) {
+        LogRefused(EndpointString(from), absl::ResourceExhaustedError(absl::StrCat(
+                                             "more than ", options_.security.limits.max_connections_per_second,
+                                             " new connections per second from its address "
+                                             "(PeerLimits::max_connections_per_second)")));
+        socket.close(ignored);
+      } else {
+        internal::Admit(std::move(socket), internal::Side::kListener, tls_.get(), secret_,
+                        options_.security.handshake_timeout,
+                        [this, from](absl::StatusOr<internal::AdmittedSocket> admitted) {
+                          if (!admitted.ok()) return LogRefused(EndpointString(from), admitted.status());
+                          Open(*std::move(admitted), accept_callbacks_);
+                        });
+      }
       Accept();
     });
   }
 
-  void Track(const std::shared_ptr<TcpConnection>& c) {
-    absl::MutexLock lock(&mu_);
-    std::erase_if(connections_, [](const auto& w) { return w.expired(); });
-    connections_.push_back(c);
+  // A connection from an admitted socket: plain TCP, or TLS.
+  std::shared_ptr<Connection> Open(internal::AdmittedSocket admitted, ConnectionCallbacks callbacks) {
+    std::shared_ptr<Connection> conn;
+    if (admitted.tls != nullptr) {
+      conn = internal::StartTlsConnection(std::move(admitted.tls), std::move(callbacks), options_.limits);
+    } else {
+      auto tcp = std::make_shared<TcpConnection>(io_, std::move(*admitted.plain), std::move(callbacks),
+                                                 options_.limits);
+      tcp->Start();
+      conn = tcp;
+    }
+    Track(conn);
+    return conn;
+  }
+
+  // Runs the dialing side's handshakes (the I/O threads do; this thread waits).
+  absl::StatusOr<std::shared_ptr<Connection>> AdmitDialed(tcp::socket socket, ConnectionCallbacks callbacks,
+                                                          absl::Time deadline) {
+    absl::Notification done;
+    absl::StatusOr<internal::AdmittedSocket> result;
+    const absl::Duration timeout =
+        std::max(absl::Milliseconds(1), std::min(options_.security.handshake_timeout, deadline - absl::Now()));
+    internal::Admit(std::move(socket), internal::Side::kDialer, tls_.get(), secret_, timeout,
+                    [&](absl::StatusOr<internal::AdmittedSocket> admitted) {
+                      result = std::move(admitted);
+                      done.Notify();
+                    });
+    done.WaitForNotification();
+    if (!result.ok()) return result.status();
+    return Open(*std::move(result), std::move(callbacks));
+  }
+
+  static void LogRefused(const std::string& from, const absl::Status& why) {
+    std::fprintf(stderr, "gradwire: refused a connection from %s: %s\n", from.c_str(), std::string(why.message()).c_str());
+  }
+
+  void Track(const std::shared_ptr<Connection>& c) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!shut_down_) {
+        std::erase_if(connections_, [](const auto& w) { return w.expired(); });
+        connections_.push_back(c);
+        return;
+      }
+    }
+    c->Close(absl::CancelledError("transport shut down"));  // admitted while it shut down
   }
 
   const TransportOptions options_;
+  const std::string secret_;  // empty: no challenge-response
+  const std::unique_ptr<internal::TlsContext> tls_;  // null: no TLS
+  internal::ConnectionRate rate_;
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   tcp::acceptor acceptor_;
   ConnectionCallbacks accept_callbacks_;
   std::vector<std::thread> threads_;
   absl::Mutex mu_;
-  std::vector<std::weak_ptr<TcpConnection>> connections_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> MakeTcpTransport(TransportOptions options) {
-  return std::make_unique<TcpTransport>(options);
+absl::StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(TransportOptions options) {
+  std::unique_ptr<internal::TlsContext> tls;
+  if (options.security.tls.enabled()) {
+    if (absl::Status s = options.security.Validate(); !s.ok()) return s;
+    absl::StatusOr<std::unique_ptr<internal::TlsContext>> made = internal::TlsContext::Make(options.security.tls);
+    if (!made.ok()) return made.status();
+    tls = *std::move(made);
+  }
+  return std::make_unique<TcpTransport>(options, std::move(tls));
 }
 
 }  // namespace gw::rpc

@@ -10,11 +10,14 @@
 
 #include <memory>
 
+#include "absl/status/statusor.h"
+
 #include "gradwire/rpc/transport.h"
 
 namespace gw::rpc {
 
-std::unique_ptr<Transport> MakeTcpTransport(TransportOptions options);
+// INVALID_ARGUMENT when TLS is configured and its files do not load.
+absl::StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(TransportOptions options);
 
 }  // namespace gw::rpc
 
