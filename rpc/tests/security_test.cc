@@ -35,6 +35,7 @@
 #include "handshake.h"
 #include "inbox.h"
 #include "store_sessions.h"
+#include "test_certs.h"
 
 namespace gw::rpc {
 namespace {
@@ -42,43 +43,10 @@ namespace {
 namespace pb = ::gradwire::proto;
 using internal::Handshake;
 using testing::Inbox;
+using Certs = testing::TestCerts;
 
 constexpr char kSecret[] = "the job's secret";
 constexpr char kOtherSecret[] = "another job's secret";
-
-// ---------------------------------------------------------------- certificates
-
-// A job CA with certificates a and b, and another CA with certificate x, made once per
-// test binary by scripts/make-certs.
-class Certs {
- public:
-  static const Certs* Get() {
-    static const Certs* certs = Make();
-    return certs;
-  }
-  TlsOptions Job(const std::string& name = "a") const {
-    return {.cert_file = dir_ + "/job/" + name + ".pem", .key_file = dir_ + "/job/" + name + ".key",
-            .ca_file = dir_ + "/job/ca.pem"};
-  }
-  TlsOptions Other() const {
-    return {.cert_file = dir_ + "/other/x.pem", .key_file = dir_ + "/other/x.key", .ca_file = dir_ + "/other/ca.pem"};
-  }
-
- private:
-  static const Certs* Make() {
-    char dir[] = "/tmp/gw-certs-XXXXXX";
-    if (::mkdtemp(dir) == nullptr) return nullptr;
-    const std::string script = std::string(GRADWIRE_SOURCE_DIR) + "/scripts/make-certs";
-    for (const std::string& cmd : {absl::StrCat(script, " ", dir, "/job a b 2>/dev/null"),
-                                   absl::StrCat(script, " ", dir, "/other x 2>/dev/null")}) {
-      if (std::system(cmd.c_str()) != 0) return nullptr;
-    }
-    auto* c = new Certs();
-    c->dir_ = dir;
-    return c;
-  }
-  std::string dir_;
-};
 
 Security WithSecret(const std::string& secret, TlsOptions tls = {}) {
   Security s;
@@ -238,7 +206,7 @@ class SecureTransportTest : public ::testing::TestWithParam<std::string> {
   bool tls() const { return GetParam().find("+tls") != std::string::npos; }
 
   void SetUp() override {
-    if (tls() && Certs::Get() == nullptr) GTEST_SKIP() << "scripts/make-certs failed (is openssl installed?)";
+    if (tls() && Certs::Get() == nullptr) GTEST_SKIP() << Certs::kMissing;
     server_ = Make(WithSecret(kSecret, tls() ? Certs::Get()->Job("a") : TlsOptions{}));
     ASSERT_NE(server_, nullptr);
     auto addr = server_->Listen("127.0.0.1", "", server_inbox_.Callbacks());
@@ -586,7 +554,7 @@ TEST_F(StoreSecurityTest, AReplayedHandshakeOrCallIsRefused) {
 }
 
 TEST(StoreTlsTest, OnlyClientsWithACertificateOfTheJobCaAreServed) {
-  if (Certs::Get() == nullptr) GTEST_SKIP() << "scripts/make-certs failed (is openssl installed?)";
+  if (Certs::Get() == nullptr) GTEST_SKIP() << Certs::kMissing;
   auto server = StoreServer::Start("127.0.0.1", 0, WithSecret(kSecret, Certs::Get()->Job("a")));
   ASSERT_TRUE(server.ok()) << server.status();
   auto good = ConnectStore((*server)->address(), absl::Now() + absl::Seconds(5), WithSecret(kSecret, Certs::Get()->Job("b")));
@@ -600,7 +568,7 @@ TEST(StoreTlsTest, OnlyClientsWithACertificateOfTheJobCaAreServed) {
 
 TEST(EtcdTlsTest, EtcdWithClientCertificatesServesOnlyTheJob) {
   if (!testing::EtcdServer::Available()) GTEST_SKIP() << testing::EtcdServer::kMissing;
-  if (Certs::Get() == nullptr) GTEST_SKIP() << "scripts/make-certs failed (is openssl installed?)";
+  if (Certs::Get() == nullptr) GTEST_SKIP() << Certs::kMissing;
   auto etcd = testing::EtcdServer::Start(Certs::Get()->Job("a"));
   ASSERT_TRUE(etcd.ok()) << etcd.status();
   Security job;
@@ -651,7 +619,7 @@ TEST(AgentSecurityTest, AGroupWithoutASecretDoesNotStart) {
 }
 
 TEST(AgentSecurityTest, AgentsCallEachOtherOverTls) {
-  if (Certs::Get() == nullptr) GTEST_SKIP() << "scripts/make-certs failed (is openssl installed?)";
+  if (Certs::Get() == nullptr) GTEST_SKIP() << Certs::kMissing;
   for (const char* transport : {"tcp", "shm", "grpc"}) {
     AgentOptions base;
     base.transport = transport;

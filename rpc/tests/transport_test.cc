@@ -12,11 +12,13 @@
 
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/synchronization/notification.h"
 #include "gradwire/rpc/faults.h"
 #include "gradwire/tensor/kernels.h"
 #include "inbox.h"
+#include "test_certs.h"
 
 namespace gw::rpc {
 namespace {
@@ -25,7 +27,17 @@ using testing::Inbox;
 
 // "shm-cma" is shm with its arena turned off: large tensors by cross-memory attach.
 // "fault" is tcp under every recoverable fault (faults.h), which its link protocol hides.
-absl::StatusOr<std::unique_ptr<Transport>> MakeBackend(const std::string& name, TransportOptions options = {}) {
+// "<backend>+auth" authenticates every connection by a job secret; "<backend>+tls" also
+// runs TLS with the test CA's certificates (test_certs.h; security.h).
+absl::StatusOr<std::unique_ptr<Transport>> MakeBackend(const std::string& param, TransportOptions options = {}) {
+  const std::string name = param.substr(0, param.find('+'));
+  if (param != name) {
+    options.security.secret = "conformance";
+    if (absl::EndsWith(param, "+tls")) {
+      if (testing::TestCerts::Get() == nullptr) return absl::UnavailableError(testing::TestCerts::kMissing);
+      options.security.tls = testing::TestCerts::Get()->Job("a");
+    }
+  }
   if (name == "shm-cma") {
     options.shm_arena_bytes = 0;
     return MakeTransport("shm", options);
@@ -59,16 +71,18 @@ int DialRaw(const std::string& address) {
 class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    server_ = *MakeBackend(GetParam());
-    client_ = *MakeBackend(GetParam());
+    auto server = MakeBackend(GetParam()), client = MakeBackend(GetParam());
+    if (!server.ok()) GTEST_SKIP() << server.status();  // no openssl for the test CA
+    server_ = *std::move(server);
+    client_ = *std::move(client);
     auto addr = server_->Listen("127.0.0.1", /*advertise_host=*/"", server_inbox_.Callbacks());
     ASSERT_TRUE(addr.ok()) << addr.status();
     address_ = *addr;
   }
   void TearDown() override {
     conn_.reset();
-    client_->Shutdown();
-    server_->Shutdown();
+    if (client_) client_->Shutdown();
+    if (server_) server_->Shutdown();
   }
   std::shared_ptr<Connection> Dial() {
     auto c = client_->Connect(address_, client_inbox_.Callbacks(), absl::Now() + absl::Seconds(10));
@@ -216,7 +230,8 @@ TEST_P(TransportTest, GarbageFromARawSocketClosesOnlyThatConnection) {
   ASSERT_GT(::send(fd, junk, sizeof(junk), 0), 0);
   // grpc: gRPC's HTTP/2 layer rejects the bytes before the transport sees them, so no
   // Connection (and no on_close) exists for this socket; only the second half applies.
-  if (GetParam() != "grpc") {
+  // So with authentication or TLS, whose handshakes refuse it before it is a Connection.
+  if (GetParam() != "grpc" && GetParam().find('+') == std::string::npos) {
     absl::Status s = server_inbox_.WaitClose();
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     char buf[16];
@@ -276,7 +291,15 @@ TEST_P(TransportTest, TensorsModifiedAfterSendArriveWholeNeverTorn) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::Values("tcp", "shm", "grpc", "shm-cma", "fault"));
+INSTANTIATE_TEST_SUITE_P(Backends, TransportTest,
+                         ::testing::Values("tcp", "shm", "grpc", "shm-cma", "fault", "tcp+auth", "tcp+tls", "shm+tls",
+                                           "grpc+tls", "fault+tls"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '+', '_');
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 // shm: a receiver that keeps everything fills the sender's arena; later tensors take the
 // cross-memory-attach path, and every one arrives intact (the arena's blocks are never

@@ -114,8 +114,10 @@ class TlsConnection final : public Connection, public std::enable_shared_from_th
         return;
       }
       data.remove_prefix(*used);
-      if (decoder_.HasMessage() && callbacks_.on_message && !closed()) {
-        callbacks_.on_message(shared_from_this(), decoder_.TakeMessage());
+      if (!decoder_.HasMessage()) continue;
+      Message m = decoder_.TakeMessage();  // always: the decoder waits for it before reading on
+      if (callbacks_.on_message && !closed()) {
+        callbacks_.on_message(shared_from_this(), std::move(m));
         delivered = true;
       }
     }
