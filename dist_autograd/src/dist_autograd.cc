@@ -170,11 +170,17 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     }
     auto it = contexts_.find(id);
     if (it != contexts_.end()) return it->second;
+    // Ids carry their creator's rank: one of ours that is not open here has ended (a late
+    // message), and no worker outside the group creates contexts.
+    if (id.rank() == agent_.self().rank || id.rank() < 0 || id.rank() >= agent_.options().max_world_size) {
+      return absl::FailedPreconditionError(absl::StrCat("distributed autograd context ", id.ToString(),
+                                                        " is not open on its creator"));
+    }
     // A context is held here until its creator releases it: a peer may have so many open
     // here at once (PeerLimits::max_contexts).
     const int64_t limit = agent_.options().security.limits.max_contexts;
     int64_t& held = contexts_of_peer_[id.rank()];
-    if (limit > 0 && id.rank() != agent_.self().rank && held >= limit) {
+    if (limit > 0 && held >= limit) {
       return absl::ResourceExhaustedError(absl::StrCat(
           agent_.self().name, " holds ", held, " distributed autograd contexts of ", agent_.NameOf(id.rank()),
           ", its limit (PeerLimits::max_contexts, GRADWIRE_MAX_CONTEXTS_PER_PEER): release contexts (end their "

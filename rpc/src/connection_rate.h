@@ -1,7 +1,8 @@
 // Internal: ConnectionRate, which new connections a listener takes (PeerLimits::
 // max_connections_per_second): a token bucket per remote IP address, refilled at the rate
 // per second up to a burst of twice that. Memory stays bounded under a spray of addresses
-// (the table is forgotten past 65,536 of them). Thread-safe.
+// (past 65,536 of them the buckets that refilled are forgotten; all, if that is not
+// enough). Thread-safe.
 #ifndef GRADWIRE_RPC_SRC_CONNECTION_RATE_H_
 #define GRADWIRE_RPC_SRC_CONNECTION_RATE_H_
 

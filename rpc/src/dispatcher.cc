@@ -66,7 +66,10 @@ void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, En
   request.info.caller = from >= 0 ? peers_.name_of(from) : "unknown";
   request.handler = Find(env.function);
   ReadBatch batch;
-  if (const int running = Started(from); max_calls_in_flight_ > 0 && running > max_calls_in_flight_) {
+  // gradwire's own protocols (reserved names: RRef forks and deletes, context releases,
+  // membership) are never refused: refusing them would leak what the limits protect.
+  if (const int running = Started(from);
+      max_calls_in_flight_ > 0 && running > max_calls_in_flight_ && !IsReservedName(env.function)) {
     Reply(conn, from, request.id,
           absl::ResourceExhaustedError(absl::StrCat(
               env.function, ": ", request.info.caller, " has ", running - 1, " calls in flight on ", self_name_,

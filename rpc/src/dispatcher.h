@@ -19,7 +19,8 @@
 //     handler, together with the rest of its read's pool work.
 //   - A peer may have at most max_calls_in_flight requests here at once (PeerLimits;
 //     0: no limit): a request past it is answered RESOURCE_EXHAUSTED at once, naming the
-//     limit, and runs nothing; the peer's other calls and everyone else's go on.
+//     limit, and runs nothing; the peer's other calls and everyone else's go on. Requests
+//     of gradwire's own protocols (reserved names) count but are never refused.
 //   - AwaitIdle(deadline): no handler is running or awaiting its future. Thread-safe.
 #ifndef GRADWIRE_RPC_SRC_DISPATCHER_H_
 #define GRADWIRE_RPC_SRC_DISPATCHER_H_

@@ -242,6 +242,10 @@ absl::Status RRefContext::OnRemote(const CallInfo& info, RRefRemote m) {
   if (from < 0 || !m.rref.valid() || !m.fork.valid()) {
     return absl::InvalidArgumentError("RRefRemote: malformed request (null id or unidentified caller)");
   }
+  if (m.rref.rank() != from) {  // the caller makes the id (and is charged for it: PeerLimits::max_rrefs)
+    return absl::InvalidArgumentError(absl::StrCat("RRefRemote: RRef id ", m.rref.ToString(), " was not made by ",
+                                                   info.caller, ", who asks to create it"));
+  }
   if (!hooks_.has_function(m.function)) {
     absl::Status s = absl::NotFoundError(absl::StrCat(WorkerName(hooks_.self_rank), " has no function '", m.function,
                                                       "' (Remote)"));

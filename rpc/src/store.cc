@@ -5,12 +5,14 @@
 #include <cstdio>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "etcd_store.h"
 #include "gradwire/proto/store.grpc.pb.h"
 #include "grpc_credentials.h"
+#include "refusal_log.h"
 #include "store_sessions.h"
 
 namespace gw::rpc {
@@ -51,7 +53,8 @@ class StoreService final : public pb::Store::Service {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "this store does not authenticate (its host runs without a job secret)");
     }
-    absl::StatusOr<internal::StoreSessions::Challenge> c = sessions_->Hello(req->hello());
+    const std::string peer = ctx->peer();  // "ipv4:1.2.3.4:5678": its address without the port
+    absl::StatusOr<internal::StoreSessions::Challenge> c = sessions_->Hello(peer.substr(0, peer.rfind(':')), req->hello());
     if (!c.ok()) return Refuse(ctx, c.status());
     resp->set_challenge(c->bytes);
     resp->set_handshake(c->handshake);
@@ -134,9 +137,8 @@ class StoreService final : public pb::Store::Service {
     return s.ok() ? grpc::Status::OK : Refuse(ctx, s);
   }
 
-  static grpc::Status Refuse(grpc::ServerContext* ctx, const absl::Status& why) {
-    std::fprintf(stderr, "gradwire: the rendezvous store refused a call from %s: %s\n", ctx->peer().c_str(),
-                 std::string(why.message()).c_str());
+  grpc::Status Refuse(grpc::ServerContext* ctx, const absl::Status& why) {
+    refusals_.Refused(ctx->peer(), why);
     return ToGrpc(why);
   }
 
@@ -165,6 +167,7 @@ class StoreService final : public pb::Store::Service {
   }
 
   std::unique_ptr<internal::StoreSessions> sessions_;  // null: no authentication
+  internal::RefusalLog refusals_{"a call to the rendezvous store"};
   absl::Mutex mu_;
   std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -218,15 +221,22 @@ class GrpcStore final : public Store {
   GrpcStore(std::string address, std::shared_ptr<grpc::Channel> channel)
       : address_(std::move(address)), stub_(pb::Store::NewStub(channel)) {}
 
-  // Opens a session (store_sessions.h) by the job secret's challenge-response.
+  // Opens a session (store_sessions.h) by the job secret's challenge-response; later
+  // calls are signed with it, and open a new one if the store dropped it.
   absl::Status Authenticate(const std::string& secret, absl::Time deadline) {
     internal::Handshake hs(internal::Handshake::Role::kClient, secret, std::string(internal::kStorePurpose));
     pb::HelloRequest hello;
     hello.set_hello(hs.TakeOutput());
     pb::HelloResponse challenge;
-    grpc::ClientContext ctx1;
-    SetDeadline(&ctx1, deadline - absl::Now());
-    if (absl::Status s = FromGrpc(stub_->Hello(&ctx1, hello, &challenge), Refused()); !s.ok()) return s;
+    for (absl::Duration backoff = absl::Milliseconds(10);; backoff = std::min(2 * backoff, absl::Milliseconds(500))) {
+      grpc::ClientContext ctx1;
+      SetDeadline(&ctx1, deadline - absl::Now());
+      absl::Status s = FromGrpc(stub_->Hello(&ctx1, hello, &challenge), Refused());
+      if (s.ok()) break;
+      // Too many handshakes pending from this address (store_sessions.h): others' finish soon.
+      if (s.code() != absl::StatusCode::kResourceExhausted || absl::Now() + backoff >= deadline) return s;
+      absl::SleepFor(backoff);
+    }
     if (challenge.challenge().size() != hs.wanted()) {
       return absl::UnauthenticatedError(absl::StrCat(Refused(), ": its answer is not a gradwire handshake"));
     }
@@ -246,7 +256,9 @@ class GrpcStore final : public Store {
     if (absl::Status s = hs.OnInput(verdict.verdict()); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(Refused(), ": ", s.message()));
     }
-    signer_ = std::make_unique<internal::CallSigner>(verdict.session(), hs.session_key());
+    absl::MutexLock lock(&mu_);
+    secret_ = secret;
+    signer_ = std::make_shared<internal::CallSigner>(verdict.session(), hs.session_key());
     return absl::OkStatus();
   }
 
@@ -255,10 +267,7 @@ class GrpcStore final : public Store {
     req.set_key(key);
     req.set_value(value);
     pb::SetResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, kRpcTimeout);
-    Sign(&ctx, "Set", req);
-    return FromGrpc(stub_->Set(&ctx, req, &resp), What("Set", key));
+    return FromGrpc(Call("Set", &pb::Store::Stub::Set, req, &resp, kRpcTimeout), What("Set", key));
   }
 
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
@@ -266,10 +275,10 @@ class GrpcStore final : public Store {
     req.set_key(key);
     req.set_timeout_ms(TimeoutMs(timeout));
     pb::GetResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, timeout + kRpcTimeout);
-    Sign(&ctx, "Get", req);
-    if (absl::Status s = FromGrpc(stub_->Get(&ctx, req, &resp), What("Get", key)); !s.ok()) return s;
+    if (absl::Status s = FromGrpc(Call("Get", &pb::Store::Stub::Get, req, &resp, timeout + kRpcTimeout), What("Get", key));
+        !s.ok()) {
+      return s;
+    }
     return resp.value();
   }
 
@@ -278,10 +287,9 @@ class GrpcStore final : public Store {
     req.set_key(key);
     req.set_delta(delta);
     pb::AddResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, kRpcTimeout);
-    Sign(&ctx, "Add", req);
-    if (absl::Status s = FromGrpc(stub_->Add(&ctx, req, &resp), What("Add", key)); !s.ok()) return s;
+    if (absl::Status s = FromGrpc(Call("Add", &pb::Store::Stub::Add, req, &resp, kRpcTimeout), What("Add", key)); !s.ok()) {
+      return s;
+    }
     return resp.value();
   }
 
@@ -290,20 +298,18 @@ class GrpcStore final : public Store {
     for (const auto& k : keys) req.add_keys(k);
     req.set_timeout_ms(TimeoutMs(timeout));
     pb::WaitResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, timeout + kRpcTimeout);
-    Sign(&ctx, "Wait", req);
-    return FromGrpc(stub_->Wait(&ctx, req, &resp), What("Wait", keys.empty() ? "" : keys[0]));
+    return FromGrpc(Call("Wait", &pb::Store::Stub::Wait, req, &resp, timeout + kRpcTimeout),
+                    What("Wait", keys.empty() ? "" : keys[0]));
   }
 
   absl::StatusOr<bool> Delete(const std::string& key) override {
     pb::DeleteRequest req;
     req.set_key(key);
     pb::DeleteResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, kRpcTimeout);
-    Sign(&ctx, "Delete", req);
-    if (absl::Status s = FromGrpc(stub_->Delete(&ctx, req, &resp), What("Delete", key)); !s.ok()) return s;
+    if (absl::Status s = FromGrpc(Call("Delete", &pb::Store::Stub::Delete, req, &resp, kRpcTimeout), What("Delete", key));
+        !s.ok()) {
+      return s;
+    }
     return resp.deleted();
   }
 
@@ -319,12 +325,36 @@ class GrpcStore final : public Store {
                         std::chrono::milliseconds(absl::ToInt64Milliseconds(d)));
     }
   }
-  void Sign(grpc::ClientContext* ctx, const char* method, const google::protobuf::Message& req) {
-    if (!signer_) return;
-    internal::CallSigner::Signature sig = signer_->Sign(method, req.SerializeAsString());
-    ctx->AddMetadata("gw-session", sig.session);
-    ctx->AddMetadata("gw-seq", sig.seq);
-    ctx->AddMetadata("gw-mac", sig.mac);
+
+  // One store call, signed when this client has a session; a session the store dropped
+  // is opened again once.
+  template <typename Req, typename Resp>
+  grpc::Status Call(const char* method, grpc::Status (pb::Store::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*),
+                    const Req& req, Resp* resp, absl::Duration timeout) {
+    for (int attempt = 0;; ++attempt) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, timeout);
+      std::shared_ptr<internal::CallSigner> signer;
+      std::string secret;
+      {
+        absl::MutexLock lock(&mu_);
+        signer = signer_;
+        secret = secret_;
+      }
+      if (signer) {
+        internal::CallSigner::Signature sig = signer->Sign(method, req.SerializeAsString());
+        ctx.AddMetadata("gw-session", sig.session);
+        ctx.AddMetadata("gw-seq", sig.seq);
+        ctx.AddMetadata("gw-mac", sig.mac);
+      }
+      grpc::Status s = (stub_.get()->*rpc)(&ctx, req, resp);
+      if (attempt == 0 && signer && s.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
+          absl::StrContains(s.error_message(), "unknown session") &&
+          Authenticate(secret, absl::Now() + kRpcTimeout).ok()) {
+        continue;
+      }
+      return s;
+    }
   }
   std::string Refused() const {
     return absl::StrCat("authentication with the rendezvous store at ", address_, " failed");
@@ -335,7 +365,9 @@ class GrpcStore final : public Store {
 
   std::string address_;
   std::unique_ptr<pb::Store::Stub> stub_;
-  std::unique_ptr<internal::CallSigner> signer_;  // null: the store does not authenticate us
+  absl::Mutex mu_;
+  std::string secret_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<internal::CallSigner> signer_ ABSL_GUARDED_BY(mu_);  // null: the store does not authenticate us
 };
 
 }  // namespace

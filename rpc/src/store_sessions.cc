@@ -1,5 +1,8 @@
 #include "store_sessions.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -8,6 +11,7 @@ namespace gw::rpc::internal {
 namespace {
 
 constexpr size_t kMaxPending = 1024;
+constexpr int kMaxPendingPerClient = 256;  // a host may run a whole job's workers
 constexpr size_t kMaxSessions = 16384;
 constexpr uint64_t kSeqWindow = 4096;
 
@@ -20,7 +24,16 @@ std::string CallMac(absl::string_view key, absl::string_view method, uint64_t se
 StoreSessions::StoreSessions(std::string secret, absl::Duration handshake_timeout)
     : secret_(std::move(secret)), timeout_(handshake_timeout) {}
 
-absl::StatusOr<StoreSessions::Challenge> StoreSessions::Hello(absl::string_view hello) {
+uint64_t StoreSessions::NewId() {
+  while (true) {
+    uint64_t id = 0;
+    const std::string bytes = Handshake::RandomBytes(sizeof(id));
+    std::memcpy(&id, bytes.data(), sizeof(id));
+    if (id != 0 && !pending_.contains(id) && !sessions_.contains(id)) return id;
+  }
+}
+
+absl::StatusOr<StoreSessions::Challenge> StoreSessions::Hello(const std::string& from, absl::string_view hello) {
   auto hs = std::make_unique<Handshake>(Handshake::Role::kServer, secret_, std::string(kStorePurpose));
   if (hello.size() != hs->wanted()) return absl::UnauthenticatedError("the hello is not a gradwire handshake");
   if (absl::Status s = hs->OnInput(hello); !s.ok()) return s;
@@ -28,9 +41,19 @@ absl::StatusOr<StoreSessions::Challenge> StoreSessions::Hello(absl::string_view 
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   std::erase_if(pending_, [now](const auto& p) { return p.second.expires < now; });
-  if (pending_.size() >= kMaxPending) pending_.erase(pending_.begin());
-  c.handshake = next_id_++;
-  pending_.emplace(c.handshake, Pending{std::move(hs), now + timeout_});
+  int mine = 0;
+  for (const auto& [_, p] : pending_) mine += p.from == from ? 1 : 0;
+  if (mine >= kMaxPendingPerClient) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(mine, " handshakes of this client are already pending: finish them first"));
+  }
+  if (pending_.size() >= kMaxPending) {
+    pending_.erase(std::min_element(pending_.begin(), pending_.end(), [](const auto& a, const auto& b) {
+      return a.second.expires < b.second.expires;
+    }));
+  }
+  c.handshake = NewId();
+  pending_.emplace(c.handshake, Pending{std::move(hs), now + timeout_, from});
   return c;
 }
 
@@ -52,7 +75,7 @@ StoreSessions::Verdict StoreSessions::Prove(uint64_t handshake, absl::string_vie
   if (!s.ok()) return v;
   absl::MutexLock lock(&mu_);
   if (sessions_.size() >= kMaxSessions) sessions_.erase(sessions_.begin());
-  v.session = next_id_++;
+  v.session = NewId();
   sessions_[v.session].key = hs->session_key();
   return v;
 }
@@ -70,7 +93,9 @@ absl::Status StoreSessions::Authorize(absl::string_view session, absl::string_vi
   }
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return absl::UnauthenticatedError("unknown session (expired: open a new one)");
+  if (it == sessions_.end()) {
+    return absl::UnauthenticatedError("unknown session (dropped to make room for others: open a new one)");
+  }
   Session& s = it->second;
   if (!Handshake::SameMac(mac, CallMac(s.key, method, n, body))) {
     return absl::UnauthenticatedError("the call's MAC is wrong (altered, or signed with another key)");

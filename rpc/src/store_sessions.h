@@ -10,10 +10,14 @@
 //     accepts a call only with a known session, a correct MAC and a sequence number not
 //     seen before: a recorded call replayed, or altered, is refused (UNAUTHENTICATED,
 //     saying why); so is a handshake replayed (its challenge is new each time).
-//   - Bounded memory: at most 1,024 handshakes pending (the oldest dropped; each expires
-//     after the handshake timeout) and 16,384 sessions (the oldest dropped: its client
-//     gets UNAUTHENTICATED and opens a new one). A session remembers the last 4,096
-//     sequence numbers; older ones are refused.
+//   - Handshake and session ids are random 64-bit numbers (a stranger cannot guess one to
+//     spoil another client's handshake).
+//   - Bounded memory: at most 256 handshakes pending per client address (more are refused
+//     with RESOURCE_EXHAUSTED; the client tries again until its deadline) and 1,024 in all (the oldest dropped; each expires after
+//     the handshake timeout); 16,384 sessions (past that one is dropped: its client gets
+//     UNAUTHENTICATED "unknown session" and opens a new one, as GrpcStore does by
+//     itself). A session remembers the last 4,096 sequence numbers; older ones are
+//     refused.
 //   - Thread-safe.
 #ifndef GRADWIRE_RPC_SRC_STORE_SESSIONS_H_
 #define GRADWIRE_RPC_SRC_STORE_SESSIONS_H_
@@ -44,7 +48,8 @@ class StoreSessions {
     std::string bytes;
     uint64_t handshake = 0;
   };
-  absl::StatusOr<Challenge> Hello(absl::string_view hello);
+  // `from`: the client's address (its IP), for the cap of handshakes pending per client.
+  absl::StatusOr<Challenge> Hello(const std::string& from, absl::string_view hello);
   struct Verdict {
     std::string bytes;
     uint64_t session = 0;  // 0: refused
@@ -59,7 +64,9 @@ class StoreSessions {
   struct Pending {
     std::unique_ptr<Handshake> handshake;
     absl::Time expires;
+    std::string from;
   };
+  uint64_t NewId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Session {
     std::string key;
     uint64_t max_seq = 0;
@@ -69,7 +76,6 @@ class StoreSessions {
   const std::string secret_;
   const absl::Duration timeout_;
   absl::Mutex mu_;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
 };

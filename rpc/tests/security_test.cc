@@ -634,6 +634,32 @@ TEST(AgentSecurityTest, AgentsCallEachOtherOverTls) {
   }
 }
 
+// An inline handler runs on the transport's I/O thread; when it calls a peer not yet
+// connected, the dial and its handshakes happen on that thread (admission.h), with and
+// without TLS.
+TEST(AgentSecurityTest, AnInlineHandlerDialsAPeerFromTheIoThread) {
+  if (Certs::Get() == nullptr) GTEST_SKIP() << Certs::kMissing;
+  for (bool tls : {false, true}) {
+    AgentOptions base;
+    base.transport = "tcp";
+    if (tls) base.security.tls = Certs::Get()->Job("a");
+    auto group = testing::AgentGroup::Start(
+        3,
+        [](Agent& a) {
+          Agent* self = &a;
+          if (absl::Status s = a.Register("ping", [] { return int64_t{7}; }); !s.ok()) return s;
+          return a.Register("relay", [self] { return self->Async<int64_t>("worker2", "ping"); },
+                            RegisterOptions{.mode = HandlerMode::kInline});
+        },
+        base);
+    ASSERT_NE(group, nullptr);
+    auto relayed = (*group)[0].Sync<int64_t>("worker1", "relay");
+    ASSERT_TRUE(relayed.ok()) << (tls ? "tls: " : "") << relayed.status();
+    EXPECT_EQ(*relayed, 7);
+    EXPECT_TRUE(group->ShutdownAll().ok());
+  }
+}
+
 // A handler that holds its calls until the test lets them go.
 struct Gate {
   absl::Notification open;

@@ -831,11 +831,14 @@ absl::StatusOr<int> PickFreePort(const std::string& address) {
 // Whether the user gave the job's secret (or turned authentication off), in the
 // launcher's environment or in extra_env.
 bool UserGaveSecret(const LaunchOptions& options) {
-  for (const char* name : {"GRADWIRE_SECRET", "GRADWIRE_SECRET_FILE", "GRADWIRE_AUTH"}) {
+  for (const char* name : {"GRADWIRE_SECRET", "GRADWIRE_SECRET_FILE"}) {
     const char* v = std::getenv(name);
     if ((v != nullptr && *v != '\0') || options.extra_env.count(name) != 0) return true;
   }
-  return false;
+  const char* auth = std::getenv("GRADWIRE_AUTH");
+  auto it = options.extra_env.find("GRADWIRE_AUTH");
+  const std::string off = it != options.extra_env.end() ? it->second : auth != nullptr ? auth : "";
+  return off == "off" || off == "OFF" || off == "Off";
 }
 
 // A fresh job secret in a file only this user may read, in a directory of its own; both

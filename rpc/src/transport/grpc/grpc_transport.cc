@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <chrono>
 #include <deque>
@@ -22,6 +23,7 @@
 #include "grpc_credentials.h"
 #include "handshake.h"
 #include "host_address.h"
+#include "refusal_log.h"
 
 namespace gw::rpc {
 namespace {
@@ -77,8 +79,9 @@ absl::Status RunHandshake(internal::Handshake::Role role, const std::string& sec
       break;
     }
     if (chunk.data().size() != hs.wanted()) {
-      status = absl::UnauthenticatedError("the peer's first message is not a gradwire handshake: it does not "
-                                          "authenticate (no job secret?)");
+      status = absl::UnauthenticatedError(
+          absl::StrCat("the peer's message of ", chunk.data().size(), " bytes is not the handshake's next ",
+                       hs.wanted(), ": it does not authenticate (no job secret?)"));
       break;
     }
     status = hs.OnInput(chunk.data());  // a refusing server still sends its verdict above
@@ -515,20 +518,28 @@ class GrpcTransport final : public Transport {
                      grpc::ServerReaderWriter<pb::FrameChunk, pb::FrameChunk>* stream) {
     const std::string peer = PeerFromGrpc(context->peer());
     if (!rate_.Take(peer.substr(0, peer.rfind(':')), absl::Now())) {
-      std::fprintf(stderr,
-                   "gradwire: refused a connection from %s: more than %d new connections per second from its address "
-                   "(PeerLimits::max_connections_per_second)\n",
-                   peer.c_str(), options_.security.limits.max_connections_per_second);
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "too many new connections from this address");
+      absl::Status s = absl::ResourceExhaustedError(
+          absl::StrCat("more than ", options_.security.limits.max_connections_per_second,
+                       " new connections per second from its address (PeerLimits::max_connections_per_second)"));
+      refusals_.Refused(peer, s);
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, std::string(s.message()));
     }
     if (options_.security.authenticates()) {
+      // Each stream in its handshake holds a server thread: a bounded number at once.
+      if (authenticating_.fetch_add(1) >= kMaxAuthenticating) {
+        authenticating_.fetch_sub(1);
+        absl::Status s = absl::ResourceExhaustedError(
+            absl::StrCat(kMaxAuthenticating, " connections are already in their handshake"));
+        refusals_.Refused(peer, s);
+        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, std::string(s.message()));
+      }
       absl::Status s = RunHandshake(
           internal::Handshake::Role::kServer, options_.security.secret, options_.security.handshake_timeout, peer,
           [stream](pb::FrameChunk* c) { return stream->Read(c); },
           [stream](const pb::FrameChunk& c) { return stream->Write(c); }, [context] { context->TryCancel(); });
+      authenticating_.fetch_sub(1);
       if (!s.ok()) {
-        std::fprintf(stderr, "gradwire: refused a connection from %s: %s\n", peer.c_str(),
-                     std::string(s.message()).c_str());
+        refusals_.Refused(peer, s);
         return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(s.message()));
       }
     }
@@ -562,6 +573,9 @@ class GrpcTransport final : public Transport {
 
   const TransportOptions options_;
   internal::ConnectionRate rate_;
+  internal::RefusalLog refusals_{"a connection"};
+  static constexpr int kMaxAuthenticating = 64;
+  std::atomic<int> authenticating_{0};
   Service service_;
   absl::Mutex mu_;
   ConnectionCallbacks accept_callbacks_ ABSL_GUARDED_BY(mu_);

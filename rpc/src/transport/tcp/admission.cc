@@ -1,9 +1,17 @@
 #include "transport/tcp/admission.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "handshake.h"
 #include "host_address.h"
 
@@ -150,7 +158,115 @@ class Admission : public std::enable_shared_from_this<Admission> {
   bool finished_ = false;
 };
 
+// The dialing side's challenge-response over a plain socket, on this thread: poll and
+// send/recv on its descriptor, each bounded by the deadline.
+class BlockingExchange {
+ public:
+  BlockingExchange(int fd, std::string peer, absl::Time deadline) : fd_(fd), peer_(std::move(peer)), deadline_(deadline) {}
+
+  absl::Status Run(Handshake& hs) {
+    while (true) {
+      if (std::string out = hs.TakeOutput(); !out.empty()) {
+        if (absl::Status s = Write(out); !s.ok()) return s;
+      }
+      if (hs.wanted() == 0) {
+        return hs.done() ? absl::OkStatus() : absl::InternalError("handshake stopped before it finished");
+      }
+      std::string in(hs.wanted(), '\0');
+      if (absl::Status s = Read(in); !s.ok()) return s;
+      if (absl::Status s = hs.OnInput(in); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("authentication with ", peer_, " failed: ", s.message()));
+      }
+    }
+  }
+
+ private:
+  absl::Status Wait(short events) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline_ - absl::Now());
+    pollfd p{fd_, events, 0};
+    const int r = ms <= 0 ? 0 : ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
+    if (r > 0) return absl::OkStatus();
+    if (r < 0 && errno == EINTR) return Wait(events);
+    return absl::DeadlineExceededError(absl::StrCat("authentication with ", peer_,
+                                                    " did not finish in time (Security::handshake_timeout)"));
+  }
+  absl::Status Write(const std::string& bytes) {
+    for (size_t done = 0; done < bytes.size();) {
+      if (absl::Status s = Wait(POLLOUT); !s.ok()) return s;
+      const ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n <= 0) return Failed(std::strerror(errno));
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Read(std::string& into) {
+    for (size_t done = 0; done < into.size();) {
+      if (absl::Status s = Wait(POLLIN); !s.ok()) return s;
+      const ssize_t n = ::recv(fd_, into.data() + done, into.size() - done, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n == 0) return Failed("it closed the connection: it refused our proof, or does not authenticate");
+      if (n < 0) return Failed(std::strerror(errno));
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Failed(absl::string_view why) {
+    return absl::UnavailableError(absl::StrCat("authentication with ", peer_, " failed: ", why));
+  }
+
+  const int fd_;
+  const std::string peer_;
+  const absl::Time deadline_;
+};
+
+// What a dial waiting on the io_context learns, kept alive by whichever side ends last.
+struct DialOutcome {
+  absl::Mutex mu;
+  std::optional<absl::StatusOr<AdmittedSocket>> result ABSL_GUARDED_BY(mu);
+  absl::Notification done;
+};
+
 }  // namespace
+
+absl::StatusOr<AdmittedSocket> AdmitDialed(tcp::socket socket, TlsContext* tls, const std::string& secret,
+                                           absl::Time deadline, bool pump) {
+  boost::system::error_code ec;
+  const tcp::endpoint ep = socket.remote_endpoint(ec);
+  const std::string peer = ec ? "unknown peer" : JoinHostPort(ep.address().to_string(), ep.port());
+  if (tls == nullptr) {
+    if (!secret.empty()) {
+      Handshake hs(Handshake::Role::kClient, secret, "rpc");
+      absl::Status s = BlockingExchange(socket.native_handle(), peer, deadline).Run(hs);
+      if (!s.ok()) return s;
+    }
+    AdmittedSocket admitted;
+    admitted.plain = std::make_unique<tcp::socket>(std::move(socket));
+    return admitted;
+  }
+  auto& io = static_cast<asio::io_context&>(socket.get_executor().context());
+  const absl::Duration timeout = std::max(absl::Milliseconds(1), deadline - absl::Now());
+  auto outcome = std::make_shared<DialOutcome>();
+  Admit(std::move(socket), Side::kDialer, tls, secret, timeout, [outcome](absl::StatusOr<AdmittedSocket> r) {
+    absl::MutexLock lock(&outcome->mu);
+    outcome->result = std::move(r);
+    outcome->done.Notify();
+  });
+  std::thread helper;
+  if (pump) {  // this thread is one of io's: another runs it while this one waits
+    helper = std::thread([&io, outcome] {
+      while (!outcome->done.HasBeenNotified() && !io.stopped()) io.run_one_for(std::chrono::milliseconds(20));
+    });
+  }
+  // The admission's own timer ends it by `timeout`; the margin covers a stopped io_context.
+  const bool finished = outcome->done.WaitForNotificationWithTimeout(timeout + absl::Seconds(1));
+  if (helper.joinable()) helper.join();
+  absl::MutexLock lock(&outcome->mu);
+  if (!finished || !outcome->result) {
+    return absl::UnavailableError(absl::StrCat("TLS handshake with ", peer, " did not finish: the transport is shutting down"));
+  }
+  return std::move(*outcome->result);
+}
 
 absl::StatusOr<std::unique_ptr<TlsContext>> TlsContext::Make(const TlsOptions& tls) {
   std::unique_ptr<TlsContext> t(new TlsContext());

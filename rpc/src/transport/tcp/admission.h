@@ -5,10 +5,17 @@
 // a Connection only from a socket that was admitted.
 //
 // Contract
-//   - Admit(...) runs on the socket's io_context and calls `done` exactly once there: with
-//     the admitted stream, or with the reason it was refused (PERMISSION_DENIED for a
-//     wrong secret or certificate, UNAUTHENTICATED for a peer that did not authenticate
-//     at all, DEADLINE_EXCEEDED when the peer stalled, UNAVAILABLE when it went away).
+//   - Admit(...) (the listening side) runs on the socket's io_context and calls `done`
+//     exactly once there: with the admitted stream, or with the reason it was refused
+//     (PERMISSION_DENIED for a wrong secret or certificate, UNAUTHENTICATED for a peer
+//     that did not authenticate at all, DEADLINE_EXCEEDED when the peer stalled,
+//     UNAVAILABLE when it went away).
+//   - AdmitDialed(...) (the dialing side) returns the same on the calling thread, by
+//     `deadline`. Without TLS it reads and writes the socket itself (poll), so a dial from
+//     one of the transport's own I/O threads (an inline handler calling a peer not yet
+//     connected) works; with TLS the handshakes run on the socket's io_context, which
+//     `pump` (true on one of its own threads) has a helper thread run meanwhile. It never
+//     waits past the deadline, also when the io_context is stopped (shutdown).
 //   - TlsContext::Make loads certificate, key and CA once per transport (INVALID_ARGUMENT
 //     naming the file that does not load); peers must present a certificate the CA
 //     signed (both directions); TLS 1.2 or later.
@@ -52,6 +59,8 @@ enum class Side { kDialer, kListener };
 // `tls` may be null (no TLS); `secret` empty: no challenge-response.
 void Admit(boost::asio::ip::tcp::socket socket, Side side, TlsContext* tls, const std::string& secret,
            absl::Duration timeout, std::function<void(absl::StatusOr<AdmittedSocket>)> done);
+absl::StatusOr<AdmittedSocket> AdmitDialed(boost::asio::ip::tcp::socket socket, TlsContext* tls,
+                                           const std::string& secret, absl::Time deadline, bool pump);
 
 }  // namespace gw::rpc::internal
 

@@ -16,9 +16,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "connection_rate.h"
 #include "host_address.h"
+#include "refusal_log.h"
 #include "transport/tcp/admission.h"
 #include "transport/tcp/tls_connection.h"
 
@@ -406,7 +406,10 @@ class TcpTransport final : public Transport {
         tls_(std::move(tls)), rate_(options.security.limits.max_connections_per_second),
         work_(asio::make_work_guard(io_)), acceptor_(io_) {
     for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
-      threads_.emplace_back([this] { io_.run(); });
+      threads_.emplace_back([this] {
+        t_io_of_ = this;
+        io_.run();
+      });
     }
   }
   ~TcpTransport() override { Shutdown(); }
@@ -471,6 +474,7 @@ class TcpTransport final : public Transport {
     asio::post(io_, [this] {
       boost::system::error_code ignored;
       acceptor_.close(ignored);
+      accept_retry_.cancel();
     });
     std::vector<std::weak_ptr<Connection>> conns;
     {
@@ -493,25 +497,45 @@ class TcpTransport final : public Transport {
  private:
   void Accept() {
     acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
-      if (ec) return;  // closed
-      boost::system::error_code ignored;
-      const tcp::endpoint from = socket.remote_endpoint(ignored);
-      if (!rate_.Take(from.address().to_string(), absl::Now())) {
-        LogRefused(EndpointString(from), absl::ResourceExhaustedError(absl::StrCat(
-                                             "more than ", options_.security.limits.max_connections_per_second,
-                                             " new connections per second from its address "
-                                             "(PeerLimits::max_connections_per_second)")));
-        socket.close(ignored);
-      } else {
-        internal::Admit(std::move(socket), internal::Side::kListener, tls_.get(), secret_,
-                        options_.security.handshake_timeout,
-                        [this, from](absl::StatusOr<internal::AdmittedSocket> admitted) {
-                          if (!admitted.ok()) return LogRefused(EndpointString(from), admitted.status());
-                          Open(*std::move(admitted), accept_callbacks_);
-                        });
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;  // closed
+      if (ec) {  // e.g. out of file descriptors: try again shortly, never stop listening
+        refusals_.Refused("this listener", absl::ResourceExhaustedError(absl::StrCat("accept failed: ", ec.message())));
+        accept_retry_.expires_after(std::chrono::milliseconds(100));
+        accept_retry_.async_wait([this](const boost::system::error_code& e) {
+          if (!e) Accept();
+        });
+        return;
       }
+      Admit(std::move(socket));
       Accept();
     });
+  }
+
+  // The listening side of a new connection: refused past the connection rate of its
+  // address or the handshakes in progress, else admitted (admission.h) on the I/O thread.
+  void Admit(tcp::socket socket) {
+    boost::system::error_code ignored;
+    const tcp::endpoint from = socket.remote_endpoint(ignored);
+    if (!rate_.Take(from.address().to_string(), absl::Now())) {
+      refusals_.Refused(EndpointString(from),
+                        absl::ResourceExhaustedError(absl::StrCat(
+                            "more than ", options_.security.limits.max_connections_per_second,
+                            " new connections per second from its address (PeerLimits::max_connections_per_second)")));
+      return;  // the socket closes as it goes
+    }
+    if (admitting_.fetch_add(1) >= kMaxAdmitting) {
+      admitting_.fetch_sub(1);
+      refusals_.Refused(EndpointString(from), absl::ResourceExhaustedError(absl::StrCat(
+                                                  kMaxAdmitting, " connections are already in their handshake")));
+      return;
+    }
+    internal::Admit(std::move(socket), internal::Side::kListener, tls_.get(), secret_,
+                    options_.security.handshake_timeout,
+                    [this, from](absl::StatusOr<internal::AdmittedSocket> admitted) {
+                      admitting_.fetch_sub(1);
+                      if (!admitted.ok()) return refusals_.Refused(EndpointString(from), admitted.status());
+                      Open(*std::move(admitted), accept_callbacks_);
+                    });
   }
 
   // A connection from an admitted socket: plain TCP, or TLS.
@@ -529,26 +553,17 @@ class TcpTransport final : public Transport {
     return conn;
   }
 
-  // Runs the dialing side's handshakes (the I/O threads do; this thread waits).
+  // Runs the dialing side's handshakes, on this thread (admission.h).
   absl::StatusOr<std::shared_ptr<Connection>> AdmitDialed(tcp::socket socket, ConnectionCallbacks callbacks,
                                                           absl::Time deadline) {
-    absl::Notification done;
-    absl::StatusOr<internal::AdmittedSocket> result;
-    const absl::Duration timeout =
-        std::max(absl::Milliseconds(1), std::min(options_.security.handshake_timeout, deadline - absl::Now()));
-    internal::Admit(std::move(socket), internal::Side::kDialer, tls_.get(), secret_, timeout,
-                    [&](absl::StatusOr<internal::AdmittedSocket> admitted) {
-                      result = std::move(admitted);
-                      done.Notify();
-                    });
-    done.WaitForNotification();
-    if (!result.ok()) return result.status();
-    return Open(*std::move(result), std::move(callbacks));
+    const absl::Time by = std::min(deadline, absl::Now() + options_.security.handshake_timeout);
+    absl::StatusOr<internal::AdmittedSocket> admitted =
+        internal::AdmitDialed(std::move(socket), tls_.get(), secret_, by, /*pump=*/t_io_of_ == this);
+    if (!admitted.ok()) return admitted.status();
+    return Open(*std::move(admitted), std::move(callbacks));
   }
 
-  static void LogRefused(const std::string& from, const absl::Status& why) {
-    std::fprintf(stderr, "gradwire: refused a connection from %s: %s\n", from.c_str(), std::string(why.message()).c_str());
-  }
+
 
   void Track(const std::shared_ptr<Connection>& c) {
     {
@@ -562,19 +577,29 @@ class TcpTransport final : public Transport {
     c->Close(absl::CancelledError("transport shut down"));  // admitted while it shut down
   }
 
+  // The transport whose I/O thread this is (null on other threads).
+  static thread_local const TcpTransport* t_io_of_;
+
   const TransportOptions options_;
   const std::string secret_;  // empty: no challenge-response
   const std::unique_ptr<internal::TlsContext> tls_;  // null: no TLS
   internal::ConnectionRate rate_;
+  internal::RefusalLog refusals_{"a connection"};
+  // Accepted connections still in their handshakes; past kMaxAdmitting new ones are closed.
+  static constexpr int kMaxAdmitting = 256;
+  std::atomic<int> admitting_{0};
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   tcp::acceptor acceptor_;
+  asio::steady_timer accept_retry_{io_};
   ConnectionCallbacks accept_callbacks_;
   std::vector<std::thread> threads_;
   absl::Mutex mu_;
   std::vector<std::weak_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+thread_local const TcpTransport* TcpTransport::t_io_of_ = nullptr;
 
 }  // namespace
 

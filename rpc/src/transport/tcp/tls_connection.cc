@@ -16,6 +16,8 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 constexpr size_t kStagingBytes = 64 << 10;
+constexpr size_t kMaxBuffered = 64 << 20;  // senders wait while more is buffered
+constexpr absl::Duration kSendTimeout = absl::Seconds(60);
 
 class TlsConnection final : public Connection, public std::enable_shared_from_this<TlsConnection> {
  public:
@@ -41,6 +43,17 @@ class TlsConnection final : public Connection, public std::enable_shared_from_th
     absl::Status closed;
     {
       absl::MutexLock lock(&mu_);
+      if (!strand_.running_in_this_thread() && !closed_ && pending_.size() > kMaxBuffered) {
+        // Backpressure, as the plain connection's blocking write gives it: wait for the
+        // I/O thread to drain what is buffered (never on the I/O thread itself).
+        auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || pending_.size() <= kMaxBuffered; };
+        if (!mu_.AwaitWithTimeout(absl::Condition(&room), kSendTimeout)) {
+          mu_.Unlock();
+          Close(absl::DeadlineExceededError(absl::StrCat("send to ", peer_, " made no progress for ",
+                                                         absl::FormatDuration(kSendTimeout))));
+          mu_.Lock();
+        }
+      }
       if (!closed_) {
         pending_.append(frame->prefix);
         for (const auto& s : frame->spans) pending_.append(s.data(), s.size());
@@ -81,9 +94,13 @@ class TlsConnection final : public Connection, public std::enable_shared_from_th
                         std::vector<std::function<void(absl::Status)>> done;
                         done.swap(self->writing_done_);
                         self->writing_buf_.clear();
-                        const absl::Status status =
-                            ec ? absl::UnavailableError(absl::StrCat("send to ", self->peer_, " failed: ", ec.message()))
-                               : absl::OkStatus();
+                        absl::Status status;
+                        if (ec) {
+                          absl::MutexLock lock(&self->mu_);  // closed meanwhile: the close's reason
+                          status = self->closed_ ? self->close_reason_
+                                                 : absl::UnavailableError(absl::StrCat("send to ", self->peer_,
+                                                                                       " failed: ", ec.message()));
+                        }
                         for (auto& cb : done) cb(status);
                         if (!status.ok()) return self->CloseOnStrand(status);
                         self->WriteNext();
