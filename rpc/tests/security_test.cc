@@ -216,6 +216,7 @@ class SecureTransportTest : public ::testing::TestWithParam<std::string> {
   void TearDown() override {
     for (auto& t : clients_) t->Shutdown();
     if (server_) server_->Shutdown();
+    inboxes_.clear();  // they hold connections, which must not outlive their transports
   }
 
   std::unique_ptr<Transport> Make(Security security) {
@@ -244,13 +245,12 @@ class SecureTransportTest : public ::testing::TestWithParam<std::string> {
   }
   bool raw_tcp() const { return backend() != "grpc" && !tls(); }
 
-  // An inbox that outlives every connection (they report to it until their transport
-  // shuts down).
+  // An inbox that outlives every connection's callbacks (they report to it until their
+  // transport shuts down); TearDown drops them before the transports go.
   Inbox& NewInbox() { return *inboxes_.emplace_back(std::make_unique<Inbox>()); }
 
-  // Declared before the transports, so destroyed after them.
   std::vector<std::unique_ptr<Inbox>> inboxes_;
-  Inbox server_inbox_;
+  Inbox& server_inbox_ = NewInbox();
   std::unique_ptr<Transport> server_;
   std::vector<std::unique_ptr<Transport>> clients_;
   std::string address_;
