@@ -219,8 +219,9 @@ class SecureTransportTest : public ::testing::TestWithParam<std::string> {
     inboxes_.clear();  // they hold connections, which must not outlive their transports
   }
 
-  std::unique_ptr<Transport> Make(Security security) {
+  std::unique_ptr<Transport> Make(Security security, FrameLimits limits = {}) {
     TransportOptions o;
+    o.limits = limits;
     o.security = std::move(security);
     absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport(backend(), o);
     EXPECT_TRUE(t.ok()) << t.status();
@@ -365,6 +366,26 @@ TEST_P(SecureTransportTest, ConnectionsPastTheRatePerAddressAreClosedWhileOthers
   EXPECT_GE(refused, 12 - 4) << "the bucket holds a burst of twice the rate";
   (*kept)->Send(Hello());
   EXPECT_TRUE(server_inbox_.WaitMessages(1)) << "an admitted connection goes on";
+}
+
+// FrameLimits on every path: a message whose tensors exceed max_payload_bytes closes
+// only its sender's connection (shm: also tensors sent by shared memory or cross-memory
+// attach, which would make the receiver hold or allocate them), and other peers go on.
+TEST_P(SecureTransportTest, AMessagePastTheFrameLimitClosesOnlyItsConnection) {
+  server_->Shutdown();
+  server_ = Make(WithSecret(kSecret, tls() ? Certs::Get()->Job("a") : TlsOptions{}),
+                 FrameLimits{.max_payload_bytes = 1 << 20});
+  address_ = *server_->Listen("127.0.0.1", "", server_inbox_.Callbacks());
+  Inbox& big = NewInbox();
+  auto sender = Dial(WithSecret(kSecret), big);
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  Message m;
+  m.header = "too big";
+  m.tensors.push_back(Tensor::Full({1 << 19}, 1.f));  // 2 MiB
+  (*sender)->Send(m);
+  EXPECT_NE(big.WaitClose().code(), absl::StatusCode::kDeadlineExceeded) << "the server closes it";
+  ExpectServesTheJob();
+  for (const Message& got : server_inbox_.messages()) EXPECT_NE(got.header, "too big");
 }
 
 TEST_P(SecureTransportTest, TlsWithACertificateOfAnotherCaIsRefused) {

@@ -325,7 +325,7 @@ class ShmConnection final : public Connection, public std::enable_shared_from_th
 class ShmTransport final : public Transport {
  public:
   ShmTransport(TransportOptions options, std::unique_ptr<Transport> tcp)
-      : tcp_(std::move(tcp)), identity_(HostIdentity::OfThisProcess()), pid_(::getpid()) {
+      : limits_(options.limits), tcp_(std::move(tcp)), identity_(HostIdentity::OfThisProcess()), pid_(::getpid()) {
     std::random_device rd;
     cookie_ = (static_cast<uint64_t>(rd()) << 32) | rd();
     if (options.shm_arena_bytes > 0) {
@@ -388,6 +388,7 @@ class ShmTransport final : public Transport {
   }
 
   const HostIdentity& identity() const { return identity_; }
+  const FrameLimits& limits() const { return limits_; }
   pid_t pid() const { return pid_; }
   const uint64_t* cookie() const { return &cookie_; }
   ShmArena* arena() const { return arena_.get(); }
@@ -409,6 +410,7 @@ class ShmTransport final : public Transport {
     wrappers_.erase(inner);
   }
 
+  const FrameLimits limits_;
   std::unique_ptr<Transport> tcp_;
   const HostIdentity identity_;
   const pid_t pid_;
@@ -503,6 +505,11 @@ void ShmConnection::OnData(Reader& r, std::vector<Tensor> inline_tensors) {
   if (!r.Get(&token) || !r.Get(&num_remote) || num_remote > 4096) return Fail("malformed data header");
   std::vector<RemoteTensor> remote(num_remote);
   bool any_cma = false;
+  // The same limits as a frame's tensors (FrameLimits): a peer's descriptors must not make
+  // this process allocate (cross-memory attach) or hold more than a frame could.
+  const FrameLimits& limits = transport_->limits();
+  if (num_remote > limits.max_tensors) return Fail("more tensors than FrameLimits::max_tensors");
+  uint64_t remote_bytes = 0;
   for (RemoteTensor& rt : remote) {
     uint8_t route, dtype, ndim;
     if (!r.Get(&rt.index) || !r.Get(&route) || !r.Get(&dtype) || !r.Get(&ndim) ||
@@ -523,6 +530,11 @@ void ShmConnection::OnData(Reader& r, std::vector<Tensor> inline_tensors) {
       bytes *= static_cast<uint64_t>(d);
     }
     if (!r.Get(&rt.address)) return Fail("malformed tensor descriptor");
+    remote_bytes += bytes;
+    if (remote_bytes > limits.max_payload_bytes) {
+      return Fail(absl::StrCat("tensors of more than ", limits.max_payload_bytes,
+                               " bytes in one message (FrameLimits::max_payload_bytes)"));
+    }
   }
   Incoming in;
   in.message.header = r.Rest();
