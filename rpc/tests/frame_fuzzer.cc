@@ -43,7 +43,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static gw::rpc::internal::StoreSessions sessions("fuzz secret", absl::Seconds(1));
     const size_t a = size / 4, b = size / 2;
     (void)sessions.Authorize(bytes.substr(0, a), bytes.substr(a, b - a), bytes.substr(b), "Set", bytes);
-    if (size >= gw::rpc::internal::Handshake::kHelloBytes) (void)sessions.Hello(bytes.substr(0, gw::rpc::internal::Handshake::kHelloBytes));
+    if (size >= gw::rpc::internal::Handshake::kHelloBytes) {
+      (void)sessions.Hello("fuzzer", bytes.substr(0, gw::rpc::internal::Handshake::kHelloBytes));
+    }
   }
   gw::rpc::FrameLimits limits;
   limits.max_header_bytes = 1 << 20;
