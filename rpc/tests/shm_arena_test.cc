@@ -101,6 +101,30 @@ TEST(ShmArenaTest, ATensorArrivesWithoutACopyAndItsBlockReturnsWhenDropped) {
   EXPECT_EQ(p.arena->stats().blocks, carved);
 }
 
+// The receiver maps the sender's arena read-only and may write only into blocks it was
+// given: a write into any other (a block in flight to someone else) faults in the
+// receiver instead of altering another tensor.
+TEST(ShmArenaDeathTest, AReceiverCanWriteOnlyIntoTheBlocksItHolds) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Pair p = Open(16 << 20);
+  std::optional<uint64_t> a = p.arena->Put(Filled(100000, 1.0f), ::getpid(), 1);
+  std::optional<uint64_t> b = p.arena->Put(Filled(100000, 2.0f), ::getpid(), 1);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  absl::StatusOr<Tensor> mine = p.peer->Take(*a, DType::kFloat32, {100000});
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  float* own = mine->data<float>();
+  own[5] = 7.0f;  // its own block: writable
+  EXPECT_EQ(own[5], 7.0f);
+  char* base = reinterpret_cast<char*>(own) - *a;  // the mapping of the arena
+  float* not_given = reinterpret_cast<float*>(base + *b);
+  EXPECT_EQ(not_given[0], 2.0f);  // readable
+  EXPECT_DEATH({ not_given[0] = 3.0f; }, "");
+  absl::StatusOr<Tensor> given_later = p.peer->Take(*b, DType::kFloat32, {100000});
+  ASSERT_TRUE(given_later.ok()) << given_later.status();
+  given_later->data<float>()[0] = 3.0f;  // once given, writable
+  EXPECT_EQ(not_given[0], 3.0f);
+}
+
 TEST(ShmArenaTest, AFullArenaSaysSoAndHasRoomAgainOnceTensorsAreDropped) {
   Pair p = Open(4 << 20);  // one header page + under four 1 MiB blocks
   std::vector<Tensor> held;

@@ -288,7 +288,8 @@ absl::StatusOr<std::shared_ptr<PeerArena>> PeerArena::Open(pid_t pid, int fd, si
     ::close(local);
     return absl::UnavailableError(absl::StrCat(path, " is not a sealed arena of ", capacity, " bytes"));
   }
-  void* base = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, local, 0);
+  // Read-only: Take opens the pages of one block at a time for writing (PeerArena::Take).
+  void* base = ::mmap(nullptr, capacity, PROT_READ, MAP_SHARED, local, 0);
   ::close(local);
   if (base == MAP_FAILED) return absl::UnavailableError(Errno("mmap of a peer's arena"));
   const auto* header = static_cast<const SegmentHeader*>(base);
@@ -315,9 +316,19 @@ absl::StatusOr<Tensor> PeerArena::Take(uint64_t offset, DType dtype, const Shape
                                                    " bytes are outside the peer's arena"));
   }
   BlockHeader* h = HeaderAt(base_, offset - kArenaHeaderBytes);
+  if (h->magic != kBlockMagic || h->capacity < bytes) {  // reads: the mapping is read-only
+    return absl::InvalidArgumentError(absl::StrCat("arena tensor: no block was sent at offset ", offset));
+  }
+  // This block's pages (its header and the tensor) become writable while the receiver
+  // holds it; the rest of the arena stays read-only.
+  char* pages = base_ + (offset - kArenaHeaderBytes);
+  const size_t span = RoundUp(kArenaHeaderBytes + bytes, kPage);
+  if (::mprotect(pages, span, PROT_READ | PROT_WRITE) != 0) {
+    return absl::UnavailableError(Errno("mprotect of a peer's arena block"));
+  }
   uint32_t sent = kSent;
-  if (h->magic != kBlockMagic || h->capacity < bytes ||
-      !h->state.compare_exchange_strong(sent, kTaken, std::memory_order_acq_rel)) {
+  if (!h->state.compare_exchange_strong(sent, kTaken, std::memory_order_acq_rel)) {
+    if (sent != kTaken) ::mprotect(pages, span, PROT_READ);  // (a block held here stays writable)
     return absl::InvalidArgumentError(absl::StrCat("arena tensor: no block was sent at offset ", offset));
   }
   auto storage = Storage::Wrap(base_ + offset, bytes, kCPU, [self = shared_from_this(), h](void*) {

@@ -42,11 +42,19 @@
 //     out-of-range access or two tensors on one block). The tensor it returns keeps the
 //     mapping alive; writing to it is allowed (the block is this receiver's until it lets
 //     go of the tensor).
-//   - Trust: a peer that maps the arena can read and write every block, including those
-//     in flight to other receivers. Mapping needs only the permission to open this
-//     process's /proc/<pid>/fd entries (same user, ptrace read), which is weaker than the
-//     ptrace attach permission cross-memory attach needs under Yama: any process of the
-//     same user on this host that learns the fd can map the arena.
+//   - A receiver maps a sender's arena read-only; Take makes the pages of the block it
+//     claims writable (mprotect: no new mapping, no page faults), so a receiver can write
+//     only into blocks it was given (a stray or hostile write elsewhere faults in the
+//     receiver, never reaching a tensor in flight to another receiver). The pages stay
+//     writable after it lets go: making them read-only again on every release cost 50-70
+//     us per tensor (two TLB shootdowns; W2's 1 MiB echo went from 0.14 to 0.21 ms), so a
+//     receiver keeps write access to the blocks it once held, which the sender may give to
+//     others later.
+//   - Trust: the shm transport maps a peer's arena only on a connection that
+//     authenticated (security.h). Mapping needs the permission to open this process's
+//     /proc/<pid>/fd entries (same user, ptrace read), which is weaker than the ptrace
+//     attach permission cross-memory attach needs under Yama: any process of the same
+//     user on this host that learns the fd could map the arena itself, read-write.
 //   - Thread safety: ShmArena and PeerArena are thread-safe.
 #ifndef GRADWIRE_RPC_SRC_TRANSPORT_SHM_SHM_ARENA_H_
 #define GRADWIRE_RPC_SRC_TRANSPORT_SHM_SHM_ARENA_H_
