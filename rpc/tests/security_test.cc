@@ -34,6 +34,7 @@
 #include "gradwire/tensor/kernels.h"
 #include "handshake.h"
 #include "inbox.h"
+#include "raw_socket.h"
 #include "store_sessions.h"
 #include "test_certs.h"
 
@@ -42,6 +43,7 @@ namespace {
 
 namespace pb = ::gradwire::proto;
 using internal::Handshake;
+using testing::DialRaw;
 using testing::Inbox;
 using Certs = testing::TestCerts;
 
@@ -147,21 +149,6 @@ TEST(HandshakeTest, FramesOrGarbageInsteadOfAHelloAreNotAHandshake) {
 
 // ---------------------------------------------------------------- transports
 
-// A raw TCP socket on loopback; -1 if it cannot connect.
-int DialRaw(const std::string& address) {
-  int port = 0;
-  if (!absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) return -1;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // Reads exactly n bytes (or fewer when the peer closes first; waits up to 20 s).
 std::string ReadRaw(int fd, size_t n) {

@@ -18,11 +18,13 @@
 #include "gradwire/rpc/faults.h"
 #include "gradwire/tensor/kernels.h"
 #include "inbox.h"
+#include "raw_socket.h"
 #include "test_certs.h"
 
 namespace gw::rpc {
 namespace {
 
+using testing::DialRaw;
 using testing::Inbox;
 
 // "shm-cma" is shm with its arena turned off: large tensors by cross-memory attach.
@@ -51,22 +53,6 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeBackend(const std::string& param,
   return MakeTransport(name, options);
 }
 
-// A raw TCP socket connected to `address` on loopback: a peer that sends bytes of its
-// choosing. -1 if it cannot connect.
-int DialRaw(const std::string& address) {
-  int port = 0;
-  if (!absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) return -1;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
