@@ -20,7 +20,7 @@
 //     signs only the job's workers). The secret is checked inside TLS as well.
 //   - Same-host shared memory (the shm transport's arena and cross-memory attach) is used
 //     only on connections that authenticated, and bypasses TLS: its bytes never leave the
-//     host.
+//     host. A receiver maps a sender's arena read-only but for the blocks it was given.
 //   - Limits bound what one peer may make this worker hold (PeerLimits); past a limit
 //     the peer's call fails with RESOURCE_EXHAUSTED naming the limit (connections: closed
 //     before the handshake), and every other peer goes on being served.
@@ -56,7 +56,8 @@ struct TlsOptions {
 
 // What one peer may make this worker hold. 0: no limit.
 struct PeerLimits {
-  // Calls from one connection being handled at once (later ones: RESOURCE_EXHAUSTED).
+  // Calls from one peer being handled at once (later ones: RESOURCE_EXHAUSTED; gradwire's
+  // own protocol messages count but are never refused).
   int max_calls_in_flight = 8192;
   // RRefs one peer may have this worker own for it (created by its remote() calls).
   int64_t max_rrefs = 1 << 20;
