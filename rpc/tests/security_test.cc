@@ -35,6 +35,7 @@
 #include "handshake.h"
 #include "inbox.h"
 #include "raw_socket.h"
+#include "scoped_env.h"
 #include "store_sessions.h"
 #include "test_certs.h"
 
@@ -45,6 +46,7 @@ namespace pb = ::gradwire::proto;
 using internal::Handshake;
 using testing::DialRaw;
 using testing::Inbox;
+using testing::ScopedEnv;
 using Certs = testing::TestCerts;
 
 constexpr char kSecret[] = "the job's secret";
@@ -599,19 +601,6 @@ TEST(EtcdTlsTest, EtcdWithClientCertificatesServesOnlyTheJob) {
 
 // ---------------------------------------------------------------- agents
 
-// Restores an environment variable when it goes.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    value != nullptr ? ::setenv(name, value, 1) : ::unsetenv(name);
-  }
-  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 TEST(AgentSecurityTest, AGroupWithoutASecretDoesNotStart) {
   ScopedEnv no_secret("GRADWIRE_SECRET", nullptr);

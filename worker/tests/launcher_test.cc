@@ -23,6 +23,7 @@
 
 #ifdef GRADWIRE_RPC_TEST_WORKER
 #include "etcd_server.h"
+#include "scoped_env.h"
 #include "gradwire/rpc/store.h"
 #endif
 
@@ -193,9 +194,7 @@ TEST(LaunchTest, NodeRankGivesThisNodesShareOfTheGlobalRanks) {
 // removes it at the end; a secret the user gave is passed through; a job over several
 // machines must be given one (each launcher would make its own).
 TEST(LaunchTest, EachJobGetsAFreshSecretOnlyItsUserMayRead) {
-  const char* saved = std::getenv("GRADWIRE_SECRET");
-  const std::string restore = saved ? saved : "";
-  ::unsetenv("GRADWIRE_SECRET");
+  gw::rpc::testing::ScopedEnv no_secret("GRADWIRE_SECRET", nullptr);
   std::vector<std::string> files, secrets;
   for (int job = 0; job < 2; ++job) {
     Capture cap;
@@ -232,19 +231,12 @@ TEST(LaunchTest, EachJobGetsAFreshSecretOnlyItsUserMayRead) {
   Capture given;
   ASSERT_TRUE(Launch(Shell(1, "echo \"secret=$GRADWIRE_SECRET file=$GRADWIRE_SECRET_FILE.\""), given.out, given.err).ok());
   EXPECT_NE(given.Out().find("secret=given by the user file=."), std::string::npos) << given.Out();
-  if (saved) {
-    ::setenv("GRADWIRE_SECRET", restore.c_str(), 1);
-  } else {
-    ::unsetenv("GRADWIRE_SECRET");
-  }
 }
 
 // Like torchrun: without OMP_NUM_THREADS, workers get an equal share of the cores; a
 // value the user set is kept.
 TEST(LaunchTest, OpenMpThreadsAreSharedUnlessSet) {
-  const char* saved = std::getenv("OMP_NUM_THREADS");
-  const std::string restore = saved ? saved : "";
-  ::unsetenv("OMP_NUM_THREADS");
+  gw::rpc::testing::ScopedEnv unset("OMP_NUM_THREADS", nullptr);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int n : {1, 2, 64}) {
     Capture cap;
@@ -257,11 +249,6 @@ TEST(LaunchTest, OpenMpThreadsAreSharedUnlessSet) {
   Capture cap;
   ASSERT_TRUE(Launch(Shell(2, "echo \"omp=$OMP_NUM_THREADS\""), cap.out, cap.err).ok());
   EXPECT_NE(cap.Out().find("[worker1] omp=3\n"), std::string::npos) << cap.Out();
-  if (saved) {
-    ::setenv("OMP_NUM_THREADS", restore.c_str(), 1);
-  } else {
-    ::unsetenv("OMP_NUM_THREADS");
-  }
 }
 
 TEST(LaunchTest, OneFailureStopsTheOthers) {
