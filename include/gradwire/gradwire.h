@@ -1,31 +1,99 @@
-// gradwire: the umbrella header. Include this to get the whole public API.
+// gradwire: the umbrella header. Include this to get the whole public API: every public
+// header under <folder>/include/gradwire/<folder>/, layer by layer, bottom up (DESIGN.md).
+// Link the CMake target gradwire::gradwire, which links every layer's library.
+//
+// Nothing is left out. The headers marked "for layer authors" are public because the
+// layers above rpc/ (and gradwire's own tests) build on them; an application rarely
+// names them directly. Everything else a program may use. The examples under
+// examples/snippets/ include only this header (examples/snippets/umbrella.cc checks
+// that it compiles on its own). scripts/check-readme compares README.md's code blocks
+// with those snippets.
 #ifndef GRADWIRE_GRADWIRE_H_
 #define GRADWIRE_GRADWIRE_H_
 
-#include "gradwire/tensor/tensor.h"        // Tensor, Generator, DType, Error
+// tensor/: tensors and the math that never records autograd.
+#include "gradwire/tensor/allocator.h"     // Allocator, the caching CPU allocator
+#include "gradwire/tensor/device.h"        // Device
+#include "gradwire/tensor/dtype.h"         // DType
+#include "gradwire/tensor/error.h"         // gw::Error (shape, dtype and index errors)
+#include "gradwire/tensor/generator.h"     // Generator (seeded; no hidden global RNG)
 #include "gradwire/tensor/kernels.h"       // gw::kernels: math without autograd
-#include "gradwire/autograd/functions.h"   // differentiable math and operators
+#include "gradwire/tensor/shape.h"         // Shape
+#include "gradwire/tensor/storage.h"       // Storage
+#include "gradwire/tensor/tensor.h"        // Tensor
+
+// autograd/: the local engine.
+#include "gradwire/autograd/accumulate_grad.h"  // AccumulateGrad (for layer authors)
 #include "gradwire/autograd/engine.h"      // Backward, Grad, GraphTask
+#include "gradwire/autograd/function.h"    // recording a differentiable op (for layer authors)
+#include "gradwire/autograd/functions.h"   // differentiable math and operators
+#include "gradwire/autograd/grad_hooks.h"  // post-accumulate gradient hooks
 #include "gradwire/autograd/grad_mode.h"   // NoGradGuard
-#include "gradwire/nn/module.h"            // Module
-#include "gradwire/nn/layers.h"            // Linear, ReLU, Tanh, Sigmoid, Dropout, Sequential
+#include "gradwire/autograd/gradcheck.h"   // GradCheck (finite differences)
+#include "gradwire/autograd/node.h"        // Node, Edge (for layer authors)
+
+// nn/, optim/, data/: models, optimizers, datasets.
 #include "gradwire/nn/embedding.h"         // Embedding, EmbeddingBag
+#include "gradwire/nn/layers.h"            // Linear, ReLU, Tanh, Sigmoid, Dropout, Sequential
 #include "gradwire/nn/loss.h"              // CrossEntropyLoss, MseLoss, Accuracy
-#include "gradwire/nn/serialize.h"         // SaveTensors, LoadTensors
+#include "gradwire/nn/module.h"            // Module
+#include "gradwire/nn/serialize.h"         // SaveTensors, LoadTensors (the .gwtf format)
 #include "gradwire/optim/functional.h"     // Sgd, Adam, AdamW, Adagrad, Update
 #include "gradwire/optim/optimizer.h"      // Optimizer
 #include "gradwire/data/fashion_mnist.h"   // LoadFashionMnist
 #include "gradwire/data/loader.h"          // DataLoader
 #include "gradwire/data/progress.h"        // ProgressBar
-#include "gradwire/rpc/agent.h"            // Agent, AgentOptions, CallOptions, Future, RRef
+
+// rpc/: agents, remote calls, RRefs.
+#include "gradwire/rpc/agent.h"            // Agent, AgentOptions, CallOptions
+#include "gradwire/rpc/call_hooks.h"       // CallHooks (for layer authors)
+#include "gradwire/rpc/errors.h"           // the failure model's errors, IsRetryable
+#include "gradwire/rpc/executor.h"         // Executor, ThreadPool
 #include "gradwire/rpc/faults.h"           // FaultInjector, FaultSpec (fault injection)
+#include "gradwire/rpc/frame.h"            // frames on the wire (for layer authors)
+#include "gradwire/rpc/future.h"           // Future, Promise
+#include "gradwire/rpc/global_id.h"        // GlobalId
+#include "gradwire/rpc/message.h"          // typed messages, records (Field, Fields())
+#include "gradwire/rpc/retry.h"            // RetryPolicy, Retry
+#include "gradwire/rpc/rref.h"             // RRef
+#include "gradwire/rpc/security.h"         // Security: job secret, TLS, limits
+#include "gradwire/rpc/statistics.h"       // Statistics, ToText (Prometheus text format)
+#include "gradwire/rpc/store.h"            // Store, ConnectStore (rendezvous, etcd)
+#include "gradwire/rpc/timer_queue.h"      // TimerQueue
+#include "gradwire/rpc/transport.h"        // Transport, Connection (for layer authors)
+#include "gradwire/rpc/value.h"            // Value, the types calls may carry
+
+// Model parallelism and distributed autograd.
 #include "gradwire/dist_nn/remote_module.h"  // RemoteModule, RegisterModuleFactory
 #include "gradwire/dist_autograd/dist_autograd.h"  // DistAutograd, Context (distributed backward)
-#include "gradwire/collectives/collectives.h"  // Collectives, ProcessGroup (allreduce & co.)
+#include "gradwire/dist_autograd/distributed_optimizer.h"  // DistributedOptimizer
+
+// Collectives, data parallelism and pipelines.
+#include "gradwire/collectives/collectives.h"    // Collectives (installed per agent)
+#include "gradwire/collectives/process_group.h"  // ProcessGroup: allreduce & co.
+#include "gradwire/collectives/reduce_op.h"      // ReduceOp
 #include "gradwire/parallel/distributed_data_parallel.h"  // DistributedDataParallel
-#include "gradwire/serve/router.h"          // Serving, Router (batched model serving)
-#include "gradwire/serve/follower.h"        // Follower (serve a parameter-server job as it trains)
+#include "gradwire/parallel/pipeline.h"    // Pipeline (GPipe, 1F1B), ServeStageReplicas
+
+// Parameter servers.
+#include "gradwire/param_server/client.h"  // Client: a trainer's view of the servers
+#include "gradwire/param_server/reader.h"  // Reader: tables read by processes that do not train
+#include "gradwire/param_server/row_store.h"  // RowStore: a sparse shard's rows
+#include "gradwire/param_server/server.h"  // ParameterServer (the server role)
+#include "gradwire/param_server/sharding.h"  // which server holds which part of a table
+#include "gradwire/param_server/sparse_embedding.h"  // SparseEmbedding (hybrid jobs)
+
+// Serving.
+#include "gradwire/serve/batcher.h"        // Batcher (dynamic batching)
+#include "gradwire/serve/follower.h"       // Follower, ServeCheckpoint
+#include "gradwire/serve/inference_endpoint.h"  // InferenceEndpoint, InferenceClient (gRPC)
 #include "gradwire/serve/load_generator.h"  // RunLoad (closed / open loop load, latency)
-#include "gradwire/worker/launcher.h"      // Launch (gradwire launch)
+#include "gradwire/serve/model_stats.h"    // ModelStats
+#include "gradwire/serve/prediction.h"     // Prediction
+#include "gradwire/serve/router.h"         // Router
+#include "gradwire/serve/serving.h"        // Serving (models hosted per worker)
+
+// worker/: the launcher behind `gradwire launch`.
+#include "gradwire/worker/launcher.h"      // Launch
 
 #endif  // GRADWIRE_GRADWIRE_H_
