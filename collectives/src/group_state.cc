@@ -53,10 +53,7 @@ void Op::Send(int to, int64_t step, Tensor data) {
     absl::MutexLock lock(&self->mu_);
     --self->unanswered_;
     if (!r.ok()) {
-      if (r.status().code() == absl::StatusCode::kUnavailable && !self->broken_) {
-        self->broken_ = r.status();
-        self->broken_from_peer_ = false;
-      }
+      if (r.status().code() == absl::StatusCode::kUnavailable) self->BreakLocked(r.status(), /*from_peer=*/false, 0);
       if (seq > self->retired_) self->FailLocked(seq, r.status(), /*from_peer=*/false);
     }
     self->Wake();
@@ -85,8 +82,7 @@ absl::StatusOr<Tensor> Op::Recv(int from, int64_t step, int64_t numel) {
             absl::StrCat(g.Describe(signature_, seq_), ": nothing from ", g.Member(from), " within ",
                          absl::FormatDuration(g.config_.timeout), " (did it issue this collective, or is it frozen?); ",
                          "the group is broken"));
-        g.broken_ = s;
-        g.broken_from_peer_ = false;
+        g.BreakLocked(s, /*from_peer=*/false, 0);
         return s;
       }
       g.WaitLocked(deadline_);
@@ -118,8 +114,7 @@ absl::Status Op::Finish() {
       absl::Status s = absl::DeadlineExceededError(absl::StrCat(
           g.Describe(signature_, seq_), ": ", g.unanswered_, " piece(s) sent were not taken within ",
           absl::FormatDuration(g.config_.timeout), "; the group is broken"));
-      g.broken_ = s;
-      g.broken_from_peer_ = false;
+      g.BreakLocked(s, /*from_peer=*/false, 0);
       return s;
     }
     g.WaitLocked(deadline_);
@@ -224,14 +219,14 @@ Future<rpc::Ack> GroupState::Deliver(int from_agent_rank, internal::CollectiveCh
         "worker of rank ", from_agent_rank, " is not a member of ", Label(), " on ", config_.agent->self().name)));
   }
   absl::MutexLock lock(&mu_);
-  if (closed_) {
-    return MakeReadyFuture<rpc::Ack>(
-        executor(), rpc::UnavailableError(config_.agent->self().name, absl::StrCat("it closed ", Label())));
-  }
   if (chunk.seq <= retired_) {  // a late piece: of a collective that completed here, or failed
     auto failed = recently_failed_.find(chunk.seq);
     if (failed != recently_failed_.end()) return MakeReadyFuture<rpc::Ack>(executor(), failed->second);
     return MakeReadyFuture<rpc::Ack>(executor(), rpc::Ack{});
+  }
+  if (closed_) {
+    return MakeReadyFuture<rpc::Ack>(
+        executor(), rpc::UnavailableError(config_.agent->self().name, absl::StrCat("it closed ", Label())));
   }
   if (inbox_.size() >= kMaxInbox) {
     return MakeReadyFuture<rpc::Ack>(executor(), absl::ResourceExhaustedError(absl::StrCat(
@@ -259,11 +254,10 @@ void GroupState::Abort(int from_agent_rank, const internal::CollectiveAbort& abo
   absl::Status status(code, abort.message);
   absl::MutexLock lock(&mu_);
   if (abort.broken) {
-    if (!broken_) {
-      broken_ = status;
-      broken_from_peer_ = true;
-      broken_told_ = true;
-    }
+    // The member broke the group from collective abort.seq on: the ones before it are
+    // complete there (a member that closes its group right after a collective may tell
+    // us before its answers to our last pieces reach us), and complete here as well.
+    if (BreakLocked(status, /*from_peer=*/true, std::max<int64_t>(abort.seq, 0))) broken_told_ = true;
   } else if (abort.seq > retired_) {
     FailLocked(abort.seq, status, /*from_peer=*/true);
   }
@@ -274,14 +268,23 @@ void GroupState::OnPeerGone(int agent_rank) {
   const int member = GroupRankOf(agent_rank);
   if (member < 0 || member == config_.rank) return;
   absl::MutexLock lock(&mu_);
-  if (!broken_) {
-    broken_ = rpc::UnavailableError(config_.agent->workers()[static_cast<size_t>(agent_rank)].name,
+  BreakLocked(rpc::UnavailableError(config_.agent->workers()[static_cast<size_t>(agent_rank)].name,
                                     absl::StrCat("it died (its connections closed), ", Member(member), " of ", Label(),
-                                                 ", which is broken"));
-    broken_from_peer_ = false;
-  }
+                                                 ", which is broken")),
+              /*from_peer=*/false, 0);
   Wake();
 }
+
+bool GroupState::BreakLocked(absl::Status status, bool from_peer, int64_t since) {
+  if (broken_ && broken_since_ <= since) return false;
+  broken_ = std::move(status);
+  broken_from_peer_ = from_peer;
+  broken_since_ = since;
+  Wake();
+  return true;
+}
+
+bool GroupState::BrokenAtLocked(int64_t seq) const { return broken_ && seq >= broken_since_; }
 
 void GroupState::FailLocked(int64_t seq, absl::Status status, bool from_peer) {
   failed_.try_emplace(seq, Failure{std::move(status), from_peer});
@@ -302,7 +305,7 @@ std::optional<GroupState::Failure> GroupState::ErrorLocked(int64_t seq) const {
     return Failure{rpc::ShuttingDownError(config_.agent->self().name, absl::StrCat(Label(), " was closed")), false};
   }
   if (auto it = failed_.find(seq); it != failed_.end()) return it->second;
-  if (broken_) return Failure{*broken_, broken_from_peer_ || broken_told_};
+  if (BrokenAtLocked(seq)) return Failure{*broken_, broken_from_peer_ || broken_told_};
   return std::nullopt;
 }
 
@@ -414,7 +417,7 @@ void GroupState::Execute(Queued& q) {
     if (!s.ok()) {
       std::optional<Failure> e = ErrorLocked(q.seq);
       tell = !(e && e->from_peer);
-      broken = broken_.has_value();
+      broken = BrokenAtLocked(q.seq);
       closing = closed_;
       if (closing) told = rpc::UnavailableError(config_.agent->self().name, absl::StrCat("it closed ", Label()));
       if (broken || closing) broken_told_ = true;

@@ -144,6 +144,11 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   // Fails collective `seq` (the running one or a later one) unless it already failed.
   void FailLocked(int64_t seq, absl::Status status, bool from_peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckSignatureLocked(int sender, const internal::Signature& theirs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Breaks the group for good from collective `since` on (0: every collective, e.g. a
+  // member died; a member that closed its group after collective k breaks it from k + 1).
+  // Keeps an earlier break; returns whether this one took effect.
+  bool BreakLocked(absl::Status status, bool from_peer, int64_t since) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool BrokenAtLocked(int64_t seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Failure {
     absl::Status status;
     bool from_peer;  // a member told us (then we do not tell the others again)
@@ -169,6 +174,7 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   std::map<int64_t, absl::Status> recently_failed_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> broken_ ABSL_GUARDED_BY(mu_);
   bool broken_from_peer_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t broken_since_ ABSL_GUARDED_BY(mu_) = 0;  // the first collective the break fails
   bool broken_told_ ABSL_GUARDED_BY(mu_) = false;  // the others were told the group broke
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // pieces sent and not yet taken

@@ -196,6 +196,57 @@ TEST_P(CollectivesTest, BroadcastAllGatherReduceScatterAllToAllAndBarrier) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest, ::testing::Values(2, 3, 4, 5));
 
+// A training loop's last allreduce, then Close() (or the end of the program) on every
+// rank at once: a collective that completed on one rank completes on every rank, whatever
+// that rank does next (its close used to overtake its answers to the peers' last pieces,
+// which then failed "worker0 is unavailable: it closed group"). Both algorithms: 4 KiB
+// (recursive doubling) up to 64 MiB (the ring, in 4 MiB pieces).
+class CloseAfterLastCollectiveTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CloseAfterLastCollectiveTest, TheLastAllReduceCompletesOnEveryRankWhenEachClosesAtOnce) {
+  const int n = GetParam();
+  Job job = Job::Start(n);
+  ASSERT_NE(job.agents, nullptr);
+  struct Case {
+    int64_t bytes;
+    int times;
+  };
+  for (const Case c : {Case{4 << 10, 40}, Case{1 << 20, 10}, Case{64 << 20, 2}}) {
+    const int64_t numel = c.bytes / 4;
+    for (int round = 0; round < c.times; ++round) {
+      GroupOptions options;
+      options.name = absl::StrCat("close-", c.bytes, "-", round);
+      auto groups = job.Groups({}, options);
+      job.OnEveryRank([&](int r) {
+        ProcessGroup& g = *groups[static_cast<size_t>(r)];
+        Tensor t = Tensor::Full({numel}, static_cast<double>(r + 1));
+        auto first = g.AllReduce(t).Get(absl::Seconds(60));  // a step of the loop
+        ASSERT_TRUE(first.ok()) << first.status();
+        auto last = g.AllReduce(t).Get(absl::Seconds(60));  // the last one, then Close at once
+        g.Close();
+        ASSERT_TRUE(last.ok()) << n << " ranks, " << c.bytes << " bytes, round " << round << ", rank " << r << ": "
+                               << last.status();
+        const float want = static_cast<float>(n * (n + 1) / 2 * n);
+        const std::vector<float> v = t.ToVector<float>();
+        EXPECT_EQ(v.front(), want);
+        EXPECT_EQ(v.back(), want);
+      });
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+  // What the closes did to a later collective: each member fails it naming a closer.
+  auto groups = job.Groups({}, GroupOptions{.name = "after"});
+  groups[0]->Close();
+  job.OnEveryRank([&](int r) {
+    if (r == 0) return;
+    auto next = groups[static_cast<size_t>(r)]->AllReduce(Tensor::Ones({4})).Get(absl::Seconds(30));
+    EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable) << next.status();
+    EXPECT_NE(next.status().message().find("worker0"), std::string::npos) << next.status();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CloseAfterLastCollectiveTest, ::testing::Values(2, 3, 4, 5));
+
 TEST(CollectivesTest, CollectivesRunInIssueOrderAndOverlapTheCaller) {
   Job job = Job::Start(3);
   ASSERT_NE(job.agents, nullptr);
