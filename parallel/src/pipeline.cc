@@ -83,21 +83,13 @@ absl::StatusOr<double> Pipeline::ForwardBackward(dist_autograd::Context& ctx, co
   auto wait_all = [&] {
     for (const Future<Tensor>& f : outputs) (void)f.Get();  // each bounded by the call timeout
   };
-  if (options_.schedule == Schedule::kGPipe) {
-    for (size_t m = 0; m < k; ++m) launch(m);
-    Tensor sum;
-    for (size_t m = 0; m < k; ++m) {
-      Tensor l = loss_of(m);
-      if (l.defined()) sum = sum.defined() ? sum + l : l;
-    }
-    wait_all();
-    if (!failed.ok()) return failed;
-    if (absl::Status s = ctx.Backward({sum}, options_.backward); !s.ok()) return s;
-    return total;
-  }
-  // 1F1B: as many micro-batches in flight as stages; each one's backward as soon as its
-  // forward is done, while the next ones' forwards go on.
-  const size_t depth = stages_.size();
+  // Each micro-batch's backward is a distributed pass of its own, run as soon as its
+  // forward is done, one after another in micro-batch order: every stage then adds the
+  // micro-batches' gradients in the same order on every run (one pass over all of them
+  // would add them in the order they happen to reach each stage, and float sums depend
+  // on that order). GPipe has every forward in flight at once, 1F1B as many as there are
+  // stages (the activations alive); both give bitwise the same gradients.
+  const size_t depth = options_.schedule == Schedule::kGPipe ? k : stages_.size();
   size_t next = 0;
   for (; next < std::min(depth, k); ++next) launch(next);
   for (size_t m = 0; m < k; ++m) {

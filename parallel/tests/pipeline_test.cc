@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -39,6 +41,19 @@ std::shared_ptr<nn::Module> Stage(int64_t which, int64_t seed) {
       std::make_shared<nn::Linear>(5, kClasses, gen, true, DType::kFloat64)});
 }
 
+// Stage 0 and stage 1 of a float32 MLP wide enough that the order in which a stage adds
+// its micro-batches' gradients shows in the bits of the sums.
+std::shared_ptr<nn::Module> WideStage(int64_t which, int64_t seed) {
+  Generator gen(static_cast<uint64_t>(seed));
+  if (which == 0) {
+    return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(kIn, 64, gen), std::make_shared<nn::ReLU>()});
+  }
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(64, 32, gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(32, kClasses, gen)});
+}
+
 // A stage whose forward always fails.
 class Broken : public nn::Module {
  public:
@@ -60,6 +75,7 @@ std::unique_ptr<Workers> Start(int n) {
     if (absl::Status s = rpc::Assign(dist_autograd::DistAutograd::Install(agent), engine); !s.ok()) return s;
     if (absl::Status s = ServeStageReplicas(agent, layer, engine); !s.ok()) return s;
     if (absl::Status s = dist_nn::RegisterModuleFactory(agent, "stage", Stage); !s.ok()) return s;
+    if (absl::Status s = dist_nn::RegisterModuleFactory(agent, "wide_stage", WideStage); !s.ok()) return s;
     return dist_nn::RegisterModuleFactory(agent, "broken", [] { return std::make_shared<Broken>(); });
   });
   return w;
@@ -241,6 +257,80 @@ TEST(PipelineTest, ReplicatedPipelinesTrainAsOneOnTheConcatenatedBatch) {
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
   EXPECT_NE(wrong.message().find("pipeline stage 0 (on worker2)"), std::string::npos) << wrong;
   EXPECT_EQ(replicas[0].pipe->AverageGradients(ctx, {{2, 0}}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Training through a pipeline is deterministic: two pipelines of the same stages (same
+// seeds) trained on the same batches end with bitwise the same parameters, whatever the
+// order in which their micro-batches' forwards and backwards happened to finish, and
+// GPipe and 1F1B give the same bits. (One backward pass over all micro-batches used to
+// add them in arrival order: the README's pipeline example differed from run to run.)
+TEST(PipelineTest, TwoRunsGiveBitIdenticalParametersAndBothSchedulesTheSame) {
+  auto w = Start(3);
+  rpc::Agent& driver = (*w->job.agents)[0];
+  struct Run {
+    std::vector<dist_nn::RemoteModule> stages;
+    std::unique_ptr<Pipeline> pipe;
+    std::unique_ptr<dist_autograd::DistributedOptimizer> opt;
+  };
+  auto make = [&](Schedule schedule) {
+    Run run;
+    std::vector<rpc::RRef<Tensor>> params;
+    for (int s = 0; s < 2; ++s) {
+      auto m = dist_nn::RemoteModule::Create(driver, absl::StrCat("worker", s + 1), "wide_stage", int64_t{s},
+                                             int64_t{s + 21});
+      EXPECT_TRUE(m.ok()) << m.status();
+      if (!m.ok()) return run;
+      auto p = m->RemoteParameters();
+      EXPECT_TRUE(p.ok()) << p.status();
+      if (!p.ok()) return run;
+      params.insert(params.end(), p->begin(), p->end());
+      run.stages.push_back(*m);
+    }
+    auto opt = dist_autograd::DistributedOptimizer::Create(driver, kSgd, params);
+    EXPECT_TRUE(opt.ok()) << opt.status();
+    if (opt.ok()) run.opt = std::move(*opt);
+    run.pipe = std::make_unique<Pipeline>(run.stages, PipelineOptions{.chunks = 16, .schedule = schedule});
+    return run;
+  };
+  std::vector<Run> runs;
+  runs.push_back(make(Schedule::kGPipe));
+  runs.push_back(make(Schedule::kGPipe));
+  runs.push_back(make(Schedule::k1F1B));
+  for (const Run& run : runs) ASSERT_TRUE(run.opt != nullptr && run.stages.size() == 2);
+  for (int step = 0; step < 6; ++step) {
+    Generator gen(static_cast<uint64_t>(step + 100));
+    const int64_t rows = 64;
+    std::vector<int64_t> labels;
+    for (int64_t i = 0; i < rows; ++i) labels.push_back((i * 7 + step) % kClasses);
+    const Tensor x = Tensor::Randn({rows, kIn}, gen);
+    const Tensor y = Tensor::FromVector(labels);
+    for (Run& run : runs) {
+      dist_autograd::Context ctx(*w->engines[0]);
+      absl::StatusOr<double> loss = run.pipe->ForwardBackward(ctx, x, y, Loss);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      ASSERT_TRUE(run.opt->Step(ctx).ok());
+    }
+  }
+  std::vector<std::map<std::string, Tensor>> got[3];
+  for (size_t r = 0; r < runs.size(); ++r) {
+    for (const auto& stage : runs[r].stages) {
+      auto fetched = stage.FetchParameters();
+      ASSERT_TRUE(fetched.ok()) << fetched.status();
+      got[r].push_back(*fetched);
+    }
+  }
+  for (size_t r = 1; r < runs.size(); ++r) {
+    for (size_t s = 0; s < 2; ++s) {
+      ASSERT_EQ(got[r][s].size(), got[0][s].size());
+      for (const auto& [name, t] : got[0][s]) {
+        const Tensor& other = got[r][s].at(name);
+        ASSERT_EQ(other.nbytes(), t.nbytes());
+        EXPECT_EQ(std::memcmp(other.raw_data(), t.raw_data(), t.nbytes()), 0)
+            << (r == 1 ? "a second GPipe run" : "the 1F1B run") << ", stage " << s << " " << name
+            << " differs from the first run's (max difference " << kernels::MaxAbsDiff(other, t) << ")";
+      }
+    }
+  }
 }
 
 TEST(PipelineTest, AFailingStageIsNamedWithItsWorker) {

@@ -13,12 +13,14 @@
 //     losses are weighted by their share of the batch, so the gradients are those of
 //     the mean over the whole batch, as without a pipeline. Returns that loss.
 //   - Schedules: kGPipe issues every micro-batch's forward at once (a stage starts
-//     micro-batch m+1 as soon as it sent micro-batch m on), then one backward pass over
-//     all of them. k1F1B keeps at most as many micro-batches in flight as there are
-//     stages: once micro-batch m's forward is done its backward runs (a distributed
-//     backward pass of its own in the same context; gradients accumulate there) while
-//     the forwards of the next ones go on, so activations of at most that many
-//     micro-batches are alive. Both give the same gradients.
+//     micro-batch m+1 as soon as it sent micro-batch m on); k1F1B keeps at most as many
+//     micro-batches in flight as there are stages, so activations of at most that many
+//     are alive. In both, micro-batch m's backward (a distributed backward pass of its
+//     own in the same context; gradients accumulate there) runs as soon as its forward
+//     is done, while the forwards of the next ones go on, and the passes run one after
+//     another in micro-batch order: each stage adds the micro-batches' gradients in the
+//     same order on every run. Deterministic: the same inputs and parameters give
+//     bitwise the same gradients on every run, and both schedules give the same ones.
 //   - Forward(input) runs the batch through the stages (micro-batches, no context) and
 //     returns the last stage's output, e.g. to evaluate.
 //   - Failures: a stage whose forward fails ends the step with that status's code and a
