@@ -4,10 +4,10 @@
 //
 // Nothing is left out. The headers marked "for layer authors" are public because the
 // layers above rpc/ (and gradwire's own tests) build on them; an application rarely
-// names them directly. Everything else a program may use. The examples under
-// examples/snippets/ include only this header (examples/snippets/umbrella.cc checks
-// that it compiles on its own). scripts/check-readme compares README.md's code blocks
-// with those snippets.
+// names them directly. Everything else a program may use.
+// examples/snippets/umbrella.cc includes nothing but this header and names a type of every
+// layer, so it fails to compile when a layer is missing here; the README's first program
+// (examples/snippets/first_program/) includes only this header too.
 #ifndef GRADWIRE_GRADWIRE_H_
 #define GRADWIRE_GRADWIRE_H_
 
