@@ -35,6 +35,10 @@
 //                         starting (e.g. a member froze or never issued it), naming the
 //                         ranks it still waited for; the group is broken for good.
 //       CANCELLED         the group was closed, or this agent is shutting down.
+//     A collective that completed on one member completes on every member, whatever that
+//     member does next: a member that closes its group (Close(), its destructor, the end
+//     of the program) breaks it for the others from its next collective on, never the
+//     ones it completed (a training loop's last allreduce before Close() is the normal case).
 //     A member that fails a collective tells the others (a CollectiveAbort), so they fail
 //     it too instead of waiting for their deadline.
 //   - Messages (collectives/src/messages.h): CollectiveChunk (one piece of data of one
