@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "flags.h"
 #include "example_util.h"
 #include "gradwire/gradwire.h"
 #include "fashion_mnist_mlp.h"
@@ -171,8 +172,8 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  gw::examples::ParseFlags(
+      argc, argv,
       "Data-parallel training (DistributedDataParallel) of an MLP on Fashion-MNIST; run under `gradwire launch -n 2`.");
-  absl::ParseCommandLine(argc, argv);
   return Run();
 }

@@ -20,6 +20,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "flags.h"
 #include "example_util.h"
 #include "gradwire/dist_autograd/distributed_optimizer.h"
 #include "gradwire/gradwire.h"
@@ -123,7 +124,11 @@ int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("final test accuracy: %.4f (%.1f s, %.0f samples/s)\n", test_acc, secs,
               static_cast<double>(samples) / secs);
-  return test_acc < absl::GetFlag(FLAGS_min_accuracy) ? 1 : 0;
+  if (test_acc < absl::GetFlag(FLAGS_min_accuracy)) {
+    std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc, absl::GetFlag(FLAGS_min_accuracy));
+    return 1;
+  }
+  return 0;
 }
 
 int Run() {
@@ -155,8 +160,7 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Pipeline-parallel training of an MLP on Fashion-MNIST (2 stages); run under `gradwire launch -n 2`.");
-  absl::ParseCommandLine(argc, argv);
+  gw::examples::ParseFlags(
+      argc, argv, "Pipeline-parallel training of an MLP on Fashion-MNIST (2 stages); run under `gradwire launch -n 2`.");
   return Run();
 }

@@ -23,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "flags.h"
 #include "example_util.h"
 #include "gradwire/gradwire.h"
 #include "gradwire/param_server/client.h"
@@ -192,8 +193,7 @@ inline int Finish(rpc::Agent& agent, bool show, double test_acc, double required
 inline int Main(int argc, char** argv, const char* usage,
                 const std::function<int(rpc::AgentOptions, int servers)>& train,
                 const std::function<std::vector<std::string>()>& tables = {}) {
-  absl::SetProgramUsageMessage(usage);
-  absl::ParseCommandLine(argc, argv);
+  ParseFlags(argc, argv, usage);
   absl::StatusOr<rpc::AgentOptions> options = rpc::AgentOptions::FromEnv();
   if (!options.ok()) return Fail("not started by a launcher", options.status());
   options->start_timeout = absl::Seconds(120);  // servers wait for trainers loading data

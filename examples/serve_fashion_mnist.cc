@@ -31,6 +31,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "flags.h"
 #include "epoch_progress.h"
 #include "example_util.h"
 #include "fashion_mnist_mlp.h"
@@ -248,9 +249,8 @@ int Client(const gw::rpc::AgentOptions& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Serves the Fashion-MNIST MLP on replicas and loads it; run under `gradwire launch -n N` (N >= 2).");
-  absl::ParseCommandLine(argc, argv);
+  gw::examples::ParseFlags(
+      argc, argv, "Serves the Fashion-MNIST MLP on replicas and loads it; run under `gradwire launch -n N` (N >= 2).");
   absl::StatusOr<gw::rpc::AgentOptions> options = gw::rpc::AgentOptions::FromEnv();
   if (!options.ok()) return Fail("not started by a launcher", options.status());
   if (options->world_size < 2) {

@@ -14,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "flags.h"
 #include "gradwire/gradwire.h"
 #include "fashion_mnist_mlp.h"
 
@@ -39,8 +40,7 @@ double Evaluate(gw::nn::Module& model, const gw::data::Dataset& test) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Trains an MLP on Fashion-MNIST locally with gradwire.");
-  absl::ParseCommandLine(argc, argv);
+  gw::examples::ParseFlags(argc, argv, "Trains an MLP on Fashion-MNIST locally with gradwire.");
   const std::string dir = absl::GetFlag(FLAGS_data_dir);
 
   auto train = gw::data::LoadFashionMnist(gw::data::Split::kTrain, dir);
