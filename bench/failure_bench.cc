@@ -17,8 +17,10 @@
 // completed a step again. Default heartbeats (500 ms interval, 2.5 s peer timeout).
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -40,6 +42,18 @@ constexpr int kWorld = 5;
 constexpr int64_t kFloats = 1 << 20;
 constexpr int64_t kSteps = 200;  // synchronous: both trainers end at the same step
 const std::vector<std::string> kServers = {"worker1", "worker2"};
+
+// The servers' checkpoint directory, removed when the driver exits, Fail()'s std::exit
+// included (a static's destructor runs then; only the driver's pid removes it).
+struct CheckpointDir {
+  std::string path;
+  pid_t maker = ::getpid();
+  ~CheckpointDir() {
+    std::error_code ignored;
+    if (!path.empty() && ::getpid() == maker) std::filesystem::remove_all(path, ignored);
+  }
+};
+CheckpointDir g_checkpoint_dir;
 
 [[noreturn]] void Fail(const char* what, const absl::Status& s) {
   std::fprintf(stderr, "failure_detection: %s: %s\n", what, std::string(s.message()).c_str());
@@ -156,7 +170,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
   if (!port.ok()) Fail("port", port.status());
   char dir_template[] = "/tmp/gradwire_w14.XXXXXX";
-  const std::string dir = ::mkdtemp(dir_template);
+  if (::mkdtemp(dir_template) == nullptr) Fail("mkdtemp", absl::InternalError(std::strerror(errno)));
+  g_checkpoint_dir.path = dir_template;
+  const std::string dir = g_checkpoint_dir.path;
   std::vector<pid_t> children = {SpawnRole("server", 1, *port, dir), SpawnRole("server", 2, *port, dir),
                                  SpawnRole("trainer", 3, *port, dir), SpawnRole("trainer", 4, *port, dir)};
   auto agent = gw::rpc::Agent::Start(Options(0, *port));
@@ -183,7 +199,5 @@ int main(int argc, char** argv) {
     ::waitpid(c, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) all = 1;
   }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  return all;
+  return all;  // g_checkpoint_dir goes at exit
 }

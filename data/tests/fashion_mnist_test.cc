@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
+#include <string>
 
 #include "gradwire/tensor/kernels.h"
 
@@ -39,7 +41,12 @@ TEST(FashionMnistTest, MissingDirectoryNamesThePackage) {
 }
 
 TEST(FashionMnistTest, ReadsPlainIdxAndRejectsCorruptHeaders) {
-  const std::string path = ::testing::TempDir() + "gw_idx_" + std::to_string(::getpid());
+  // Removed at the end, however the test ends.
+  struct RemovedAtEnd {
+    std::string path;
+    ~RemovedAtEnd() { std::remove(path.c_str()); }
+  } const file{::testing::TempDir() + "gw_idx_" + std::to_string(::getpid())};
+  const std::string& path = file.path;
   auto write = [&](std::string bytes) { std::ofstream(path, std::ios::binary) << bytes; };
   // 2 images of 2x3.
   write(std::string("\0\0\x08\x03\0\0\0\x02\0\0\0\x02\0\0\0\x03", 16) +
@@ -53,7 +60,6 @@ TEST(FashionMnistTest, ReadsPlainIdxAndRejectsCorruptHeaders) {
   write(std::string("\0\0\x08\x01\0\0\0\x02\x05\x07", 10));
   EXPECT_EQ(ReadIdxLabels(path)->ToVector<int64_t>(), std::vector<int64_t>({5, 7}));
   EXPECT_FALSE(ReadIdxImages(path).ok());  // label file is not an image file
-  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "agent_group.h"
+#include "scoped_temp_dir.h"
 #include "gradwire/optim/functional.h"
 #include "gradwire/param_server/client.h"
 #include "gradwire/param_server/server.h"
@@ -16,12 +17,7 @@
 namespace gw::param_server {
 namespace {
 
-std::string TempDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_", ::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using rpc::testing::ScopedTempDir;  // the checkpoints' directory, removed at the end of each test
 
 // This test process as rank 0 of `world` (hosting the store at 127.0.0.1:port).
 std::shared_ptr<rpc::Agent> StartRankZero(int world, int port) {
@@ -46,7 +42,8 @@ void ExpectEqual(const Tensor& a, const Tensor& b, const std::string& what) {
 // open synchronous step, loads into a fresh server that continues exactly as the first
 // one would have.
 TEST(CheckpointTest, AFreshServerContinuesFromTheCheckpointExactly) {
-  const std::string dir = TempDir("ckpt_inproc");
+  const ScopedTempDir scoped_dir("ckpt_inproc");
+  const std::string dir = scoped_dir.path();
   auto deploy = [&](std::vector<std::shared_ptr<ParameterServer>>& servers) {
     servers.assign(2, nullptr);
     return rpc::testing::AgentGroup::Start(3, [&](rpc::Agent& a) {
@@ -112,7 +109,8 @@ TEST(CheckpointTest, AFreshServerContinuesFromTheCheckpointExactly) {
 // the checkpoint is passed), and training goes on from the checkpoint's values. A
 // bounded sparse table whose capacity is not a multiple of the stripes restores too.
 TEST(CheckpointTest, RestoredSynchronousTableJoinsTrainersThatAreAhead) {
-  const std::string dir = TempDir("ckpt_ahead");
+  const ScopedTempDir scoped_dir("ckpt_ahead");
+  const std::string dir = scoped_dir.path();
   auto deploy = [&]() {
     return rpc::testing::AgentGroup::Start(3, [&](rpc::Agent& a) {
       if (a.self().rank == 0) (void)*ParameterServer::Install(a, {dir});
@@ -169,7 +167,8 @@ TEST(CheckpointTest, WithoutADirectoryCheckpointsAreRefusedWithTheReason) {
 }
 
 TEST(CheckpointTest, PeriodicCheckpointsAreWrittenAndACorruptOneIsAClearError) {
-  const std::string dir = TempDir("ckpt_periodic");
+  const ScopedTempDir scoped_dir("ckpt_periodic");
+  const std::string dir = scoped_dir.path();
   {
     std::vector<std::shared_ptr<ParameterServer>> servers(1);
     auto g = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
@@ -197,7 +196,8 @@ TEST(CheckpointTest, PeriodicCheckpointsAreWrittenAndACorruptOneIsAClearError) {
 // processes. Server 1 is killed with SIGKILL after a checkpoint that follows an
 // acknowledged push of an open synchronous step, and started again.
 TEST(CheckpointTest, ServerKilledAndRestartedLosesNoAcknowledgedPush) {
-  const std::string dir = TempDir("ckpt_kill");
+  const ScopedTempDir scoped_dir("ckpt_kill");
+  const std::string dir = scoped_dir.path();
   auto free_port = rpc::StoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(free_port.ok());
   const int port = (*free_port)->port();

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent_group.h"
+#include "scoped_temp_dir.h"
 #include "gradwire/param_server/client.h"
 #include "gradwire/param_server/server.h"
 #include "gradwire/tensor/kernels.h"
@@ -29,8 +30,8 @@ struct ReadDeployment {
 };
 
 TEST(ReaderTest, ReadsWhatTheTrainerPullsWithTheStepsApplied) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/reader_", ::getpid());
-  std::filesystem::remove_all(dir);
+  const rpc::testing::ScopedTempDir scoped_dir("reader");  // removed at the end, however the test ends
+  const std::string dir = scoped_dir.path();
   ReadDeployment d(dir);
   ASSERT_NE(d.group, nullptr);
   Client trainer = d.Trainer();
@@ -90,7 +91,6 @@ TEST(ReaderTest, ReadsWhatTheTrainerPullsWithTheStepsApplied) {
   EXPECT_FALSE(no_file.ok());
   EXPECT_NE(no_file.status().message().find("absent.gwps"), std::string::npos) << no_file.status();
   EXPECT_TRUE(d.group->ShutdownAll().ok());
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "agent_group.h"
+#include "scoped_temp_dir.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/rpc/store.h"
 #include "gradwire/serve/router.h"
@@ -257,7 +258,8 @@ TEST(ServingTest, LoadVersionSwapsInAStateDictFileAndABadFileChangesNothing) {
   ASSERT_NE(g.agents, nullptr);
   const ModelConfig config{.name = "mnist", .input_shape = {784}, .factory = [] { return Mlp(0); }};
   ASSERT_TRUE(g.serving[1]->Serve(config, Mlp(5), "v1").ok());
-  const std::string path = absl::StrCat(::testing::TempDir(), "/serve_v2_", ::getpid(), ".gwt");
+  const rpc::testing::ScopedTempDir files("serve");  // removed at the end, however the test ends
+  const std::string path = files.File("v2.gwt");
   const std::shared_ptr<nn::Module> v2 = Mlp(6);
   ASSERT_TRUE(v2->Save(path).ok());
   absl::StatusOr<Router> router = Router::Create(g.serving[0], "mnist");
@@ -272,7 +274,7 @@ TEST(ServingTest, LoadVersionSwapsInAStateDictFileAndABadFileChangesNothing) {
   EXPECT_TRUE(kernels::AllClose(p->output, Forward(v2, x), 1e-5, 1e-6));
 
   // A file that is not a state dict of this model: an error naming it, v2 still served.
-  const std::string wrong = absl::StrCat(::testing::TempDir(), "/serve_wrong_", ::getpid(), ".gwt");
+  const std::string wrong = files.File("wrong.gwt");
   ASSERT_TRUE(ConstantLinear(1)->Save(wrong).ok());
   const absl::Status bad = g.serving[1]->LoadVersion("mnist", wrong, "v3");
   EXPECT_FALSE(bad.ok());
@@ -284,8 +286,6 @@ TEST(ServingTest, LoadVersionSwapsInAStateDictFileAndABadFileChangesNothing) {
   // Without a factory there is nothing to load into.
   ASSERT_TRUE(g.serving[1]->Serve({.name = "plain", .input_shape = {784}}, Mlp(5), "v1").ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(g.serving[1]->LoadVersion("plain", path, "v2")));
-  std::remove(path.c_str());
-  std::remove(wrong.c_str());
 }
 
 // A module that blocks in Forward until released (to fill a replica's queue).
