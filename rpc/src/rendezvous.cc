@@ -1,6 +1,14 @@
 #include "rendezvous.h"
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
@@ -10,19 +18,66 @@
 #include "host_address.h"
 
 namespace gw::rpc::internal {
+namespace {
 
-absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const AgentOptions& options, absl::Time deadline) {
-  std::unique_ptr<Rendezvous> r(new Rendezvous(options));
-  r->store_address_ = options.rendezvous;
-  if (IsEtcdUrl(options.rendezvous)) {
-    absl::StatusOr<std::unique_ptr<EtcdStore>> etcd =
-        ConnectEtcdStore(options.rendezvous, deadline, options.security.tls);
-    if (!etcd.ok()) return etcd.status();
-    r->etcd_ = etcd->get();
-    r->store_ = *std::move(etcd);
-    return r;
+// How long a worker that joins waits for a TCP connection to the store before deciding
+// by the store's own answer (Rendezvous::kJoinStoreWait) instead.
+constexpr int kProbeMs = 2000;
+// Ranks and names listed in a progress line, at most.
+constexpr size_t kListed = 8;
+
+// Whether something listens at `address` (host:port): false only when every address it
+// resolves to refused the connection (nothing listens there); true when one accepted,
+// or when the answer is not known (no route yet, a firewall dropping packets, ...).
+bool MayBeListening(const std::string& address) {
+  absl::StatusOr<HostPort> hp = SplitHostPort(address);
+  if (!hp.ok()) return true;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(hp->host.c_str(), absl::StrCat(hp->port).c_str(), &hints, &found) != 0) return true;
+  bool refused_everywhere = found != nullptr;
+  for (addrinfo* ai = found; ai != nullptr && refused_everywhere; ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) {
+      refused_everywhere = false;
+      break;
+    }
+    int err = 0;
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        err = ETIMEDOUT;
+        if (::poll(&p, 1, kProbeMs) == 1) {
+          socklen_t len = sizeof err;
+          if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        }
+      }
+    }
+    ::close(fd);
+    if (err != ECONNREFUSED) refused_everywhere = false;
   }
-  if (options.rank == 0 && options.host_store) {
+  ::freeaddrinfo(found);
+  return !refused_everywhere;
+}
+
+template <typename T>
+std::string Listed(const std::vector<T>& items) {
+  std::vector<T> shown(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(std::min(items.size(), kListed)));
+  std::string text = absl::StrJoin(shown, ", ");
+  if (items.size() > kListed) absl::StrAppend(&text, ", ... (", items.size(), " in all)");
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const AgentOptions& options, absl::Time deadline,
+                                                             RendezvousProgress progress) {
+  std::unique_ptr<Rendezvous> r(new Rendezvous(options, std::move(progress)));
+  r->store_address_ = options.rendezvous;
+  if (!IsEtcdUrl(options.rendezvous) && options.rank == 0 && options.host_store && !options.join) {
     const size_t colon = options.rendezvous.rfind(':');
     int port = 0;
     if (colon == std::string::npos || !absl::SimpleAtoi(options.rendezvous.substr(colon + 1), &port)) {
@@ -34,10 +89,79 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const AgentOptions&
     r->server_ = std::move(*server);
     if (port == 0) r->store_address_ = r->server_->address();
   }
-  auto store = ConnectStore(r->store_address_, deadline, options.security);
-  if (!store.ok()) return store.status();
-  r->store_ = std::move(*store);
+  if (absl::Status s = r->Connect(deadline); !s.ok()) return s;
   return r;
+}
+
+// Connects to the store, saying every progress_.every that it waits; a worker that joins
+// waits only for a store that is there (kJoinStoreWait).
+absl::Status Rendezvous::Connect(absl::Time deadline) {
+  const bool etcd = IsEtcdUrl(store_address_);
+  const absl::Time start = absl::Now();
+  absl::Time give_up = deadline;
+  const std::string no_job = absl::StrCat(
+      "the job may have finished, or ", etcd ? "GRADWIRE_RDZV (--rdzv)" : "MASTER_ADDR and MASTER_PORT (--master-addr, --master-port)",
+      " do not name a running job started with room to grow (max_world_size: gradwire launch --max-workers)");
+  if (options_.join && !etcd) {
+    if (!MayBeListening(store_address_)) {
+      return absl::UnavailableError(absl::StrCat(Who(), ": cannot join a job at ", store_address_,
+                                                 ": nothing listens there for its rendezvous store (connection refused); ",
+                                                 no_job));
+    }
+    give_up = std::min(deadline, start + kJoinStoreWait);
+  }
+  for (;;) {
+    const absl::Time slice = std::min(give_up, absl::Now() + progress_.every);
+    absl::Status status;
+    if (etcd) {
+      absl::StatusOr<std::unique_ptr<EtcdStore>> connected = ConnectEtcdStore(store_address_, slice, options_.security.tls);
+      if (connected.ok()) {
+        etcd_ = connected->get();
+        store_ = *std::move(connected);
+        return absl::OkStatus();
+      }
+      status = connected.status();
+    } else {
+      absl::StatusOr<std::unique_ptr<Store>> connected = ConnectStore(store_address_, slice, options_.security);
+      if (connected.ok()) {
+        store_ = *std::move(connected);
+        return absl::OkStatus();
+      }
+      status = connected.status();
+    }
+    if (!absl::IsUnavailable(status)) return status;  // e.g. the store refused our secret
+    if (absl::Now() >= give_up) {
+      if (!options_.join) return status;
+      return absl::UnavailableError(absl::StrCat(Who(), ": cannot join a job at ", store_address_,
+                                                 ": its rendezvous store did not answer within ",
+                                                 absl::FormatDuration(give_up - start), " (", status.message(), "); ",
+                                                 no_job));
+    }
+    Say(absl::StrCat(Who(), ": waiting for the rendezvous store at ", store_address_,
+                     etcd ? "" : " (served by rank 0: is it running?)", " to answer", Waited(start, give_up)));
+  }
+}
+
+std::string Rendezvous::Who() const {
+  if (!options_.name.empty()) return options_.name;
+  return options_.join ? std::string("a worker joining") : absl::StrCat("rank ", options_.rank);
+}
+
+void Rendezvous::Say(const std::string& line) const {
+  if (progress_.say) {
+    progress_.say(line);
+  } else {
+    std::fprintf(stderr, "gradwire: %s\n", line.c_str());
+  }
+}
+
+std::string Rendezvous::Waited(absl::Time since, absl::Time deadline) const {
+  auto seconds = [](absl::Duration d) {
+    d = absl::Seconds(absl::ToInt64Seconds(std::max(d, absl::ZeroDuration()) + absl::Milliseconds(500)));
+    return d == absl::ZeroDuration() ? std::string("0s") : absl::FormatDuration(d);
+  };
+  const absl::Time now = absl::Now();
+  return absl::StrCat(" (waiting ", seconds(now - since), " so far; giving up in ", seconds(deadline - now), ")");
 }
 
 Rendezvous::~Rendezvous() { Close(); }
@@ -65,15 +189,40 @@ absl::StatusOr<WorkerInfo> Rendezvous::Parse(int rank, const std::string& record
 absl::StatusOr<std::vector<WorkerInfo>> Rendezvous::AwaitAll(absl::Time deadline) {
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) keys.push_back(Key("worker/", r));
-  if (absl::Status s = store_->Wait(keys, deadline - absl::Now()); !s.ok()) {
-    std::vector<std::string> missing;
+  const absl::Time start = absl::Now();
+  for (;;) {
+    const absl::Time slice = std::min(deadline, absl::Now() + progress_.every);
+    absl::Status s = store_->Wait(keys, slice - absl::Now());
+    if (s.ok()) break;
+    std::vector<int> missing;
+    std::vector<std::string> present;  // names
     for (int r = 0; r < options_.world_size; ++r) {
-      if (!store_->Get(keys[static_cast<size_t>(r)], absl::Milliseconds(1)).ok()) missing.push_back(absl::StrCat(r));
+      absl::StatusOr<std::string> record = store_->Get(keys[static_cast<size_t>(r)], absl::Milliseconds(1));
+      if (!record.ok()) {
+        missing.push_back(r);
+      } else if (absl::StatusOr<WorkerInfo> w = Parse(r, *record); w.ok()) {
+        present.push_back(w->name);
+      }
     }
-    return absl::DeadlineExceededError(absl::StrCat(
-        "not every worker joined within ", absl::FormatDuration(options_.start_timeout), ": rank(s) ",
-        missing.empty() ? "?" : absl::StrJoin(missing, ", "), " of ", options_.world_size,
-        " did not announce themselves (", s.message(), "); check WORLD_SIZE and that every rank was started"));
+    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "not every worker joined within ", absl::FormatDuration(options_.start_timeout), ": rank(s) ",
+          missing.empty() ? "?" : absl::StrJoin(missing, ", "), " of ", options_.world_size,
+          " did not announce themselves (", s.message(), "); check WORLD_SIZE and that every rank was started"));
+    }
+    // The lowest rank that announced itself speaks for the group.
+    int lowest_present = 0;
+    while (lowest_present < options_.world_size &&
+           std::find(missing.begin(), missing.end(), lowest_present) != missing.end()) {
+      ++lowest_present;
+    }
+    if (!missing.empty() && lowest_present == options_.rank) {
+      Say(absl::StrCat(Who(), ": waiting for rank", missing.size() == 1 ? " " : "s ", Listed(missing), " of ",
+                       options_.world_size, " to join at the rendezvous store ", store_address_, " (",
+                       options_.world_size - static_cast<int>(missing.size()), " joined: ", Listed(present),
+                       "); have they been started, with the same WORLD_SIZE and rendezvous address?",
+                       Waited(start, deadline)));
+    }
   }
   std::vector<WorkerInfo> workers;
   absl::flat_hash_map<std::string, int> by_name;
@@ -103,11 +252,22 @@ absl::Status Rendezvous::PublishGroup(int world_size, int capacity) {
 
 absl::StatusOr<std::pair<int, int>> Rendezvous::ReadGroup(absl::Time deadline) {
   const std::string key = absl::StrCat(options_.run_id, "/group");
-  absl::StatusOr<std::string> v = store_->Get(key, deadline - absl::Now());
-  if (!v.ok()) {
-    return absl::Status(v.status().code(),
-                        absl::StrCat("no running group '", options_.run_id, "' to join at ", store_address_, ": ",
-                                     v.status().message(), " (its rank 0 publishes it once the group has formed)"));
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> v;
+  for (;;) {
+    const absl::Time slice = std::min(deadline, absl::Now() + progress_.every);
+    v = store_->Get(key, slice - absl::Now());
+    if (v.ok()) break;
+    if (!absl::IsDeadlineExceeded(v.status()) || absl::Now() >= deadline) {
+      return absl::Status(v.status().code(),
+                          absl::StrCat("no running group '", options_.run_id, "' to join at ", store_address_, ": ",
+                                       v.status().message(),
+                                       " (its rank 0 publishes it once the group has formed; a job that finished "
+                                       "has none)"));
+    }
+    Say(absl::StrCat(Who(), ": waiting to join the job '", options_.run_id, "' at the rendezvous store ",
+                     store_address_, ": its group has not formed yet (its rank 0 says so once every worker it "
+                     "started with joined), or the job has finished", Waited(start, deadline)));
   }
   std::pair<int, int> group;
   std::vector<std::string> parts = absl::StrSplit(*v, ' ');

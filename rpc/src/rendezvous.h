@@ -28,10 +28,19 @@
 //     used again); with a hosted store it does nothing.
 //   - RendezvousHost(address) is the host of either form of address (the agent picks
 //     the interface that reaches it); INVALID_ARGUMENT saying the expected forms.
+//   - Progress: while Join waits for the store to answer, AwaitAll for the other ranks,
+//     or ReadGroup for the group to form, a line says every progress.every (5 s) whom
+//     it waits for and where (to stderr unless progress.say is given): the store's
+//     address, and the ranks still missing (said by the lowest rank that announced
+//     itself, so one worker speaks for the group). A worker that joins (options.join)
+//     needs a running job: a store address where nothing listens (connection refused)
+//     fails Join at once, and a store that does not answer fails it after
+//     kJoinStoreWait (10 s), both UNAVAILABLE saying the job may have finished.
 //   - Close() drops the store client and stops the store it hosts. Thread-safe.
 #ifndef GRADWIRE_RPC_SRC_RENDEZVOUS_H_
 #define GRADWIRE_RPC_SRC_RENDEZVOUS_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -46,9 +55,17 @@
 
 namespace gw::rpc::internal {
 
+struct RendezvousProgress {
+  absl::Duration every = absl::Seconds(5);
+  std::function<void(const std::string& line)> say;  // null: "gradwire: <line>" on stderr
+};
+
 class Rendezvous {
  public:
-  static absl::StatusOr<std::unique_ptr<Rendezvous>> Join(const AgentOptions& options, absl::Time deadline);
+  static constexpr absl::Duration kJoinStoreWait = absl::Seconds(10);
+
+  static absl::StatusOr<std::unique_ptr<Rendezvous>> Join(const AgentOptions& options, absl::Time deadline,
+                                                          RendezvousProgress progress = {});
   ~Rendezvous();
 
   const std::string& store_address() const { return store_address_; }
@@ -76,10 +93,16 @@ class Rendezvous {
   void Close();
 
  private:
-  Rendezvous(const AgentOptions& options) : options_(options) {}
+  Rendezvous(const AgentOptions& options, RendezvousProgress progress)
+      : options_(options), progress_(std::move(progress)) {}
   absl::StatusOr<WorkerInfo> Parse(int rank, const std::string& record) const;
+  absl::Status Connect(absl::Time deadline);
+  std::string Who() const;
+  void Say(const std::string& line) const;
+  std::string Waited(absl::Time since, absl::Time deadline) const;
 
   const AgentOptions options_;
+  const RendezvousProgress progress_;
   std::string store_address_;
   std::unique_ptr<StoreServer> server_;
   std::unique_ptr<Store> store_;

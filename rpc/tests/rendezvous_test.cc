@@ -144,7 +144,146 @@ TEST_P(RendezvousTest, ABarrierAWorkerNeverReachesFailsByItsDeadlineNamingIt) {
       << s;
 }
 
+// The lines a Rendezvous says while it waits (RendezvousProgress), every 50 ms here.
+class Said {
+ public:
+  RendezvousProgress progress() {
+    return {.every = absl::Milliseconds(50), .say = [this](const std::string& line) {
+              absl::MutexLock lock(&mu_);
+              lines_.push_back(line);
+            }};
+  }
+  // Waits until a line containing `text` was said (the limit only keeps a broken
+  // rendezvous from hanging the suite); that line, or "" if none came.
+  std::string Await(const std::string& text, absl::Duration limit = absl::Seconds(30)) {
+    std::string found;
+    auto has = [&] {
+      for (const std::string& l : lines_) {
+        if (l.find(text) != std::string::npos) {
+          found = l;
+          return true;
+        }
+      }
+      return false;
+    };
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&has), limit);
+    return found;
+  }
+  std::vector<std::string> lines() {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+};
+
+// A rank that never starts: while the others wait, the lowest rank that announced itself
+// says whom they wait for and where (the others stay quiet); it stops once all are there.
+TEST_P(RendezvousTest, WhileRanksAreMissingTheLowestPresentRankSaysWhichAndWhere) {
+  Said said0, said2;
+  auto join = [&](int rank, Said& said) {
+    absl::StatusOr<std::unique_ptr<Rendezvous>> r =
+        Rendezvous::Join(Options(rank, 3), absl::Now() + absl::Seconds(10), said.progress());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : nullptr;
+  };
+  std::unique_ptr<Rendezvous> r0 = join(0, said0), r2 = join(2, said2);
+  ASSERT_TRUE(r0 != nullptr && r2 != nullptr);
+  ASSERT_TRUE(r0->Announce({"w0", 0, "127.0.0.1:1000", 1}).ok());
+  ASSERT_TRUE(r2->Announce({"w2", 2, "127.0.0.1:1002", 3}).ok());
+  absl::StatusOr<std::vector<WorkerInfo>> all0, all2;
+  std::thread wait0([&] { all0 = r0->AwaitAll(absl::Now() + absl::Seconds(60)); });
+  std::thread wait2([&] { all2 = r2->AwaitAll(absl::Now() + absl::Seconds(60)); });
+  const std::string line = said0.Await("waiting for rank 1 of 3");
+  EXPECT_NE(line.find(absl::StrCat("rank 0: waiting for rank 1 of 3 to join at the rendezvous store ", address(),
+                                   " (2 joined: w0, w2)")),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("so far; giving up in "), std::string::npos) << line;
+  // Rank 1 starts at last.
+  std::unique_ptr<Rendezvous> r1 = Join(1, 3);
+  ASSERT_NE(r1, nullptr);
+  ASSERT_TRUE(r1->Announce({"w1", 1, "127.0.0.1:1001", 2}).ok());
+  wait0.join();
+  wait2.join();
+  ASSERT_TRUE(all0.ok()) << all0.status();
+  ASSERT_TRUE(all2.ok()) << all2.status();
+  EXPECT_EQ(said2.lines(), std::vector<std::string>{}) << "rank 0 speaks for the group";
+}
+
+// A worker that joins a running job waits for the group to form, saying so.
+TEST_P(RendezvousTest, AJoinerWaitingForTheGroupSaysWhatItWaitsFor) {
+  Said said;
+  AgentOptions o = Options(-1, 1);
+  o.join = true;
+  absl::StatusOr<std::unique_ptr<Rendezvous>> joiner =
+      Rendezvous::Join(o, absl::Now() + absl::Seconds(10), said.progress());
+  ASSERT_TRUE(joiner.ok()) << joiner.status();
+  absl::StatusOr<std::pair<int, int>> group;
+  std::thread wait([&] { group = (*joiner)->ReadGroup(absl::Now() + absl::Seconds(60)); });
+  const std::string line = said.Await("waiting to join");
+  EXPECT_NE(line.find(absl::StrCat("a worker joining: waiting to join the job 'job' at the rendezvous store ",
+                                   address(), ": its group has not formed yet")),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("or the job has finished"), std::string::npos) << line;
+  std::unique_ptr<Rendezvous> rank0 = Join(0, 2);
+  ASSERT_NE(rank0, nullptr);
+  ASSERT_TRUE(rank0->PublishGroup(2, 4).ok());
+  wait.join();
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ(*group, std::make_pair(2, 4));
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, RendezvousTest, gw::rpc::testing::kBothStores, gw::rpc::testing::StoreBackendName);
+
+// A worker whose store is not there yet (rank 0 not started) says so as it waits, and
+// goes on once the store appears.
+TEST(RendezvousProgressTest, AWorkerWaitingForTheStoreSaysWhereItWaits) {
+  absl::StatusOr<int> port = gw::rpc::testing::FreeLoopbackPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  AgentOptions o;
+  o.rank = 1;
+  o.world_size = 2;
+  o.rendezvous = absl::StrCat("127.0.0.1:", *port);
+  Said said;
+  absl::StatusOr<std::unique_ptr<Rendezvous>> joined;
+  std::thread join([&] { joined = Rendezvous::Join(o, absl::Now() + absl::Seconds(60), said.progress()); });
+  const std::string line = said.Await("waiting for the rendezvous store");
+  EXPECT_NE(line.find(absl::StrCat("rank 1: waiting for the rendezvous store at 127.0.0.1:", *port,
+                                   " (served by rank 0: is it running?) to answer")),
+            std::string::npos)
+      << line;
+  absl::StatusOr<std::unique_ptr<StoreServer>> server = StoreServer::Start("127.0.0.1", *port);
+  ASSERT_TRUE(server.ok()) << server.status();
+  join.join();
+  EXPECT_TRUE(joined.ok()) << joined.status();
+  (*server)->Shutdown();
+}
+
+// A worker that joins a job which has finished (nothing listens where its store was)
+// fails at once, saying so, instead of waiting out its start timeout.
+TEST(RendezvousProgressTest, AJoinerFailsAtOnceWhenNoJobIsThere) {
+  absl::StatusOr<int> port = gw::rpc::testing::FreeLoopbackPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  AgentOptions o;
+  o.rank = -1;
+  o.join = true;
+  o.rendezvous = absl::StrCat("127.0.0.1:", *port);
+  Said said;
+  absl::StatusOr<std::unique_ptr<Rendezvous>> joined =
+      Rendezvous::Join(o, absl::Now() + absl::Seconds(120), said.progress());
+  ASSERT_FALSE(joined.ok());
+  EXPECT_EQ(joined.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(joined.status().message(),
+            absl::StrCat("a worker joining: cannot join a job at 127.0.0.1:", *port,
+                         ": nothing listens there for its rendezvous store (connection refused); the job may have "
+                         "finished, or MASTER_ADDR and MASTER_PORT (--master-addr, --master-port) do not name a "
+                         "running job started with room to grow (max_world_size: gradwire launch --max-workers)"));
+}
 
 }  // namespace
 }  // namespace gw::rpc::internal
