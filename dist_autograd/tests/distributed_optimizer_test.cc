@@ -110,6 +110,35 @@ TEST(DistributedOptimizerTest, BadConfigIsRejectedAndParametersWithoutAGradientS
 
 // Fetching a whole module's parameters, or a list of parameters through an RRef, inside a
 // context: the gradients land on the owner (PyTorch leaves them on the fetched copies).
+// An owner of parameters without DistAutograd::Install: the error says that distributed
+// autograd is not installed there and how to install it, not which internal function
+// was missing.
+TEST(DistributedOptimizerTest, AnOwnerWithoutDistributedAutogradIsToldToInstallIt) {
+  std::shared_ptr<DistAutograd> engine;
+  auto group = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) -> absl::Status {
+    if (a.self().rank == 0) return rpc::Assign(DistAutograd::Install(a), engine);
+    return a.Register("parameter", [&a] { return a.Own(Tensor::Ones({3})); });  // no DistAutograd here
+  });
+  ASSERT_NE(group, nullptr);
+  rpc::Agent& w0 = (*group)[0];
+  {
+    absl::StatusOr<rpc::RRef<Tensor>> param = w0.Sync<rpc::RRef<Tensor>>("worker1", "parameter");
+    ASSERT_TRUE(param.ok()) << param.status();
+    auto opt = DistributedOptimizer::Create(w0, optim::Sgd{.lr = 0.1}, {*param});
+    ASSERT_FALSE(opt.ok());
+    EXPECT_EQ(opt.status().code(), absl::StatusCode::kNotFound) << opt.status();
+    EXPECT_EQ(opt.status().message().rfind(
+                  "DistributedOptimizer: registering parameters on worker1: distributed autograd is not installed on "
+                  "worker1: call dist_autograd::DistAutograd::Install(agent) in its Agent::Start setup",
+                  0),
+              0u)
+        << opt.status();
+    EXPECT_EQ(opt.status().message().find("__"), std::string::npos) << opt.status();
+  }
+  absl::Status down = group->ShutdownAll();
+  ASSERT_TRUE(down.ok()) << down;
+}
+
 TEST(RemoteModuleAutogradTest, FetchedParametersRouteTheirGradientsToTheOwner) {
   std::vector<std::shared_ptr<DistAutograd>> engines(2);
   auto module = MakeLinear(4, 3, 5);  // lives on worker1

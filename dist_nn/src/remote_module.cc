@@ -1,5 +1,7 @@
 #include "gradwire/dist_nn/remote_module.h"
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "module_messages.h"
 
 namespace gw::dist_nn {
@@ -34,11 +36,28 @@ absl::Status internal::RegisterModuleMethods(rpc::Agent& agent) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RemoteModule> RemoteModule::Created(ModuleRRef module) {
+absl::StatusOr<RemoteModule> RemoteModule::Created(ModuleRRef module, const std::string& worker,
+                                                   const std::string& factory) {
   RemoteModule m(std::move(module));
   // Waits until the factory ran: its error, or an unknown factory, surfaces here.
-  if (absl::StatusOr<std::string> d = m.Describe(); !d.ok()) return d.status();
-  return m;
+  absl::StatusOr<std::string> d = m.Describe();
+  if (d.ok()) return m;
+  // The rpc layer says "<worker> has no function '<factory>' (registered: ...)": the
+  // factory is what is missing, in the words of this layer.
+  const absl::string_view why = d.status().message();
+  if (!absl::IsNotFound(d.status()) || !absl::StrContains(why, absl::StrCat("has no function '", factory, "'"))) {
+    return d.status();
+  }
+  std::string registered = "none";
+  if (const size_t at = why.find("(registered: "); at != absl::string_view::npos) {
+    const size_t from = at + sizeof("(registered: ") - 1;
+    const size_t to = why.rfind(')');
+    if (to != absl::string_view::npos && to > from) registered = std::string(why.substr(from, to - from));
+  }
+  return absl::NotFoundError(absl::StrCat(worker, " has no module factory '", factory,
+                                          "' (register it with dist_nn::RegisterModuleFactory in that worker's "
+                                          "Agent::Start setup; functions registered there: ",
+                                          registered, ")"));
 }
 
 absl::StatusOr<Tensor> RemoteModule::Forward(const Tensor& input, rpc::CallOptions options) const {

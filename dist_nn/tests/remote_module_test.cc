@@ -129,7 +129,15 @@ TEST(RemoteModuleTest, FactoryErrorsSurfaceFromCreate) {
   ASSERT_NE(g, nullptr);
   absl::StatusOr<RemoteModule> missing = RemoteModule::Create((*g)[0], "worker1", "no_such_factory");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
-  EXPECT_NE(missing.status().message().find("worker1"), std::string::npos) << missing.status();
+  // In this layer's words, with no internal name (the RRef protocol's) in it.
+  EXPECT_EQ(missing.status().message(),
+            "worker1 has no module factory 'no_such_factory' (register it with dist_nn::RegisterModuleFactory in that "
+            "worker's Agent::Start setup; functions registered there: add_in_place, linear, module_echo, null_module)");
+  // A module built here (this worker owns it) says the same.
+  absl::StatusOr<RemoteModule> missing_here = RemoteModule::Create((*g)[0], "worker0", "mpl");
+  EXPECT_EQ(missing_here.status().code(), absl::StatusCode::kNotFound) << missing_here.status();
+  EXPECT_EQ(missing_here.status().message().rfind("worker0 has no module factory 'mpl' (register it with", 0), 0u)
+      << missing_here.status();
   absl::StatusOr<RemoteModule> wrong_args = RemoteModule::Create((*g)[0], "worker1", "linear", std::string("x"));
   EXPECT_EQ(wrong_args.status().code(), absl::StatusCode::kInvalidArgument) << wrong_args.status();
   absl::StatusOr<RemoteModule> null = RemoteModule::Create((*g)[0], "worker1", "null_module");

@@ -11,12 +11,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -42,6 +44,17 @@ namespace {
 
 // The prefix of the agent's own protocol messages.
 constexpr std::string_view kAgentPrefix = "__agent.";
+
+// `gradwire launch` relays its workers' output line by line, but their stdout is a pipe,
+// which stdio buffers in blocks: a worker printing progress would show nothing until it
+// exits. The launcher sets GRADWIRE_LINE_BUFFERED=1 and every program that uses an agent
+// (this file is linked into it) makes stdout line-buffered before main() runs, before
+// anything is written to it (std::cout writes through stdio: synced by default).
+[[maybe_unused]] const bool kStdoutLineBuffered = [] {
+  const char* v = std::getenv("GRADWIRE_LINE_BUFFERED");
+  if (v != nullptr && std::string_view(v) == "1") std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  return true;
+}();
 
 // A worker that joined the group introduces itself to a member (Agent::Start): its hello
 // admitted it; the answer says so.
@@ -77,6 +90,16 @@ constexpr absl::Duration kLeakGrace = absl::Milliseconds(500);
 std::string Env(const char* name) {  // "" when unset
   const char* v = std::getenv(name);
   return v ? v : "";
+}
+
+// The message of an error a peer answered: "<peer>.<function>: <its message>" for the
+// user's functions; gradwire's own protocol functions ("__" names) stay out of it (a
+// layer's caller says what it was doing), and only the peer is named, unless the message
+// already names it.
+std::string ReplyErrorMessage(const std::string& peer, const std::string& function, absl::string_view message) {
+  if (!IsReservedName(function)) return absl::StrCat(peer, ".", function, ": ", message);
+  if (absl::StrContains(message, peer)) return std::string(message);
+  return absl::StrCat(peer, ": ", message);
 }
 
 // RRef control messages still go out while this worker shuts down: references released
@@ -316,6 +339,7 @@ class Agent::Impl {
     };
     hooks.defer = [this](std::function<void()> fn) { dispatcher_->Defer(std::move(fn)); };
     hooks.has_function = [this](const std::string& function) { return dispatcher_->Has(function); };
+    hooks.missing_function = [this](const std::string& function) { return dispatcher_->MissingFunctionError(function); };
     rrefs_ = std::make_shared<internal::RRefContext>(std::move(hooks));
     if (absl::Status s = rrefs_->RegisterFunctions(); !s.ok()) return s;
     if (absl::Status s = agent.Handle<StatisticsQuery>(
@@ -842,8 +866,8 @@ class Agent::Impl {
     }
     std::optional<internal::CallTable::Call> call = calls_->Find(env.id);
     if (!call) return;  // timed out or failed already
-    calls_->Complete(env.id, absl::Status(env.status.code(), absl::StrCat(peers_->Name(call->rank), ".", call->function,
-                                                                          ": ", env.status.message())));
+    calls_->Complete(env.id, absl::Status(env.status.code(), ReplyErrorMessage(peers_->Name(call->rank), call->function,
+                                                                               env.status.message())));
   }
 
   absl::StatusOr<Message> EncodeReply(int to, uint64_t id, const absl::StatusOr<Value>& result,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gradwire/rpc/errors.h"
@@ -21,7 +22,55 @@ Future<Value> Invoke(const RawHandler& fn, const CallInfo& info, ValueList args,
   return *std::move(f);
 }
 
+// The layers that serve gradwire's own protocols: for a protocol function missing on a
+// worker, which layer it lacks and how that is installed (in `who`'s Agent::Start setup).
+struct Layer {
+  absl::string_view prefix;
+  absl::string_view missing;  // "<what> is not installed on"
+  absl::string_view install;
+};
+constexpr Layer kLayers[] = {
+    {"__dist.", "distributed autograd is not installed on",
+     "call dist_autograd::DistAutograd::Install(agent) in its Agent::Start setup (every worker that runs part of "
+     "a distributed backward pass, or owns parameters a DistributedOptimizer updates, needs it)"},
+    {"__module.", "remote modules are not set up on",
+     "register its module factories with dist_nn::RegisterModuleFactory in its Agent::Start setup"},
+    {"__ps.", "no parameter server is installed on",
+     "call param_server::ParameterServer::Install(agent, options) in its Agent::Start setup, or use the "
+     "workers that are parameter servers"},
+    {"__serve.", "serving is not installed on", "call serve::Serving::Install(agent) in its Agent::Start setup"},
+    {"__coll.", "collectives are not installed on",
+     "call collectives::Collectives::Install(agent) in its Agent::Start setup (every member of the group needs it)"},
+    {"__parallel.", "pipeline stage replicas are not served on",
+     "call parallel::ServeStageReplicas(agent, collectives, engine) in its Agent::Start setup"},
+};
+
 }  // namespace
+
+absl::Status Dispatcher::MissingFunctionError(const std::string& function) const {
+  if (IsReservedName(function)) {
+    for (const Layer& layer : kLayers) {
+      if (absl::StartsWith(function, layer.prefix)) {
+        return absl::NotFoundError(absl::StrCat(layer.missing, " ", self_name_, ": ", layer.install));
+      }
+    }
+    // The agent's and the RRef protocol's functions are always there: the peer that
+    // called is another gradwire.
+    return absl::NotFoundError(absl::StrCat(
+        self_name_, " does not serve a protocol message of gradwire ('", function,
+        "'): its caller runs a different version of gradwire, or a layer of it that is not installed on ", self_name_));
+  }
+  std::vector<std::string> names;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [n, _] : handlers_) {
+      if (!IsReservedName(n)) names.push_back(n);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return absl::NotFoundError(absl::StrCat(self_name_, " has no function '", function, "' (registered: ",
+                                          names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
+}
 
 Dispatcher::Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int max_calls_in_flight)
     : self_name_(std::move(self_name)), pool_(pool), peers_(std::move(peers)),
@@ -92,18 +141,7 @@ void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, En
   }
   if (env.payload.is<ValueList>()) request.args = std::move(std::get<ValueList>(env.payload.storage()));
   if (!request.handler) {
-    std::vector<std::string> names;
-    {
-      absl::ReaderMutexLock lock(&mu_);
-      for (const auto& [n, _] : handlers_) {
-        if (!IsReservedName(n)) names.push_back(n);
-      }
-    }
-    std::sort(names.begin(), names.end());
-    Reply(conn, from, request.id,
-          absl::NotFoundError(absl::StrCat(self_name_, " has no function '", env.function, "' (registered: ",
-                                           names.empty() ? "none" : absl::StrJoin(names, ", "), ")")),
-          &batch.replies);
+    Reply(conn, from, request.id, MissingFunctionError(env.function), &batch.replies);
   } else if (request.handler->mode == HandlerMode::kInline) {
     t_read_batch = &batch;  // Defer() called by the handler lands in this read's batch
     Run(conn, std::move(request), &batch.replies);
@@ -220,8 +258,7 @@ void Dispatcher::Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t
 Future<Value> Dispatcher::InvokeLocal(const CallInfo& info, ValueList args, bool here) {
   std::shared_ptr<Handler> handler = Find(info.function);
   if (!handler) {
-    return MakeReadyFuture<Value>(pool_,
-                                  absl::NotFoundError(absl::StrCat(self_name_, " has no function '", info.function, "'")));
+    return MakeReadyFuture<Value>(pool_, MissingFunctionError(info.function));
   }
   if (here || handler->mode == HandlerMode::kInline) return Invoke(handler->fn, info, std::move(args), pool_);
   Promise<Value> promise(pool_);

@@ -5,7 +5,7 @@
 //   - Register adds a handler under a name (ALREADY_EXISTS if taken); the agent decides
 //     who may use reserved names (message.h).
 //   - OnRequest(conn, envelope) runs on the transport I/O thread that decoded the request:
-//     an unknown function is answered NOT_FOUND listing the registered ones; an inline
+//     an unknown function is answered NOT_FOUND (MissingFunctionError); an inline
 //     handler runs at once; pool handlers wait for OnFlush (the end of that read) and go to
 //     the worker pool in at most one task per pool thread, so a read of many requests costs
 //     one wake-up, and the replies ready when a task ends leave in one gather-write.
@@ -59,6 +59,11 @@ class Dispatcher {
   void SetHooks(std::shared_ptr<CallHooks> hooks) { hooks_ = std::move(hooks); }
   absl::Status Register(const std::string& name, RawHandler handler, RegisterOptions options = {});
   bool Has(const std::string& name) const;
+  // NOT_FOUND for a call of `function`, which is not registered here: a user's function
+  // "<self> has no function 'f' (registered: ...)"; one of gradwire's own protocols
+  // ("__" names) says which layer is not installed here and how to install it, naming
+  // no internal function.
+  absl::Status MissingFunctionError(const std::string& function) const;
   // Destroys the handlers (and what they own: a layer's state may close its resources,
   // calling out through the agent). The agent does it once closed, while the rest of it
   // still answers such calls with its closing error.

@@ -184,7 +184,7 @@ RRefPtr RRefContext::Remote(int owner, const std::string& function, ValueList ar
       }
     }
     if (!closed() && !hooks_.has_function(function)) {
-      promise->Set(absl::NotFoundError(absl::StrCat(WorkerName(self), " has no function '", function, "'")));
+      promise->Set(hooks_.missing_function(function));
     } else if (!closed()) {
       StartCreation(*promise, WorkerName(self), function, std::move(args), std::move(self_value));
     }
@@ -247,8 +247,7 @@ absl::Status RRefContext::OnRemote(const CallInfo& info, RRefRemote m) {
                                                    info.caller, ", who asks to create it"));
   }
   if (!hooks_.has_function(m.function)) {
-    absl::Status s = absl::NotFoundError(absl::StrCat(WorkerName(hooks_.self_rank), " has no function '", m.function,
-                                                      "' (Remote)"));
+    absl::Status s = hooks_.missing_function(m.function);
     FailUnfilled(m.rref, s);  // forks of it that arrived first must not wait for it
     return s;
   }

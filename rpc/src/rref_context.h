@@ -48,6 +48,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     // inline handler).
     std::function<void(std::function<void()>)> defer;
     std::function<bool(const std::string& function)> has_function;
+    // The NOT_FOUND for a function that is not registered here (Dispatcher::MissingFunctionError).
+    std::function<absl::Status(const std::string& function)> missing_function;
     // RRefs one peer may have this worker own for it (PeerLimits::max_rrefs; 0: no limit).
     int64_t max_rrefs_per_peer = 0;
   };

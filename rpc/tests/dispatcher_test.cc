@@ -139,6 +139,37 @@ TEST_F(DispatcherTest, ThrowingHandlersAreAnsweredWithAStatusAndReservedNamesAre
   EXPECT_TRUE(dispatcher_->AwaitIdle(absl::Now() + absl::Seconds(5)));
 }
 
+// A protocol message of a layer that is not installed here is answered with which layer
+// is missing and how to install it, naming no internal function.
+TEST_F(DispatcherTest, AMissingLayersMessageSaysWhichLayerToInstall) {
+  Call(1, "__dist.opt_register", {});
+  Call(2, "__ps.pull", {});
+  Call(3, "__nobody.knows", {});
+  std::vector<Envelope> r = AwaitReplies(3);
+  ASSERT_EQ(r.size(), 3u);
+  for (const Envelope& e : r) EXPECT_EQ(e.status.code(), absl::StatusCode::kNotFound) << e.status;
+  EXPECT_EQ(r[0].status.message().rfind(
+                "distributed autograd is not installed on server: call dist_autograd::DistAutograd::Install(agent) "
+                "in its Agent::Start setup",
+                0),
+            0u)
+      << r[0].status;
+  EXPECT_EQ(r[1].status.message().rfind("no parameter server is installed on server: call "
+                                        "param_server::ParameterServer::Install(agent, options)",
+                                        0),
+            0u)
+      << r[1].status;
+  for (int i : {0, 1}) EXPECT_EQ(r[i].status.message().find("__"), std::string::npos) << r[i].status;
+  EXPECT_NE(r[2].status.message().find("different version of gradwire"), std::string::npos) << r[2].status;
+  // The same for a call made here (RRef creation and methods on values owned here).
+  absl::StatusOr<Value> local = dispatcher_->InvokeLocal({"client", "__module.forward", 1}, {}, false).Get();
+  EXPECT_EQ(local.status().message().rfind("remote modules are not set up on server: register its module factories "
+                                           "with dist_nn::RegisterModuleFactory",
+                                           0),
+            0u)
+      << local.status();
+}
+
 TEST_F(DispatcherTest, RequestsReadTogetherAreAllAnsweredAndInvokeLocalRunsHere) {
   std::atomic<int> ran{0};
   ASSERT_TRUE(dispatcher_->Register("count", [&](const CallInfo&, ValueList) {

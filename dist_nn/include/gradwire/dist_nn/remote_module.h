@@ -9,7 +9,9 @@
 //     dist_nn/src/module_messages.h), once per agent.
 //   - RemoteModule::Create(agent, worker, factory, args...) builds the module on `worker`
 //     and returns once it exists, or the factory's error (NOT_FOUND for an unknown
-//     factory, naming the worker).
+//     factory: "worker1 has no module factory 'mlp' (register it with
+//     dist_nn::RegisterModuleFactory in that worker's Agent::Start setup; functions
+//     registered there: ...)").
 //   - Forward(x) / ForwardAsync(x) run module->Forward(x) on its worker. Any number of
 //     clients and threads may call one RemoteModule concurrently (nn::Module's Forward
 //     contract: modules without mutable state). Inside a distributed-autograd context the
@@ -73,7 +75,8 @@ class RemoteModule {
   template <typename... Args>
   static absl::StatusOr<RemoteModule> Create(rpc::Agent& agent, const std::string& worker, const std::string& factory,
                                              Args&&... args) {
-    return Created(agent.Remote<std::shared_ptr<nn::Module>>(worker, factory, std::forward<Args>(args)...));
+    return Created(agent.Remote<std::shared_ptr<nn::Module>>(worker, factory, std::forward<Args>(args)...), worker,
+                   factory);
   }
 
   // A RemoteModule for a module RRef received from another worker (module_rref() sent
@@ -95,7 +98,7 @@ class RemoteModule {
 
  private:
   explicit RemoteModule(ModuleRRef module) : module_(std::move(module)) {}
-  static absl::StatusOr<RemoteModule> Created(ModuleRRef module);
+  static absl::StatusOr<RemoteModule> Created(ModuleRRef module, const std::string& worker, const std::string& factory);
 
   ModuleRRef module_;
 };
