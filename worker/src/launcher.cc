@@ -5,8 +5,11 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,7 +26,9 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "gradwire/rpc/global_id.h"
 #include "gradwire/rpc/security.h"
 
 extern char** environ;
@@ -43,6 +48,13 @@ constexpr absl::Duration kMaxPollWait = absl::Milliseconds(200);
 // that escaped their process group but still hold a worker's stdout/stderr open.
 constexpr absl::Duration kDrainSlack = absl::Seconds(1);
 constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGCHLD};
+// At most this many workers per launcher unless GRADWIRE_LAUNCH_MAX_WORKERS allows more:
+// a larger -n is almost always a typo, and each worker is a process and two pipes here.
+constexpr int kDefaultMaxLocalWorkers = 1024;
+constexpr char kMaxLocalWorkersVar[] = "GRADWIRE_LAUNCH_MAX_WORKERS";
+// File descriptors the launcher needs besides two per worker (its own, the signal pipe,
+// /dev/null, a worker's pipes while it starts, the secret).
+constexpr rlim_t kBaseDescriptors = 32;
 
 // Signal plumbing is process-wide by nature: the handler writes the signal number to the
 // self-pipe of the Launch() that is running (at most one, see g_launch_running).
@@ -252,10 +264,70 @@ int ExitCodeOf(int wait_status) {
   return 1;
 }
 
+// The most workers Launch() starts: kDefaultMaxLocalWorkers, or GRADWIRE_LAUNCH_MAX_WORKERS.
+absl::StatusOr<int> MaxLocalWorkers() {
+  const char* v = std::getenv(kMaxLocalWorkersVar);
+  if (v == nullptr || *v == '\0') return kDefaultMaxLocalWorkers;
+  int most = 0;
+  if (!absl::SimpleAtoi(v, &most) || most < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad ", kMaxLocalWorkersVar, "=", v, " (the most workers one launcher may start, e.g. 4096)"));
+  }
+  return most;
+}
+
+// The processes and file descriptors `num_workers` workers need, checked against this
+// user's limits before any is started (rather than failing, or thrashing, half-way). The
+// soft limit on file descriptors is raised towards the hard one when that is enough; the
+// workers get the limits the launcher was started with (RunChild).
+absl::Status CheckResourceLimits(int num_workers, rlimit* original_nofile) {
+  rlimit nproc{};
+  if (::geteuid() != 0 && ::getrlimit(RLIMIT_NPROC, &nproc) == 0 && nproc.rlim_cur != RLIM_INFINITY &&
+      static_cast<rlim_t>(num_workers) >= nproc.rlim_cur) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot start ", num_workers, " workers: this user may run at most ", nproc.rlim_cur,
+        " processes (ulimit -u; hard limit ",
+        nproc.rlim_max == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(nproc.rlim_max),
+        "), and some already run; raise it with `ulimit -u N` or start fewer workers"));
+  }
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0) return absl::OkStatus();
+  *original_nofile = nofile;
+  const rlim_t needed = 2 * static_cast<rlim_t>(num_workers) + kBaseDescriptors;
+  if (nofile.rlim_cur == RLIM_INFINITY || needed <= nofile.rlim_cur) return absl::OkStatus();
+  if (nofile.rlim_max != RLIM_INFINITY && needed > nofile.rlim_max) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot start ", num_workers, " workers: the launcher needs about ", needed,
+        " file descriptors (two per worker) and may open at most ", nofile.rlim_max,
+        " (ulimit -Hn); raise the hard limit (as root, or in /etc/security/limits.conf) or start fewer workers"));
+  }
+  rlimit raised = nofile;
+  raised.rlim_cur = needed;
+  if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+    return ErrnoError(absl::StrCat("cannot raise the limit on open files to ", needed, " for ", num_workers, " workers"),
+                      errno);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateOptions(const LaunchOptions& options, std::FILE* out, std::FILE* err) {
   if (options.num_workers < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_workers must be at least 1, got ", options.num_workers));
+  }
+  if (absl::StatusOr<int> most = MaxLocalWorkers(); !most.ok()) {
+    return most.status();
+  } else if (options.num_workers > *most) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_workers (-n) ", options.num_workers, " is more than the ", *most,
+        " workers one launcher starts on a machine; if you mean it, set ", kMaxLocalWorkersVar, "=",
+        options.num_workers, " (and check that the machine has the processes, memory and file descriptors)"));
+  }
+  if (static_cast<int64_t>(options.nnodes) * options.num_workers > rpc::GlobalId::kMaxRanks ||
+      options.max_workers > rpc::GlobalId::kMaxRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a job has at most ", rpc::GlobalId::kMaxRanks, " ranks; got nnodes ", options.nnodes, " x num_workers ",
+        options.num_workers, options.max_workers > 0 ? absl::StrCat(", max_workers ", options.max_workers) : ""));
   }
   if (options.command.empty() || options.command[0].empty()) {
     return absl::InvalidArgumentError(
@@ -368,9 +440,15 @@ absl::Status ExecError(const std::string& worker, const std::string& program, in
   }
 }
 
+// What every worker inherits from the launcher besides its environment.
+struct Inherited {
+  int secret_fd = -1;                // the job secret's memfd (close-on-exec here), kept open in workers
+  std::optional<rlimit> nofile;      // the limit on open files to give back (CheckResourceLimits raised it)
+};
+
 // Child side of StartWorker, between fork and exec: async-signal-safe calls only.
 [[noreturn]] void RunChild(pid_t parent, int stdin_fd, int stdout_fd, int stderr_fd,
-                           int exec_error_fd, char* const* argv, char* const* envp) {
+                           int exec_error_fd, const Inherited& inherited, char* const* argv, char* const* envp) {
   struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;
   sigemptyset(&default_action.sa_mask);
@@ -389,6 +467,10 @@ absl::Status ExecError(const std::string& worker, const std::string& program, in
       ::_exit(127);
     }
   }
+  // The secret's descriptor (above 2: JobSecret) stays open across exec, so the worker
+  // reads it as GRADWIRE_SECRET_FILE=/proc/self/fd/N.
+  if (inherited.secret_fd >= 0) ::fcntl(inherited.secret_fd, F_SETFD, 0);
+  if (inherited.nofile) ::setrlimit(RLIMIT_NOFILE, &*inherited.nofile);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -408,7 +490,7 @@ pid_t WaitBlocking(pid_t pid, int* status) {
 
 // Forks and execs one worker; on success fills worker->pid and its streams.
 absl::Status StartWorker(const std::vector<std::string>& command, std::vector<std::string> env,
-                         int devnull, std::FILE* out, std::FILE* err, Worker* worker) {
+                         int devnull, const Inherited& inherited, std::FILE* out, std::FILE* err, Worker* worker) {
   Fd out_r, out_w, err_r, err_w, exec_r, exec_w;
   if (absl::Status s = MakePipe(&out_r, &out_w); !s.ok()) return s;
   if (absl::Status s = MakePipe(&err_r, &err_w); !s.ok()) return s;
@@ -429,7 +511,7 @@ absl::Status StartWorker(const std::vector<std::string>& command, std::vector<st
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
-    RunChild(parent, devnull, out_w.get(), err_w.get(), exec_w.get(), argv.data(), envp.data());
+    RunChild(parent, devnull, out_w.get(), err_w.get(), exec_w.get(), inherited, argv.data(), envp.data());
   }
   const int fork_errno = errno;
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
@@ -465,8 +547,8 @@ absl::Status StartWorker(const std::vector<std::string>& command, std::vector<st
 
 class Supervisor {
  public:
-  Supervisor(const LaunchOptions& options, std::FILE* out, std::FILE* err)
-      : options_(options), out_(out), err_(err) {}
+  Supervisor(const LaunchOptions& options, Inherited inherited, std::FILE* out, std::FILE* err)
+      : options_(options), inherited_(std::move(inherited)), out_(out), err_(err) {}
 
   absl::StatusOr<LaunchResult> Run(int port) {
     Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -474,9 +556,8 @@ class Supervisor {
     if (absl::Status s = signals_.Install(); !s.ok()) return s;
 
     const std::vector<std::string> common = CommonEnvironment(options_, port);
-    workers_.resize(static_cast<size_t>(options_.num_workers));
     for (int local = 0; local < options_.num_workers; ++local) {
-      Worker& w = workers_[static_cast<size_t>(local)];
+      Worker& w = workers_.emplace_back();  // only workers that were started are in workers_
       w.rank = options_.node_rank * options_.num_workers + local;
       w.name = options_.join ? absl::StrCat("joiner", local) : absl::StrCat(options_.name_prefix, w.rank);
       w.prefix = absl::StrCat("[", w.name, "] ");
@@ -490,6 +571,9 @@ class Supervisor {
         KillStarted();
         return s;
       }
+      // A SIGINT/SIGTERM while starting many workers stops the starting: the workers
+      // started so far get the signal (then SIGKILL after kill_grace), as in Supervise.
+      if (StopSignalled()) break;
     }
     Supervise(devnull.get());
     return Result();
@@ -499,7 +583,16 @@ class Supervisor {
   absl::Status Start(Worker& w, int devnull) {
     std::vector<std::string> env = w.env;
     env.push_back(absl::StrCat("GRADWIRE_RESTART_COUNT=", w.restarts));
-    return StartWorker(options_.command, std::move(env), devnull, out_, err_, &w);
+    return StartWorker(options_.command, std::move(env), devnull, inherited_, out_, err_, &w);
+  }
+
+  // Takes the signals received so far (SIGCHLD needs nothing here: Supervise reaps);
+  // whether the launch is to stop.
+  bool StopSignalled() {
+    for (int sig : signals_.Drain()) {
+      if (sig == SIGINT || sig == SIGTERM) OnLauncherSignal(sig);
+    }
+    return launcher_signals_ > 0;
   }
 
   // Whether a worker that just failed is started again (max_restarts) instead of
@@ -770,6 +863,7 @@ class Supervisor {
   }
 
   const LaunchOptions& options_;
+  const Inherited inherited_;
   std::FILE* out_;
   std::FILE* err_;
   SignalPipe signals_;
@@ -841,55 +935,94 @@ bool UserGaveSecret(const LaunchOptions& options) {
   return off == "off" || off == "OFF" || off == "Off";
 }
 
-// A fresh job secret in a file only this user may read, in a directory of its own; both
-// are removed when the launch ends.
-class JobSecretFile {
+// A fresh job secret that never touches a file system: a sealed memfd (only this user may
+// read it, nobody may change it), close-on-exec here and kept open in every worker
+// (RunChild), which reads it as GRADWIRE_SECRET_FILE=/proc/self/fd/N like any secret
+// file, restarts included. It goes away with the last process holding it, however the
+// launcher ends (even by SIGKILL): nothing is left behind.
+class JobSecret {
  public:
   absl::Status Make() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string dir = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/gradwire-job-XXXXXX");
-    if (::mkdtemp(dir.data()) == nullptr) return ErrnoError(absl::StrCat("cannot make a directory for the job secret in ", dir), errno);
-    dir_ = dir;
-    path_ = dir + "/secret";
-    Fd fd(::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (!fd.valid()) return ErrnoError(absl::StrCat("cannot write the job secret to ", path_), errno);
+    Fd fd(::memfd_create("gradwire-job-secret", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!fd.valid()) return ErrnoError("cannot make a memfd for the job secret", errno);
+    // Above stdin, stdout and stderr, which RunChild overwrites in the child.
+    fd_ = Fd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
+    if (!fd_.valid()) return ErrnoError("cannot move the job secret's memfd", errno);
     const std::string secret = rpc::MakeJobSecret();
-    if (::write(fd.get(), secret.data(), secret.size()) != static_cast<ssize_t>(secret.size())) {
-      return ErrnoError(absl::StrCat("cannot write the job secret to ", path_), errno);
+    if (::write(fd_.get(), secret.data(), secret.size()) != static_cast<ssize_t>(secret.size())) {
+      return ErrnoError("cannot write the job secret to its memfd", errno);
+    }
+    if (::fchmod(fd_.get(), 0400) != 0 ||
+        ::fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+      return ErrnoError("cannot seal the job secret's memfd", errno);
     }
     return absl::OkStatus();
   }
-  ~JobSecretFile() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-    if (!dir_.empty()) ::rmdir(dir_.c_str());
-  }
-  const std::string& path() const { return path_; }
+  int fd() const { return fd_.get(); }
+  std::string path() const { return absl::StrCat("/proc/self/fd/", fd_.get()); }
 
  private:
-  std::string dir_, path_;
+  Fd fd_;
 };
+
+// Puts back the limit on open files that CheckResourceLimits raised for the launch.
+class NofileRestore {
+ public:
+  explicit NofileRestore(std::optional<rlimit> original) : original_(original) {}
+  ~NofileRestore() {
+    if (original_) ::setrlimit(RLIMIT_NOFILE, &*original_);
+  }
+  NofileRestore(const NofileRestore&) = delete;
+  NofileRestore& operator=(const NofileRestore&) = delete;
+
+ private:
+  std::optional<rlimit> original_;
+};
+
+absl::Status CheckLaunchOptions(const LaunchOptions& options) {
+  if (absl::Status s = ValidateOptions(options, stdout, stderr); !s.ok()) return s;
+  if (UserGaveSecret(options)) return absl::OkStatus();
+  const bool others_join = options.join || options.max_workers > options.nnodes * options.num_workers;
+  if (options.nnodes > 1 || others_join) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.nnodes > 1 ? "a job over several machines"
+        : options.join     ? "a worker that joins a running job"
+                           : "a job that others may join (max_workers, --max-workers)",
+        " needs one secret shared by every launcher, and none is set: make one with `gradwire secret > job.secret` "
+        "(then chmod 600 job.secret; copy it to every machine), and set GRADWIRE_SECRET_FILE=job.secret for every "
+        "launcher", options.join ? ", the one that started the job too" : "",
+        " (or GRADWIRE_AUTH=off on a network where every process is trusted)"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<LaunchResult> Launch(const LaunchOptions& given, std::FILE* out, std::FILE* err) {
   if (absl::Status s = ValidateOptions(given, out, err); !s.ok()) return s;
+  if (absl::Status s = CheckLaunchOptions(given); !s.ok()) return s;
   LaunchOptions options = given;
-  JobSecretFile secret;
+  JobSecret secret;
+  Inherited inherited;
   if (!UserGaveSecret(options)) {
-    if (options.nnodes > 1 || options.join) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "a job ", options.join ? "joined by more workers" : "over several machines",
-          " needs one secret on every launcher, and none is set: make one with `gradwire secret > job.secret`, "
-          "give the file to every machine (readable by the job's user only), and set "
-          "GRADWIRE_SECRET_FILE=job.secret for every launcher (or GRADWIRE_AUTH=off on a network where every "
-          "process is trusted)"));
-    }
     if (absl::Status s = secret.Make(); !s.ok()) return s;
     options.extra_env["GRADWIRE_SECRET_FILE"] = secret.path();
+    inherited.secret_fd = secret.fd();
+  }
+  // Lines a worker prints reach the launcher as it prints them (its stdout is a pipe, so
+  // stdio would buffer whole blocks): the rpc library makes stdout line-buffered when this
+  // is set (rpc/src/agent.cc); GRADWIRE_LINE_BUFFERED=0 keeps the default buffering.
+  if (std::getenv("GRADWIRE_LINE_BUFFERED") == nullptr) {
+    options.extra_env.emplace(std::string("GRADWIRE_LINE_BUFFERED"), std::string("1"));  // unless extra_env has it
   }
   LaunchSlot slot;
   if (!slot.acquired()) {
     return absl::FailedPreconditionError(
         "another Launch() is already running in this process; run launches one at a time");
   }
+  rlimit nofile{};
+  if (absl::Status s = CheckResourceLimits(options.num_workers, &nofile); !s.ok()) return s;
+  rlimit now{};
+  if (::getrlimit(RLIMIT_NOFILE, &now) == 0 && now.rlim_cur != nofile.rlim_cur) inherited.nofile = nofile;
+  NofileRestore restore(inherited.nofile);
   int port = options.master_port;
   if (port == 0 && options.rdzv.empty()) {
     absl::StatusOr<int> picked = PickFreePort(options.master_addr);
@@ -898,7 +1031,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& given, std::FILE* out, 
   }
   std::fflush(out);  // so nothing the caller wrote earlier lands after the workers' lines
   std::fflush(err);
-  Supervisor supervisor(options, out, err);
+  Supervisor supervisor(options, inherited, out, err);
   return supervisor.Run(port);
 }
 

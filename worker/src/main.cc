@@ -65,10 +65,15 @@ rank), MASTER_ADDR and MASTER_PORT (with --rdzv: GRADWIRE_RDZV instead) and
 GRADWIRE_WORKER_NAME (and, unless already set,
 OMP_NUM_THREADS = cores / N, at least 1, as torchrun does), reads stdin from /dev/null,
 and has each line of its stdout and stderr prefixed with "[worker<rank>] ". SIGINT/SIGTERM are forwarded to the workers.
+Workers that use gradwire's rpc library print line by line (GRADWIRE_LINE_BUFFERED=1).
+At most 1024 workers per launcher: set GRADWIRE_LAUNCH_MAX_WORKERS=N to allow N.
 The job's workers authenticate each other with a secret: unless GRADWIRE_SECRET_FILE,
-GRADWIRE_SECRET or GRADWIRE_AUTH is set, launch makes a fresh one for the job (in a file
-only this user may read, removed at the end) and gives its path as GRADWIRE_SECRET_FILE;
-a job over several machines, or --join, needs the secret given (`gradwire secret`).
+GRADWIRE_SECRET or GRADWIRE_AUTH is set, launch makes a fresh one for the job (in memory,
+never in a file: each worker reads it from GRADWIRE_SECRET_FILE=/proc/self/fd/N); a job
+over several machines, one started with --max-workers, and --join need the secret given:
+  gradwire secret > job.secret && chmod 600 job.secret
+  GRADWIRE_SECRET_FILE=job.secret gradwire launch -n 4 --max-workers 6 --master-port 29500 PROGRAM
+  GRADWIRE_SECRET_FILE=job.secret gradwire launch --join --master-port 29500 PROGRAM
 Exit status: 0 if every worker exited 0, else the first failing worker's status
 (128+N if it was killed by signal N); 2 for bad usage; 127 if PROGRAM is not found.
 )";
@@ -194,6 +199,10 @@ int RunLaunch(const std::vector<std::string>& args) {
   if (options.max_workers > 0 && options.max_workers < options.nnodes * options.num_workers) {
     return UsageError(absl::StrCat(kWho, "--max-workers ", options.max_workers, " is below the ",
                                    options.nnodes * options.num_workers, " workers the job starts with"));
+  }
+  if (absl::Status s = CheckLaunchOptions(options); !s.ok()) {
+    std::fprintf(stderr, "%s%s\n", kWho, std::string(s.message()).c_str());
+    return s.code() == absl::StatusCode::kInvalidArgument ? kUsageError : 1;
   }
   if (options.master_port == 0 && options.rdzv.empty()) {
     absl::StatusOr<int> port = PickFreePort(options.master_addr);

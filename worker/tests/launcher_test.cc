@@ -6,7 +6,11 @@
 
 #include <cstdlib>
 #include <thread>
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,11 +25,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "scoped_env.h"
+
 #ifdef GRADWIRE_RPC_TEST_WORKER
 #include "etcd_server.h"
-#include "scoped_env.h"
 #include "gradwire/rpc/store.h"
 #endif
+
+extern char** environ;
 
 namespace gw::worker {
 namespace {
@@ -190,24 +200,26 @@ TEST(LaunchTest, NodeRankGivesThisNodesShareOfTheGlobalRanks) {
 }
 
 // The job secret (rpc security.h): without one in the environment, Launch makes a fresh
-// one per job in a file only this user may read, gives every worker its path, and
-// removes it at the end; a secret the user gave is passed through; a job over several
-// machines must be given one (each launcher would make its own).
+// one per job in a sealed memfd only this user may read (never a file on disk), and
+// gives every worker its descriptor as GRADWIRE_SECRET_FILE=/proc/self/fd/N; a secret
+// the user gave is passed through; a job over several machines must be given one (each
+// launcher would make its own).
 TEST(LaunchTest, EachJobGetsAFreshSecretOnlyItsUserMayRead) {
   gw::rpc::testing::ScopedEnv no_secret("GRADWIRE_SECRET", nullptr);
+  gw::rpc::testing::ScopedEnv no_file("GRADWIRE_SECRET_FILE", nullptr);
   std::vector<std::string> files, secrets;
   for (int job = 0; job < 2; ++job) {
     Capture cap;
     absl::StatusOr<LaunchResult> result =
-        Launch(Shell(2, "echo \"file=$GRADWIRE_SECRET_FILE mode=$(stat -c %a \"$GRADWIRE_SECRET_FILE\") "
+        Launch(Shell(2, "echo \"file=$GRADWIRE_SECRET_FILE mode=$(stat -L -c %a \"$GRADWIRE_SECRET_FILE\") "
                         "secret=$(cat \"$GRADWIRE_SECRET_FILE\")\""),
                cap.out, cap.err);
     ASSERT_TRUE(result.ok()) << result.status();
     ASSERT_EQ(result->exit_code, 0) << cap.Err();
     const std::string out = cap.Out();
-    // "[worker0] file=F mode=600 secret=S"
+    // "[worker0] file=F mode=400 secret=S"
     const std::string first = out.substr(0, out.find('\n'));
-    const size_t file = first.find("file="), mode = first.find(" mode=600 secret=");
+    const size_t file = first.find("file="), mode = first.find(" mode=400 secret=");
     ASSERT_TRUE(file != std::string::npos && mode != std::string::npos) << out;
     files.push_back(first.substr(file + 5, mode - file - 5));
     secrets.push_back(first.substr(mode + 17));
@@ -215,7 +227,7 @@ TEST(LaunchTest, EachJobGetsAFreshSecretOnlyItsUserMayRead) {
     EXPECT_EQ(secrets.back().find_first_not_of("0123456789abcdef"), std::string::npos) << out;
     EXPECT_NE(out.find(absl::StrCat("secret=", secrets.back())), out.rfind(absl::StrCat("secret=", secrets.back())))
         << "both workers got the same secret: " << out;
-    EXPECT_FALSE(std::filesystem::exists(files.back())) << "removed when the job ended";
+    EXPECT_EQ(files.back().rfind("/proc/self/fd/", 0), 0u) << "an inherited descriptor, not a file: " << out;
   }
   EXPECT_NE(secrets[0], secrets[1]) << "a fresh secret per job";
 
@@ -231,6 +243,39 @@ TEST(LaunchTest, EachJobGetsAFreshSecretOnlyItsUserMayRead) {
   Capture given;
   ASSERT_TRUE(Launch(Shell(1, "echo \"secret=$GRADWIRE_SECRET file=$GRADWIRE_SECRET_FILE.\""), given.out, given.err).ok());
   EXPECT_NE(given.Out().find("secret=given by the user file=."), std::string::npos) << given.Out();
+}
+
+// -n is bounded (1024 unless GRADWIRE_LAUNCH_MAX_WORKERS says otherwise), checked before
+// anything starts; so is a job that others may join without a secret they can have.
+TEST(LaunchTest, TooManyWorkersAndUnjoinableElasticJobsAreRefusedBeforeAnyStarts) {
+  Capture cap;
+  absl::Status many = Launch(Shell(100000, "true"), cap.out, cap.err).status();
+  EXPECT_EQ(many.code(), absl::StatusCode::kInvalidArgument) << many;
+  EXPECT_NE(many.message().find("100000 is more than the 1024 workers"), std::string::npos) << many;
+  EXPECT_NE(many.message().find("GRADWIRE_LAUNCH_MAX_WORKERS=100000"), std::string::npos) << many;
+  {
+    gw::rpc::testing::ScopedEnv most("GRADWIRE_LAUNCH_MAX_WORKERS", "2");
+    absl::Status three = Launch(Shell(3, "true"), cap.out, cap.err).status();
+    EXPECT_NE(three.message().find("more than the 2 workers"), std::string::npos) << three;
+    absl::StatusOr<LaunchResult> two = Launch(Shell(2, "true"), cap.out, cap.err);
+    ASSERT_TRUE(two.ok()) << two.status();
+    EXPECT_EQ(two->exit_code, 0);
+  }
+  {
+    gw::rpc::testing::ScopedEnv bad("GRADWIRE_LAUNCH_MAX_WORKERS", "lots");
+    EXPECT_EQ(Launch(Shell(1, "true"), cap.out, cap.err).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(cap.Out(), "");
+  gw::rpc::testing::ScopedEnv no_secret("GRADWIRE_SECRET", nullptr);
+  gw::rpc::testing::ScopedEnv no_file("GRADWIRE_SECRET_FILE", nullptr);
+  LaunchOptions elastic = Shell(1, "true");
+  elastic.max_workers = 2;
+  absl::Status unjoinable = Launch(elastic, cap.out, cap.err).status();
+  EXPECT_EQ(unjoinable.code(), absl::StatusCode::kFailedPrecondition) << unjoinable;
+  EXPECT_NE(unjoinable.message().find("gradwire secret > job.secret"), std::string::npos) << unjoinable;
+  EXPECT_EQ(CheckLaunchOptions(elastic), unjoinable);
+  elastic.extra_env["GRADWIRE_SECRET"] = "shared with the workers that join";
+  EXPECT_TRUE(CheckLaunchOptions(elastic).ok());
 }
 
 // Like torchrun: without OMP_NUM_THREADS, workers get an equal share of the cores; a
@@ -539,10 +584,10 @@ struct CliRun {
   std::string out, err;
 };
 
-// Runs `gradwire ARGS` through /bin/sh; `args` is shell text.
-CliRun RunCli(const std::string& args) {
+// Runs `gradwire ARGS` through /bin/sh; `args` is shell text, `prefix` too (e.g. env ...).
+CliRun RunCli(const std::string& args, const std::string& prefix = "") {
   TempDir dir;
-  const std::string command = std::string("'") + GRADWIRE_CLI_PATH + "' " + args + " >'" +
+  const std::string command = prefix + std::string("'") + GRADWIRE_CLI_PATH + "' " + args + " >'" +
                               dir.path() + "/out' 2>'" + dir.path() + "/err'";
   const int status = std::system(command.c_str());
   return CliRun{WIFEXITED(status) ? WEXITSTATUS(status) : -1, dir.Read("out"), dir.Read("err")};
@@ -604,6 +649,246 @@ TEST(CliTest, RdzvUsageErrorsSayWhatToDo) {
   EXPECT_EQ(ok.err.rfind("gradwire launch: starting 1 worker (GRADWIRE_RDZV=etcd://127.0.0.1:2379/j)\n", 0), 0u)
       << ok.err;
   EXPECT_NE(RunCli("launch --help").out.find("--rdzv etcd://HOST:PORT/JOB"), std::string::npos);
+}
+
+// `gradwire ARGS` started here with its stdout and stderr on pipes, read as the launcher
+// writes them (not only when it exits). `env` adds NAME=VALUE entries to this process's
+// environment, `unset` removes variables.
+class Spawned {
+ public:
+  Spawned(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+          const std::vector<std::string>& unset = {}) {
+    std::vector<std::string> argv_s = {GRADWIRE_CLI_PATH};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string var(*e), name = var.substr(0, var.find('='));
+      if (std::find(unset.begin(), unset.end(), name) == unset.end()) env_s.push_back(var);
+    }
+    env_s.insert(env_s.end(), env.begin(), env.end());
+    std::vector<char*> argv, envp;
+    for (std::string& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (std::string& e : env_s) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    fds_[0] = out[0];
+    fds_[1] = err[0];
+  }
+  ~Spawned() {
+    for (int fd : fds_) {
+      if (fd >= 0) ::close(fd);
+    }
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Spawned(const Spawned&) = delete;
+  Spawned& operator=(const Spawned&) = delete;
+
+  pid_t pid() const { return pid_; }
+  const std::string& out() const { return text_[0]; }
+  const std::string& err() const { return text_[1]; }
+
+  // Reads until every one of `needles` is in stdout or stderr (true), or both closed
+  // or `limit` passed (false: the test fails; the limit only keeps a broken launcher
+  // from hanging the suite).
+  bool ReadUntil(const std::vector<std::string>& needles, absl::Duration limit = absl::Seconds(60)) {
+    const absl::Time end = absl::Now() + limit;
+    auto found = [&] {
+      return std::all_of(needles.begin(), needles.end(), [&](const std::string& n) {
+        return absl::StrContains(text_[0], n) || absl::StrContains(text_[1], n);
+      });
+    };
+    while (!found()) {
+      if (!ReadSome(end)) return found();
+    }
+    return true;
+  }
+  // Reads both pipes to their end and reaps the launcher: its wait status.
+  int Finish(absl::Duration limit = absl::Seconds(120)) {
+    const absl::Time end = absl::Now() + limit;
+    while (ReadSome(end)) {
+    }
+    int status = -1;
+    ::waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return status;
+  }
+
+ private:
+  // One poll and read; false once both pipes are closed or `end` passed.
+  bool ReadSome(absl::Time end) {
+    pollfd p[2];
+    nfds_t n = 0;
+    int which[2];
+    for (int i = 0; i < 2; ++i) {
+      if (fds_[i] < 0) continue;
+      p[n] = {fds_[i], POLLIN, 0};
+      which[n++] = i;
+    }
+    const int64_t ms = absl::ToInt64Milliseconds(end - absl::Now());
+    if (n == 0 || ms <= 0 || ::poll(p, n, static_cast<int>(ms)) <= 0) return false;
+    for (nfds_t k = 0; k < n; ++k) {
+      if (p[k].revents == 0) continue;
+      char buf[4096];
+      const ssize_t got = ::read(fds_[which[k]], buf, sizeof buf);
+      if (got > 0) {
+        text_[which[k]].append(buf, static_cast<size_t>(got));
+      } else {
+        ::close(fds_[which[k]]);
+        fds_[which[k]] = -1;
+      }
+    }
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int fds_[2] = {-1, -1};
+  std::string text_[2];
+};
+
+// The pids of the processes whose environment holds `entry` (NAME=VALUE).
+std::vector<pid_t> ProcessesWithEnv(const std::string& entry) {
+  std::vector<pid_t> pids;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (dirent* d = ::readdir(proc)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(d->d_name, &pid)) continue;
+    std::ifstream in(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
+    std::string var;
+    while (std::getline(in, var, '\0')) {
+      if (var == entry) {
+        pids.push_back(pid);
+        break;
+      }
+    }
+  }
+  ::closedir(proc);
+  return pids;
+}
+
+// Blocks until process `pid` (not a child of this one) has ended: a pidfd becomes
+// readable then. False if it still runs after `limit`.
+bool AwaitEnd(pid_t pid, absl::Duration limit = absl::Seconds(60)) {
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return errno == ESRCH;
+  pollfd p{fd, POLLIN, 0};
+  const bool ended = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(limit))) == 1;
+  ::close(fd);
+  return ended;
+}
+
+// Entries of /tmp whose name starts with `prefix`.
+std::vector<std::string> TmpEntries(const std::string& prefix) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator("/tmp")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+#ifdef GRADWIRE_LAUNCHED_PROGRAM
+// A worker's stdout is a pipe to the launcher; without GRADWIRE_LINE_BUFFERED (and the rpc
+// library acting on it) what it prints with printf or std::cout would arrive when it
+// exits, here never: it waits until the launcher is stopped.
+TEST(CliTest, AWorkersLinesArriveAsItPrintsThem) {
+  Spawned cli({"launch", "-n", "2", GRADWIRE_LAUNCHED_PROGRAM, "print_then_wait"});
+  ASSERT_TRUE(cli.ReadUntil({"[worker0] printf line of worker0 (options ok)\n", "[worker1] printf line of worker1 (options ok)\n",
+                             "[worker0] cout line\n", "[worker1] cout line\n"}))
+      << cli.out() << cli.err();
+  ASSERT_EQ(::kill(cli.pid(), SIGTERM), 0);
+  const int status = cli.Finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << status << cli.err();
+}
+#endif  // GRADWIRE_LAUNCHED_PROGRAM
+
+TEST(CliTest, TooManyWorkersAreRefusedAtOnceSayingTheLimit) {
+  CliRun many = RunCli("launch -n 100000 /bin/true");
+  EXPECT_EQ(many.exit_code, 2) << many.err;
+  EXPECT_EQ(many.err.rfind("gradwire launch: num_workers (-n) 100000 is more than the 1024 workers one launcher "
+                           "starts on a machine; if you mean it, set GRADWIRE_LAUNCH_MAX_WORKERS=100000",
+                           0),
+            0u)
+      << many.err;
+  EXPECT_EQ(many.out, "");
+}
+
+// SIGTERM while the launcher starts hundreds of workers: it stops starting them, the
+// ones started get it, and it exits 128 + SIGTERM leaving no process of the job behind.
+TEST(CliTest, SigtermWhileStartingManyWorkersStopsThemAll) {
+  const std::string token = absl::StrCat("GW_LAUNCH_TEST_TOKEN=sigterm-", ::getpid());
+  Spawned cli({"launch", "-n", "600", "/bin/sh", "-c", "echo up; exec sleep 600"}, {token});
+  ASSERT_TRUE(cli.ReadUntil({"] up\n"})) << cli.out() << cli.err();
+  ASSERT_EQ(::kill(cli.pid(), SIGTERM), 0);
+  const int status = cli.Finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << status << cli.err();
+  EXPECT_NE(cli.err().find("gradwire launch: received SIGTERM; forwarded it to the workers"), std::string::npos)
+      << cli.err();
+  // The launcher returns once every worker is reaped.
+  EXPECT_EQ(ProcessesWithEnv(token), std::vector<pid_t>{});
+}
+
+// The job secret lives in a memfd the workers inherit: a launcher killed with SIGKILL
+// (no cleanup at all) leaves nothing of it in /tmp, and its workers die with it.
+TEST(CliTest, SigkillOfTheLauncherLeavesNoSecretBehind) {
+  const std::vector<std::string> before = TmpEntries("gradwire");
+  const std::string token = absl::StrCat("GW_LAUNCH_TEST_TOKEN=sigkill-", ::getpid());
+  Spawned cli({"launch", "-n", "2", "/bin/sh", "-c",
+               "test -s \"$GRADWIRE_SECRET_FILE\" && echo \"pid $$ reads $GRADWIRE_SECRET_FILE\"; exec sleep 600"},
+              {token}, {"GRADWIRE_SECRET", "GRADWIRE_SECRET_FILE"});
+  ASSERT_TRUE(cli.ReadUntil({"[worker0] pid ", "[worker1] pid "})) << cli.out() << cli.err();
+  EXPECT_EQ(cli.out().find("reads /tmp"), std::string::npos) << cli.out();
+  EXPECT_NE(cli.out().find(" reads /proc/self/fd/"), std::string::npos) << cli.out();
+  ASSERT_EQ(::kill(cli.pid(), SIGKILL), 0);
+  cli.Finish();
+  for (const std::string& line : Lines(cli.out())) {  // "[workerN] pid P reads ..."
+    pid_t worker = 0;
+    const size_t at = line.find("] pid ");
+    ASSERT_TRUE(at != std::string::npos && absl::SimpleAtoi(line.substr(at + 6, line.find(' ', at + 6) - at - 6), &worker))
+        << line;
+    EXPECT_TRUE(AwaitEnd(worker)) << worker;  // PR_SET_PDEATHSIG
+  }
+  EXPECT_EQ(ProcessesWithEnv(token), std::vector<pid_t>{});
+  EXPECT_EQ(TmpEntries("gradwire"), before);
+}
+
+// A job that others join needs a secret they can have: the launcher refuses to make one
+// of its own, and passes a given one through untouched, to the job and to the joiners.
+TEST(CliTest, AJobOthersJoinUsesTheSecretTheUserGives) {
+  CliRun refused = RunCli("launch -n 1 --max-workers 2 /bin/true", "env -u GRADWIRE_SECRET -u GRADWIRE_SECRET_FILE ");
+  EXPECT_EQ(refused.exit_code, 1) << refused.err;
+  EXPECT_NE(refused.err.find("a job that others may join (max_workers, --max-workers) needs one secret"),
+            std::string::npos)
+      << refused.err;
+  CliRun joiner = RunCli("launch --join --master-port 1 /bin/true", "env -u GRADWIRE_SECRET -u GRADWIRE_SECRET_FILE ");
+  EXPECT_EQ(joiner.exit_code, 1) << joiner.err;
+  EXPECT_NE(joiner.err.find("GRADWIRE_SECRET_FILE=job.secret for every launcher, the one that started the job too"),
+            std::string::npos)
+      << joiner.err;
+
+  TempDir dir;
+  const std::string file = dir.path() + "/job.secret";
+  ASSERT_EQ(std::system(absl::StrCat("'", GRADWIRE_CLI_PATH, "' secret > '", file, "'").c_str()), 0);
+  const std::string env = absl::StrCat("env -u GRADWIRE_SECRET GRADWIRE_SECRET_FILE='", file, "' ");
+  CliRun main_job = RunCli("launch -n 1 --max-workers 2 /bin/sh -c 'echo \"file=$GRADWIRE_SECRET_FILE\"'", env);
+  EXPECT_EQ(main_job.exit_code, 0) << main_job.err;
+  EXPECT_EQ(main_job.out, absl::StrCat("[worker0] file=", file, "\n"));
 }
 
 #ifdef GRADWIRE_RPC_TEST_WORKER

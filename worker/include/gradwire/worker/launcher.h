@@ -27,7 +27,18 @@
 //     calls (UNAVAILABLE naming it), so their programs fail and their launchers stop.
 //   - Each worker's stdout and stderr are copied line by line to `out` / `err`, each line
 //     prefixed with "[<name>] "; a last line without '\n' is written (with a '\n' added)
-//     when the worker closes its output. Lines longer than 64 KiB are split.
+//     when the worker closes its output. Lines longer than 64 KiB are split. Workers get
+//     GRADWIRE_LINE_BUFFERED=1 (unless the launcher's environment or extra_env sets it):
+//     a program that uses the rpc library (an agent) then has a line-buffered stdout, so
+//     each line it prints is relayed as it is printed, not when a pipe-sized block has
+//     filled or the program exits (=0 keeps stdio's block buffering).
+//   - Bounds, checked before anything starts: at most 1024 workers per launcher
+//     (INVALID_ARGUMENT saying so; GRADWIRE_LAUNCH_MAX_WORKERS=N in the launcher's
+//     environment allows N), at most rpc::GlobalId::kMaxRanks ranks in the job, fewer
+//     workers than this user's process limit (RLIMIT_NPROC, unless root), and two file
+//     descriptors per worker (the soft RLIMIT_NOFILE is raised towards the hard one
+//     while the launch runs, the workers get the original; RESOURCE_EXHAUSTED, naming
+//     the limit and the ulimit option, when that is not enough).
 //   - Each worker runs in its own process group. When a worker's main process exits
 //     non-zero or is killed by a signal, every other worker's group gets SIGTERM and,
 //     after kill_grace, SIGKILL; the result names that first failing worker, with
@@ -44,7 +55,18 @@
 //     (after another failure, or a forwarded signal) is never restarted.
 //   - SIGINT / SIGTERM received by the launcher during Launch() are forwarded to every
 //     worker's group (SIGKILL follows after kill_grace; a second such signal sends
-//     SIGKILL at once) and the result's exit_code is 128 + that signal.
+//     SIGKILL at once) and the result's exit_code is 128 + that signal. One that arrives
+//     while the workers are being started stops the starting: only those started so far
+//     get it.
+//   - The job secret (rpc/security.h): unless GRADWIRE_SECRET_FILE, GRADWIRE_SECRET or
+//     GRADWIRE_AUTH=off is in the launcher's environment or extra_env (then the workers
+//     get that, untouched), Launch() makes a fresh secret for the job in a sealed memfd
+//     that no file system holds, and gives every worker (restarts included)
+//     GRADWIRE_SECRET_FILE=/proc/self/fd/N, a descriptor each inherits: nothing is
+//     written to disk, and nothing is left when the launcher dies, even by SIGKILL.
+//     A job over several nodes, one that others may join (max_workers above the workers
+//     started) and workers that join (join) need a secret given: FAILED_PRECONDITION
+//     saying how to make one (`gradwire secret`).
 //   - No zombies, no orphans: children set PR_SET_PDEATHSIG(SIGKILL), so they die if the
 //     launcher thread dies (even by SIGKILL). While Launch() runs the process is a child
 //     subreaper (PR_SET_CHILD_SUBREAPER, previous setting restored after), so processes
@@ -111,6 +133,11 @@ inline constexpr const char* kLaunchEnvVars[] = {
 
 absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options, std::FILE* out = stdout,
                                     std::FILE* err = stderr);
+
+// The checks Launch() makes of `options` before it starts anything (bounds, the secret a
+// job needs), for a caller that wants their answer first (the CLI, before it says what it
+// starts): the same errors.
+absl::Status CheckLaunchOptions(const LaunchOptions& options);
 
 // A TCP port that was free on `address` (IPv4/IPv6 literal or host name) a moment ago.
 absl::StatusOr<int> PickFreePort(const std::string& address);
