@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "host_network.h"
+#include "scoped_temp_dir.h"
 
 namespace gw::examples {
 namespace {
@@ -80,8 +81,9 @@ TEST(PsRestartTest, TheMainJobSurvivesAServerKilledMidRun) {
   if (std::string why = HostNetwork::Unsupported(); !why.empty()) GTEST_SKIP() << why;
   absl::StatusOr<std::unique_ptr<HostNetwork>> network = HostNetwork::Create(1);
   ASSERT_TRUE(network.ok()) << network.status();
-  char dir_template[] = "/tmp/gradwire_ps_restart.XXXXXX";
-  const std::string dir = ::mkdtemp(dir_template);
+  const gw::rpc::testing::ScopedTempDir checkpoints("gradwire_ps_restart");
+  ASSERT_TRUE(checkpoints.ok());
+  const std::string& dir = checkpoints.path();
   absl::StatusOr<HostProcess*> launcher = (*network)->Start(
       0,
       {GRADWIRE_CLI, "launch", "-n", "4", "--max-restarts", "1", PS_FASHION_MNIST, "--servers=2", "--epochs=2",
@@ -102,8 +104,6 @@ TEST(PsRestartTest, TheMainJobSurvivesAServerKilledMidRun) {
   EXPECT_NE(out.find("gradwire launch: worker1 was killed by signal 9 (SIGKILL)"), std::string::npos) << out;
   EXPECT_NE(out.find("gradwire launch: restarting worker1 (restart 1 of 1)"), std::string::npos) << out;
   EXPECT_NE(out.find("tables restored from its checkpoint"), std::string::npos) << out;
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace
