@@ -7,17 +7,21 @@
 //   - Every other argument goes to Abseil's parser (an unknown flag exits 1 naming it).
 //   - The flags every example shares are checked before anything runs, each error
 //     naming the flag and what it needs (exit 2): --epochs >= 1, --batch_size >= 1,
-//     --lr > 0, --chunks >= 1, and --save's directory exists and is writable (so that a
-//     bad path fails at once, not after the whole run).
-//   - Threads: a program started without OMP_NUM_THREADS and not by `gradwire launch`
-//     (which gives each worker its share of the cores) runs oneDNN on one thread: these
-//     models are small, and on a machine whose cores are busy OpenMP threads that wait for
-//     one another make an epoch 5-8x slower. Set OMP_NUM_THREADS to choose another count.
+//     --lr > 0, --chunks >= 1. CheckWritable(path), called by the worker that will write
+//     a file (--save) before it trains, fails at once on a directory it cannot write.
+//   - Threads: a program started without OMP_NUM_THREADS (so not by `gradwire launch`,
+//     which gives each worker its share of the cores) starts itself again with
+//     OMP_NUM_THREADS=1 (libgomp reads it once, at load; omp_set_num_threads would reach
+//     only the calling thread, not the RPC and autograd threads). Measured with
+//     train_fashion_mnist on a 2-core AMD EPYC (2026-11-27): one thread 72,000 samples/s on
+//     a quiet machine and 69,000 with the other core busy; two 100,000 quiet but 29,000
+//     busy (OpenMP threads that spin waiting for a preempted peer); two with passive
+//     waiting 60,000 either way. One thread also gives the same numbers on every machine
+//     (oneDNN's sums depend on the thread count). Set OMP_NUM_THREADS to choose another.
 //   Header-only; the examples link absl::flags_reflection.
 #ifndef GRADWIRE_EXAMPLES_FLAGS_H_
 #define GRADWIRE_EXAMPLES_FLAGS_H_
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -80,30 +84,30 @@ inline void CheckSharedFlags() {
   if (Number("batch_size", &v) && v < 1) Refuse(absl::StrCat("--batch_size=", v, ": needs at least 1"));
   if (Number("chunks", &v) && v < 1) Refuse(absl::StrCat("--chunks=", v, ": needs at least 1 micro-batch"));
   if (Number("lr", &v) && !(v > 0)) Refuse(absl::StrCat("--lr=", v, ": the learning rate must be positive"));
-  if (absl::CommandLineFlag* save = absl::FindCommandLineFlag("save"); save != nullptr) {
-    const std::string path = save->CurrentValue();
-    if (!path.empty()) {
-      const size_t slash = path.rfind('/');
-      const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-      if (::access(dir.c_str(), W_OK) != 0) {
-        Refuse(absl::StrCat("--save=", path, ": cannot write into ", dir, " (", std::strerror(errno),
-                            "); make the directory or choose another path"));
-      }
-    }
-  }
 }
 
 // One oneDNN (OpenMP) thread when nobody chose a count (see the contract above).
-inline void DefaultThreads() {
+inline void DefaultThreads(char** argv) {
   if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
-  // libgomp is loaded by oneDNN; its thread count can be set once it is running.
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set(1);
+  ::setenv("OMP_NUM_THREADS", "1", 1);
+  ::execv("/proc/self/exe", argv);  // returns only if it failed: then go on as we are
 }
 
 }  // namespace flags_internal
 
+// Exits 2 naming `flag` and the directory when `path`'s directory cannot be written.
+inline void CheckWritable(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  if (::access(dir.c_str(), W_OK) != 0) {
+    flags_internal::Refuse(absl::StrCat("--", flag, "=", path, ": cannot write into ", dir, " (",
+                                        std::strerror(errno), "); make the directory or choose another path"));
+  }
+}
+
 inline void ParseFlags(int argc, char** argv, const char* usage) {
+  flags_internal::DefaultThreads(argv);
   absl::SetProgramUsageMessage(usage);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -115,7 +119,6 @@ inline void ParseFlags(int argc, char** argv, const char* usage) {
   }
   absl::ParseCommandLine(argc, argv);
   flags_internal::CheckSharedFlags();
-  flags_internal::DefaultThreads();
 }
 
 }  // namespace gw::examples

@@ -145,6 +145,7 @@ int Client(const gw::rpc::AgentOptions& options) {
     if (absl::Status s = local->Load(path); !s.ok()) return Fail("cannot load the model", s);
     std::printf("model: %s\n", path.c_str());
   } else {
+    gw::examples::CheckWritable("model", path);
     std::printf("no model at %s: training one for %d epochs\n", path.c_str(), absl::GetFlag(FLAGS_train_epochs));
     std::fflush(stdout);
     auto train = gw::data::LoadFashionMnist(gw::data::Split::kTrain, dir);

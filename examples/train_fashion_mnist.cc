@@ -41,6 +41,7 @@ double Evaluate(gw::nn::Module& model, const gw::data::Dataset& test) {
 
 int main(int argc, char** argv) {
   gw::examples::ParseFlags(argc, argv, "Trains an MLP on Fashion-MNIST locally with gradwire.");
+  gw::examples::CheckWritable("save", absl::GetFlag(FLAGS_save));
   const std::string dir = absl::GetFlag(FLAGS_data_dir);
 
   auto train = gw::data::LoadFashionMnist(gw::data::Split::kTrain, dir);

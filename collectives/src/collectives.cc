@@ -1,11 +1,13 @@
 #include "gradwire/collectives/collectives.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -136,8 +138,24 @@ class Collectives::Impl : public std::enable_shared_from_this<Collectives::Impl>
     auto it = groups_.find(id);
     if (it == groups_.end()) return nullptr;
     std::shared_ptr<GroupState> g = it->second.lock();
-    if (!g) groups_.erase(it);
+    if (!g) {
+      groups_.erase(it);
+      Retire(id);
+    }
     return g;
+  }
+
+  // A group that was made here and is gone: messages for it are not parked (as for a group
+  // not made yet, which they would never reach) but dropped or refused. Ids never repeat
+  // (a group's id counts the groups made before it over the same ranks and name), so the
+  // last kRetiredGroups are enough to tell the members' last words apart.
+  void Retire(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!retired_.insert(id).second) return;
+    retired_order_.push_back(id);
+    if (retired_order_.size() > kRetiredGroups) {
+      retired_.erase(retired_order_.front());
+      retired_order_.pop_front();
+    }
   }
 
   Future<rpc::Ack> Deliver(const rpc::CallInfo& info, internal::CollectiveChunk chunk) {
@@ -145,6 +163,10 @@ class Collectives::Impl : public std::enable_shared_from_this<Collectives::Impl>
     {
       absl::MutexLock lock(&mu_);
       group = Find(chunk.group);
+      if (!group && retired_.contains(chunk.group)) {
+        return MakeReadyFuture<rpc::Ack>(
+            agent_.executor(), rpc::UnavailableError(agent_.self().name, "it closed the group (it no longer exists there)"));
+      }
       if (!group) {
         if (early_count_ >= kMaxEarlyMessages) {
           return MakeReadyFuture<rpc::Ack>(
@@ -172,6 +194,7 @@ class Collectives::Impl : public std::enable_shared_from_this<Collectives::Impl>
     {
       absl::MutexLock lock(&mu_);
       group = Find(abort.group);
+      if (!group && retired_.contains(abort.group)) return;  // e.g. a member's close, after ours
       if (!group) {
         if (early_count_ < kMaxEarlyMessages) {
           early_[abort.group].aborts.emplace_back(info.caller_rank, abort);
@@ -201,6 +224,8 @@ class Collectives::Impl : public std::enable_shared_from_this<Collectives::Impl>
   std::map<std::string, int64_t> made_ ABSL_GUARDED_BY(mu_);  // groups made per ranks + name
   absl::flat_hash_map<int64_t, Early> early_ ABSL_GUARDED_BY(mu_);
   size_t early_count_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_set<int64_t> retired_ ABSL_GUARDED_BY(mu_);
+  std::deque<int64_t> retired_order_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::shared_ptr<Collectives>> Collectives::Install(rpc::Agent& agent) {

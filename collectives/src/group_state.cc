@@ -43,7 +43,7 @@ void Op::Send(int to, int64_t step, Tensor data) {
   options.timeout = std::max(deadline_ - absl::Now(), absl::ZeroDuration()) + absl::Seconds(1);
   std::weak_ptr<GroupState> weak = g.weak_from_this();
   const int64_t seq = seq_;
-  g.config_.agent->Send(peer.name, std::move(chunk), options, [weak, seq, name = peer.name](absl::StatusOr<rpc::Ack> r) {
+  g.config_.agent->Send(peer.name, std::move(chunk), options, [weak, seq, to, name = peer.name](absl::StatusOr<rpc::Ack> r) {
     std::shared_ptr<GroupState> self = weak.lock();
     if (!self) return;
     if (!r.ok() && r.status().message().find(name) == absl::string_view::npos) {
@@ -52,6 +52,9 @@ void Op::Send(int to, int64_t step, Tensor data) {
     }
     absl::MutexLock lock(&self->mu_);
     --self->unanswered_;
+    // A member that told us it completed this collective took the piece: its answer was
+    // lost with its connection (it closed its group and left).
+    if (!r.ok() && seq < self->completed_below_[static_cast<size_t>(to)]) r = rpc::Ack{};
     if (!r.ok()) {
       if (r.status().code() == absl::StatusCode::kUnavailable) self->BreakLocked(r.status(), /*from_peer=*/false, 0);
       if (seq > self->retired_) self->FailLocked(seq, r.status(), /*from_peer=*/false);
@@ -123,7 +126,8 @@ absl::Status Op::Finish() {
 
 // ---------------------------------------------------------------------- GroupState
 
-GroupState::GroupState(Config config) : config_(std::move(config)) {}
+GroupState::GroupState(Config config)
+    : config_(std::move(config)), completed_below_(config_.ranks.size(), 0) {}
 
 GroupState::~GroupState() {
   Close();
@@ -257,7 +261,10 @@ void GroupState::Abort(int from_agent_rank, const internal::CollectiveAbort& abo
     // The member broke the group from collective abort.seq on: the ones before it are
     // complete there (a member that closes its group right after a collective may tell
     // us before its answers to our last pieces reach us), and complete here as well.
-    if (BreakLocked(status, /*from_peer=*/true, std::max<int64_t>(abort.seq, 0))) broken_told_ = true;
+    const int64_t since = std::max<int64_t>(abort.seq, 0);
+    int64_t& completed = completed_below_[static_cast<size_t>(sender)];
+    completed = std::max(completed, since);
+    BreakLocked(status, /*from_peer=*/true, since);
   } else if (abort.seq > retired_) {
     FailLocked(abort.seq, status, /*from_peer=*/true);
   }
@@ -268,10 +275,12 @@ void GroupState::OnPeerGone(int agent_rank) {
   const int member = GroupRankOf(agent_rank);
   if (member < 0 || member == config_.rank) return;
   absl::MutexLock lock(&mu_);
+  // A member that closed its group after collective k and then left (or exited) breaks
+  // it from k + 1 only: what it completed completes here too.
   BreakLocked(rpc::UnavailableError(config_.agent->workers()[static_cast<size_t>(agent_rank)].name,
                                     absl::StrCat("it died (its connections closed), ", Member(member), " of ", Label(),
                                                  ", which is broken")),
-              /*from_peer=*/false, 0);
+              /*from_peer=*/false, completed_below_[static_cast<size_t>(member)]);
   Wake();
 }
 
@@ -280,6 +289,7 @@ bool GroupState::BreakLocked(absl::Status status, bool from_peer, int64_t since)
   broken_ = std::move(status);
   broken_from_peer_ = from_peer;
   broken_since_ = since;
+  broken_told_ = from_peer;  // the others know of this break point only if they told us
   Wake();
   return true;
 }
@@ -414,6 +424,9 @@ void GroupState::Execute(Queued& q) {
   std::vector<Promise<rpc::Ack>> answers;
   {
     absl::MutexLock lock(&mu_);
+    // Closed while the collective finished here: the others were told the group broke
+    // from this collective on, so it fails here as well.
+    if (s.ok() && closed_) s = rpc::ShuttingDownError(config_.agent->self().name, absl::StrCat(Label(), " was closed"));
     if (!s.ok()) {
       std::optional<Failure> e = ErrorLocked(q.seq);
       tell = !(e && e->from_peer);

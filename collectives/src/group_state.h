@@ -175,6 +175,9 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   std::optional<absl::Status> broken_ ABSL_GUARDED_BY(mu_);
   bool broken_from_peer_ ABSL_GUARDED_BY(mu_) = false;
   int64_t broken_since_ ABSL_GUARDED_BY(mu_) = 0;  // the first collective the break fails
+  // By group rank: every collective below this completed on that member (it said so when
+  // it broke the group, e.g. by closing it).
+  std::vector<int64_t> completed_below_ ABSL_GUARDED_BY(mu_);
   bool broken_told_ ABSL_GUARDED_BY(mu_) = false;  // the others were told the group broke
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // pieces sent and not yet taken

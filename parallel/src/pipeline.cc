@@ -89,13 +89,18 @@ absl::StatusOr<double> Pipeline::ForwardBackward(dist_autograd::Context& ctx, co
   // would add them in the order they happen to reach each stage, and float sums depend
   // on that order). GPipe has every forward in flight at once, 1F1B as many as there are
   // stages (the activations alive); both give bitwise the same gradients.
+  // FAST mode counts every send recorded in the context, so the first pass would wait for
+  // gradients of micro-batches whose passes come later: SMART (counting only what each
+  // pass reaches) whenever there is more than one.
+  dist_autograd::BackwardOptions backward = options_.backward;
+  if (k > 1) backward.mode = dist_autograd::Mode::kSmart;
   const size_t depth = options_.schedule == Schedule::kGPipe ? k : stages_.size();
   size_t next = 0;
   for (; next < std::min(depth, k); ++next) launch(next);
   for (size_t m = 0; m < k; ++m) {
     Tensor l = loss_of(m);
     if (!failed.ok()) break;
-    if (absl::Status s = ctx.Backward({l}, options_.backward); !s.ok()) {
+    if (absl::Status s = ctx.Backward({l}, backward); !s.ok()) {
       failed = s;
       break;
     }

@@ -272,7 +272,7 @@ TEST(PipelineTest, TwoRunsGiveBitIdenticalParametersAndBothSchedulesTheSame) {
     std::unique_ptr<Pipeline> pipe;
     std::unique_ptr<dist_autograd::DistributedOptimizer> opt;
   };
-  auto make = [&](Schedule schedule) {
+  auto make = [&](Schedule schedule, dist_autograd::Mode mode = dist_autograd::Mode::kSmart) {
     Run run;
     std::vector<rpc::RRef<Tensor>> params;
     for (int s = 0; s < 2; ++s) {
@@ -289,13 +289,17 @@ TEST(PipelineTest, TwoRunsGiveBitIdenticalParametersAndBothSchedulesTheSame) {
     auto opt = dist_autograd::DistributedOptimizer::Create(driver, kSgd, params);
     EXPECT_TRUE(opt.ok()) << opt.status();
     if (opt.ok()) run.opt = std::move(*opt);
-    run.pipe = std::make_unique<Pipeline>(run.stages, PipelineOptions{.chunks = 16, .schedule = schedule});
+    run.pipe = std::make_unique<Pipeline>(
+        run.stages,
+        PipelineOptions{.chunks = 16, .schedule = schedule,
+                        .backward = {.mode = mode, .timeout = absl::Seconds(20)}});
     return run;
   };
   std::vector<Run> runs;
   runs.push_back(make(Schedule::kGPipe));
   runs.push_back(make(Schedule::kGPipe));
   runs.push_back(make(Schedule::k1F1B));
+  runs.push_back(make(Schedule::kGPipe, dist_autograd::Mode::kFast));  // runs as SMART (pipeline.h)
   for (const Run& run : runs) ASSERT_TRUE(run.opt != nullptr && run.stages.size() == 2);
   for (int step = 0; step < 6; ++step) {
     Generator gen(static_cast<uint64_t>(step + 100));
@@ -311,7 +315,7 @@ TEST(PipelineTest, TwoRunsGiveBitIdenticalParametersAndBothSchedulesTheSame) {
       ASSERT_TRUE(run.opt->Step(ctx).ok());
     }
   }
-  std::vector<std::map<std::string, Tensor>> got[3];
+  std::vector<std::vector<std::map<std::string, Tensor>>> got(runs.size());
   for (size_t r = 0; r < runs.size(); ++r) {
     for (const auto& stage : runs[r].stages) {
       auto fetched = stage.FetchParameters();
@@ -326,7 +330,7 @@ TEST(PipelineTest, TwoRunsGiveBitIdenticalParametersAndBothSchedulesTheSame) {
         const Tensor& other = got[r][s].at(name);
         ASSERT_EQ(other.nbytes(), t.nbytes());
         EXPECT_EQ(std::memcmp(other.raw_data(), t.raw_data(), t.nbytes()), 0)
-            << (r == 1 ? "a second GPipe run" : "the 1F1B run") << ", stage " << s << " " << name
+            << (r == 1 ? "a second GPipe run" : r == 2 ? "the 1F1B run" : "the run asking for FAST mode") << ", stage " << s << " " << name
             << " differs from the first run's (max difference " << kernels::MaxAbsDiff(other, t) << ")";
       }
     }

@@ -10,7 +10,9 @@
 //     several groups over the same ranks and name make them in the same order. Members
 //     need not make the group at the same moment: data that arrives for a group not made
 //     here yet waits for it (at most kMaxEarlyMessages pieces; beyond that the sender's
-//     collective fails with RESOURCE_EXHAUSTED).
+//     collective fails with RESOURCE_EXHAUSTED). Data for a group that was made here and
+//     is gone (closed and destroyed; the last kRetiredGroups of them) is not held: a
+//     member's abort is dropped, a piece refused with UNAVAILABLE.
 //   - INVALID_ARGUMENT for a rank out of range, a duplicate, or this worker not a member.
 //   - A message from a worker that is not a member of its group is refused with
 //     INVALID_ARGUMENT; so is one whose fields are malformed (wrong size or dtype for the
@@ -32,6 +34,7 @@
 namespace gw::collectives {
 
 inline constexpr size_t kMaxEarlyMessages = 4096;
+inline constexpr size_t kRetiredGroups = 4096;
 
 class Collectives {
  public:

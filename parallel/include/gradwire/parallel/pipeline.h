@@ -19,8 +19,13 @@
 //     own in the same context; gradients accumulate there) runs as soon as its forward
 //     is done, while the forwards of the next ones go on, and the passes run one after
 //     another in micro-batch order: each stage adds the micro-batches' gradients in the
-//     same order on every run. Deterministic: the same inputs and parameters give
+//     same order on every run. Deterministic: for stages whose forward depends only on its
+//     input and parameters (no dropout or running statistics, whose state would follow
+//     the order micro-batches reach the stage), the same inputs and parameters give
 //     bitwise the same gradients on every run, and both schedules give the same ones.
+//     With more than one micro-batch the passes run in SMART mode whatever
+//     options.backward.mode says (a FAST pass would wait for the later micro-batches'
+//     gradients, dist_autograd.h).
 //   - Forward(input) runs the batch through the stages (micro-batches, no context) and
 //     returns the last stage's output, e.g. to evaluate.
 //   - Failures: a stage whose forward fails ends the step with that status's code and a
