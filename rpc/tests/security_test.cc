@@ -4,17 +4,22 @@
 #include "gradwire/rpc/security.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +41,7 @@
 #include "inbox.h"
 #include "raw_socket.h"
 #include "scoped_env.h"
+#include "scoped_temp_dir.h"
 #include "store_sessions.h"
 #include "test_certs.h"
 
@@ -597,6 +603,153 @@ TEST(EtcdTlsTest, EtcdWithClientCertificatesServesOnlyTheJob) {
   stranger.tls = Certs::Get()->Other();
   EXPECT_FALSE(ConnectStore((*etcd)->Url("tls"), absl::Now() + absl::Seconds(2), stranger).ok());
   EXPECT_FALSE(ConnectStore((*etcd)->Url("tls"), absl::Now() + absl::Seconds(2)).ok()) << "plain text refused";
+}
+
+// ---------------------------------------------------------------- the secret file
+
+// Whether descriptor `fd` of this process is open in a program it executes (a real
+// child: fork, exec /bin/sh, which looks at its own descriptor table).
+bool InheritedByChild(int fd) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return false;
+  const std::string script = absl::StrCat("if test -e /proc/$$/fd/", fd, "; then echo open; else echo closed; fi");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    ::execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  std::string said;
+  char buffer[64];
+  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    said.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(said == "open\n" || said == "closed\n") << said;
+  return said == "open\n";
+}
+
+// What `gradwire launch` hands a worker: a sealed memfd holding `secret`, open across
+// exec (not close-on-exec), as GRADWIRE_SECRET_FILE=/proc/self/fd/N.
+class InheritedSecret {
+ public:
+  explicit InheritedSecret(const std::string& secret) {
+    fd_ = ::memfd_create("test-job-secret", MFD_ALLOW_SEALING);  // no MFD_CLOEXEC: inherited
+    EXPECT_GE(fd_, 0);
+    EXPECT_EQ(::write(fd_, secret.data(), secret.size()), static_cast<ssize_t>(secret.size()));
+    EXPECT_EQ(::fcntl(fd_, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL), 0);
+  }
+  ~InheritedSecret() { ::close(fd_); }
+  int fd() const { return fd_; }
+  std::string path() const { return absl::StrCat("/proc/self/fd/", fd_); }
+
+ private:
+  int fd_ = -1;
+};
+
+// A worker reads the secret from the descriptor it inherited, and from then on the
+// programs it starts do not inherit it; reading again (another agent in the process)
+// still works.
+TEST(SecretFileTest, AnInheritedSecretIsReadAndNotPassedOnToChildren) {
+  ScopedEnv no_secret("GRADWIRE_SECRET", nullptr);
+  InheritedSecret memfd("a launcher's secret\n");
+  ScopedEnv file("GRADWIRE_SECRET_FILE", memfd.path().c_str());
+  ASSERT_TRUE(InheritedByChild(memfd.fd())) << "the test's memfd is inherited before the secret is read";
+  absl::StatusOr<Security> s = Security::FromEnv();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->secret, "a launcher's secret");
+  EXPECT_NE(::fcntl(memfd.fd(), F_GETFD) & FD_CLOEXEC, 0);
+  EXPECT_FALSE(InheritedByChild(memfd.fd())) << "a worker's children must not inherit the job secret";
+  absl::StatusOr<Security> again = Security::FromEnv();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->secret, "a launcher's secret");
+}
+
+// Something between the launcher and the worker closed the descriptor (Python's
+// subprocess without pass_fds, sudo): the error says so, and how to keep it.
+TEST(SecretFileTest, AClosedInheritedDescriptorIsNamedWithAHint) {
+  ScopedEnv no_secret("GRADWIRE_SECRET", nullptr);
+  // A number far above those in use, so no other thread of the test opens it meanwhile.
+  const int closed = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 1000);
+  ASSERT_GE(closed, 1000);
+  ::close(closed);
+  ASSERT_EQ(::fcntl(closed, F_GETFD), -1) << "descriptor " << closed << " should be closed";
+  const std::string path = absl::StrCat("/proc/self/fd/", closed);
+  ScopedEnv file("GRADWIRE_SECRET_FILE", path.c_str());
+  absl::StatusOr<Security> s = Security::FromEnv();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find(absl::StrCat("GRADWIRE_SECRET_FILE=", path, " cannot be read: descriptor ",
+                                                   closed, " is not open in this process: the descriptor ", closed,
+                                                   " that `gradwire launch` passed")),
+            std::string::npos)
+      << s.status();
+  EXPECT_NE(s.status().message().find(absl::StrCat("pass_fds=(", closed, ",)")), std::string::npos) << s.status();
+}
+
+// The number was reused for a pipe or a socket: reading it could block for ever or give
+// someone else's bytes (a misleading "the secret differs" later). Refused at once.
+TEST(SecretFileTest, AnInheritedDescriptorThatIsNotAFileIsRefusedWithoutReadingIt) {
+  ScopedEnv no_secret("GRADWIRE_SECRET", nullptr);
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);  // the write end stays open: a read would block
+  int sockets[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets), 0);
+  for (auto [fd, kind] : {std::pair{p[0], "a pipe"}, std::pair{sockets[0], "a socket"}}) {
+    const std::string path = absl::StrCat("/proc/self/fd/", fd);
+    ScopedEnv file("GRADWIRE_SECRET_FILE", path.c_str());
+    absl::StatusOr<Security> s = Security::FromEnv();
+    ASSERT_FALSE(s.ok()) << kind;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(absl::StrCat("GRADWIRE_SECRET_FILE=", path, " is ", kind,
+                                                     ", not the regular file holding the job's secret: the "
+                                                     "descriptor ", fd, " that `gradwire launch` passed")),
+              std::string::npos)
+        << s.status();
+    EXPECT_NE(s.status().message().find("pass_fds"), std::string::npos) << s.status();
+  }
+  for (int fd : {p[0], p[1], sockets[0], sockets[1]}) ::close(fd);
+}
+
+// A secret file of the user's (`gradwire secret > job.secret`) is read as before; a
+// FIFO or a directory in its place is refused without blocking.
+TEST(SecretFileTest, ASecretFileMustBeARegularNonEmptyFile) {
+  ScopedEnv no_secret("GRADWIRE_SECRET", nullptr);
+  testing::ScopedTempDir dir("gw-secret");
+  ASSERT_TRUE(dir.ok());
+  const std::string good = dir.File("job.secret");
+  {
+    std::ofstream out(good);
+    out << "from a file\n";
+  }
+  {
+    ScopedEnv file("GRADWIRE_SECRET_FILE", good.c_str());
+    absl::StatusOr<Security> s = Security::FromEnv();
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->secret, "from a file");
+  }
+  const std::string fifo = dir.File("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string empty = dir.File("empty");
+  std::ofstream{empty};
+  const std::string missing = dir.File("missing");
+  for (auto [path, says] : {std::pair{fifo, std::string(" is a pipe, not the regular file")},
+                            std::pair{dir.path(), std::string(" is a directory, not the regular file")},
+                            std::pair{empty, std::string(" is empty")},
+                            std::pair{missing, std::string(" cannot be read (No such file or directory)")}}) {
+    ScopedEnv file("GRADWIRE_SECRET_FILE", path.c_str());
+    absl::StatusOr<Security> s = Security::FromEnv();
+    ASSERT_FALSE(s.ok()) << path;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.status().message().find("pass_fds"), std::string::npos) << "not a descriptor: " << s.status();
+    EXPECT_NE(s.status().message().find(absl::StrCat("GRADWIRE_SECRET_FILE=", path, says)), std::string::npos)
+        << s.status();
+  }
 }
 
 // ---------------------------------------------------------------- agents
