@@ -46,7 +46,7 @@ void Op::Send(int to, int64_t step, Tensor data) {
   g.config_.agent->Send(peer.name, std::move(chunk), options, [weak, seq, to, name = peer.name](absl::StatusOr<rpc::Ack> r) {
     std::shared_ptr<GroupState> self = weak.lock();
     if (!self) return;
-    if (!r.ok() && r.status().message().find(name) == absl::string_view::npos) {
+    if (!r.ok() && !rpc::NamesWorker(r.status().message(), name)) {
       // A transport's own error ("send to 127.0.0.1:port failed: Broken pipe") names no worker.
       r = absl::Status(r.status().code(), absl::StrCat("sending to ", name, " failed: ", r.status().message()));
     }

@@ -95,10 +95,11 @@ std::string Env(const char* name) {  // "" when unset
 // The message of an error a peer answered: "<peer>.<function>: <its message>" for the
 // user's functions; gradwire's own protocol functions ("__" names) stay out of it (a
 // layer's caller says what it was doing), and only the peer is named, unless the message
-// already names it.
+// already names it as a whole word (NamesWorker: a reply of worker1 naming worker10 still
+// says it came from worker1).
 std::string ReplyErrorMessage(const std::string& peer, const std::string& function, absl::string_view message) {
   if (!IsReservedName(function)) return absl::StrCat(peer, ".", function, ": ", message);
-  if (absl::StrContains(message, peer)) return std::string(message);
+  if (NamesWorker(message, peer)) return std::string(message);
   return absl::StrCat(peer, ": ", message);
 }
 

@@ -343,5 +343,28 @@ TEST(AgentTest, AListenHostThatIsNotOursSaysWhichSettingToChange) {
   }
 }
 
+// Whether an error already names a worker (errors.h): as a whole word only, so a reply of
+// worker1 that mentions worker10 still gets its sender's name (agent.cc, collectives).
+TEST(NamesWorkerTest, ANameCountsOnlyAsAWholeWord) {
+  EXPECT_TRUE(NamesWorker("worker1", "worker1"));
+  EXPECT_TRUE(NamesWorker("worker1 is unavailable: connection reset", "worker1"));
+  EXPECT_TRUE(NamesWorker("distributed autograd is not installed on worker1: call ...", "worker1"));
+  EXPECT_TRUE(NamesWorker("sending to worker1 failed", "worker1"));
+  EXPECT_TRUE(NamesWorker("worker1.fn: boom", "worker1"));
+  EXPECT_TRUE(NamesWorker("(worker1)", "worker1"));
+  EXPECT_FALSE(NamesWorker("worker10 is unavailable", "worker1"));
+  EXPECT_FALSE(NamesWorker("my_worker1 is unavailable", "worker1"));
+  EXPECT_FALSE(NamesWorker("subworker1 failed", "worker1"));
+  EXPECT_FALSE(NamesWorker("send to 127.0.0.1:4000 failed: Broken pipe", "worker1"));
+  // A later whole occurrence counts even after a longer name.
+  EXPECT_TRUE(NamesWorker("worker10 asked worker1 and it failed", "worker1"));
+  // Names with other characters: '-' and '.' separate words.
+  EXPECT_TRUE(NamesWorker("trainer-1 is unavailable", "trainer-1"));
+  EXPECT_FALSE(NamesWorker("trainer-10 is unavailable", "trainer-1"));
+  EXPECT_TRUE(NamesWorker("host.a:1 said no", "host.a:1"));
+  EXPECT_TRUE(NamesWorker("x:1y", "x:"));  // the name ends in a separator: nothing to continue
+  EXPECT_FALSE(NamesWorker("anything", ""));
+}
+
 }  // namespace
 }  // namespace gw::rpc

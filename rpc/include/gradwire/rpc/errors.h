@@ -14,6 +14,10 @@
 //   - IsRetryable: only what a retry can fix, UNAVAILABLE (a dropped connection is
 //     redialled, a restarted worker announces its new address). Never a handler's own
 //     error, never DEADLINE_EXCEEDED (the time is spent), never CANCELLED.
+//   - NamesWorker(message, worker): whether an error already says which worker it is
+//     about, the worker's name appearing as a whole word ("worker1" is not named by
+//     "worker10 is unavailable"); a layer that passes an error on prefixes the worker
+//     only when it does not.
 //   - StatusFromException / CatchExceptions: the one place an exception becomes a Status.
 //     gw::Error (tensor math refusing shapes or dtypes it was given) becomes
 //     INVALID_ARGUMENT, any other std::exception INTERNAL; both read "<where> threw: <what>".
@@ -34,6 +38,11 @@ absl::Status ShuttingDownError(absl::string_view worker, absl::string_view what 
 absl::Status UnavailableError(absl::string_view peer, absl::string_view detail);
 absl::Status DeclaredDeadError(absl::string_view peer);
 inline bool IsRetryable(const absl::Status& s) { return s.code() == absl::StatusCode::kUnavailable; }
+
+// Whether `worker` occurs in `message` as a whole word: not preceded or followed by a
+// letter, digit or '_' that would make it part of a longer name (where the name itself
+// begins or ends with such a character). False for an empty name.
+bool NamesWorker(absl::string_view message, absl::string_view worker);
 
 // REQUIRES: called inside a catch block (it rethrows the current exception to classify it).
 absl::Status StatusFromException(absl::string_view where);
