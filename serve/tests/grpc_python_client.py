@@ -14,9 +14,11 @@ behind an InferenceEndpoint), then
 Exit status 0 when every check passed, 1 otherwise, 77 (skipped) when python3-grpcio or
 python3-grpc-tools is missing (scripts/setup-deps installs them).
 """
+import atexit
 import json
 import os
 import struct
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,6 +57,7 @@ def generate(out, proto_dir, *files):
 def main():
     server_bin, proto_dir = sys.argv[1], sys.argv[2]
     out = tempfile.mkdtemp(prefix="gradwire_pyclient_")
+    atexit.register(shutil.rmtree, out, ignore_errors=True)  # the generated stubs: nothing left in /tmp
     here = os.path.dirname(os.path.abspath(__file__))
     generate(out, proto_dir, "gradwire/proto/inference.proto", os.path.join(here, "reflection.proto"))
     from gradwire.proto import inference_pb2 as pb
