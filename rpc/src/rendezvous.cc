@@ -9,22 +9,52 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <functional>
+#include <optional>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "host_address.h"
 
 namespace gw::rpc::internal {
 namespace {
 
-// How long a worker that joins waits for a TCP connection to the store before deciding
-// by the store's own answer (Rendezvous::kJoinStoreWait) instead.
+// How long MayBeListening waits for a TCP connection (to tell a store that does not
+// answer from an address where nothing listens, once a joiner gave up).
 constexpr int kProbeMs = 2000;
 // Ranks and names listed in a progress line, at most.
 constexpr size_t kListed = 8;
+// A wait for the store says so ever less often: its interval doubles up to this.
+constexpr absl::Duration kMaxProgressInterval = absl::Seconds(60);
+
+// Runs tick() from its own thread after `first`, then after twice as long each time (at
+// most kMaxProgressInterval, or `first` if that is longer), until destroyed.
+class Reporter {
+ public:
+  Reporter(absl::Duration first, std::function<void()> tick)
+      : thread_([this, first, tick = std::move(tick)] {
+          const absl::Duration longest = std::max(first, kMaxProgressInterval);
+          for (absl::Duration every = first; !done_.WaitForNotificationWithTimeout(every);
+               every = std::min(2 * every, longest)) {
+            tick();
+          }
+        }) {}
+  ~Reporter() {
+    done_.Notify();
+    thread_.join();
+  }
+  Reporter(const Reporter&) = delete;
+  Reporter& operator=(const Reporter&) = delete;
+
+ private:
+  absl::Notification done_;  // before thread_, which uses it
+  std::thread thread_;
+};
 
 // Whether something listens at `address` (host:port): false only when every address it
 // resolves to refused the connection (nothing listens there); true when one accepted,
@@ -93,53 +123,57 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const AgentOptions&
   return r;
 }
 
-// Connects to the store, saying every progress_.every that it waits; a worker that joins
-// waits only for a store that is there (kJoinStoreWait).
+// Connects to the store in one attempt until it gives up (gRPC redials a refused or
+// dropped connection meanwhile), so that authenticating or probing etcd, which may start
+// late in the wait, has all the time that is left; a Reporter says meanwhile that it
+// waits, ever less often. A worker that joins waits only progress_.join_store_wait.
 absl::Status Rendezvous::Connect(absl::Time deadline) {
   const bool etcd = IsEtcdUrl(store_address_);
   const absl::Time start = absl::Now();
-  absl::Time give_up = deadline;
+  const bool joining = options_.join && !etcd;
+  const absl::Time give_up = joining ? std::min(deadline, start + progress_.join_store_wait) : deadline;
+  absl::Status status;
+  {
+    Reporter reporter(progress_.every, [&] {
+      Say(absl::StrCat(Who(), ": waiting for the rendezvous store at ", store_address_,
+                       etcd ? "" : " (served by rank 0: is it running?)", " to answer", Waited(start, give_up)));
+    });
+    // Again while the store is unavailable (e.g. it dropped the connection during the
+    // handshake: it is starting or restarting), a little later each time.
+    for (absl::Duration pause = absl::Milliseconds(50);; pause = std::min(2 * pause, absl::Seconds(1))) {
+      if (etcd) {
+        absl::StatusOr<std::unique_ptr<EtcdStore>> connected =
+            ConnectEtcdStore(store_address_, give_up, options_.security.tls);
+        if (connected.ok()) {
+          etcd_ = connected->get();
+          store_ = *std::move(connected);
+        }
+        status = connected.status();
+      } else {
+        absl::StatusOr<std::unique_ptr<Store>> connected = ConnectStore(store_address_, give_up, options_.security);
+        if (connected.ok()) store_ = *std::move(connected);
+        status = connected.status();
+      }
+      if (!absl::IsUnavailable(status) || absl::Now() + pause >= give_up) break;
+      absl::SleepFor(pause);
+    }
+  }
+  if (status.ok() || !joining) return status;
+  // A store that refused our secret says so; one that never connected or never answered
+  // (its authentication cut off by the wait) means there is no job to join.
+  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) return status;
   const std::string no_job = absl::StrCat(
-      "the job may have finished, or ", etcd ? "GRADWIRE_RDZV (--rdzv)" : "MASTER_ADDR and MASTER_PORT (--master-addr, --master-port)",
-      " do not name a running job started with room to grow (max_world_size: gradwire launch --max-workers)");
-  if (options_.join && !etcd) {
-    if (!MayBeListening(store_address_)) {
-      return absl::UnavailableError(absl::StrCat(Who(), ": cannot join a job at ", store_address_,
-                                                 ": nothing listens there for its rendezvous store (connection refused); ",
-                                                 no_job));
-    }
-    give_up = std::min(deadline, start + kJoinStoreWait);
+      "the job may have finished, or MASTER_ADDR and MASTER_PORT (--master-addr, --master-port) do not name a "
+      "running job started with room to grow (max_world_size: gradwire launch --max-workers)");
+  if (!MayBeListening(store_address_)) {
+    return absl::UnavailableError(absl::StrCat(Who(), ": cannot join a job at ", store_address_,
+                                               ": nothing listens there for its rendezvous store (connection refused "
+                                               "for ", absl::FormatDuration(give_up - start), "); ", no_job));
   }
-  for (;;) {
-    const absl::Time slice = std::min(give_up, absl::Now() + progress_.every);
-    absl::Status status;
-    if (etcd) {
-      absl::StatusOr<std::unique_ptr<EtcdStore>> connected = ConnectEtcdStore(store_address_, slice, options_.security.tls);
-      if (connected.ok()) {
-        etcd_ = connected->get();
-        store_ = *std::move(connected);
-        return absl::OkStatus();
-      }
-      status = connected.status();
-    } else {
-      absl::StatusOr<std::unique_ptr<Store>> connected = ConnectStore(store_address_, slice, options_.security);
-      if (connected.ok()) {
-        store_ = *std::move(connected);
-        return absl::OkStatus();
-      }
-      status = connected.status();
-    }
-    if (!absl::IsUnavailable(status)) return status;  // e.g. the store refused our secret
-    if (absl::Now() >= give_up) {
-      if (!options_.join) return status;
-      return absl::UnavailableError(absl::StrCat(Who(), ": cannot join a job at ", store_address_,
-                                                 ": its rendezvous store did not answer within ",
-                                                 absl::FormatDuration(give_up - start), " (", status.message(), "); ",
-                                                 no_job));
-    }
-    Say(absl::StrCat(Who(), ": waiting for the rendezvous store at ", store_address_,
-                     etcd ? "" : " (served by rank 0: is it running?)", " to answer", Waited(start, give_up)));
-  }
+  return absl::UnavailableError(absl::StrCat(Who(), ": cannot join a job at ", store_address_,
+                                             ": its rendezvous store did not answer within ",
+                                             absl::FormatDuration(give_up - start), " (", status.message(), "); ",
+                                             no_job));
 }
 
 std::string Rendezvous::Who() const {
@@ -186,43 +220,52 @@ absl::StatusOr<WorkerInfo> Rendezvous::Parse(int rank, const std::string& record
   return w;
 }
 
+// Every rank waits for the others' records with one Wait per interval. One of them
+// speaks for the group: the first to wait (an atomic counter in the store, added to once
+// per process), which reads every rank's record to say who is missing; the others do no
+// more than their Wait. At the deadline each lists the missing ranks in its error, once.
 absl::StatusOr<std::vector<WorkerInfo>> Rendezvous::AwaitAll(absl::Time deadline) {
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) keys.push_back(Key("worker/", r));
+  // Who is missing, and the names of who joined.
+  auto census = [&](std::vector<int>* missing, std::vector<std::string>* present) {
+    for (int r = 0; r < options_.world_size; ++r) {
+      absl::StatusOr<std::string> record = store_->Get(keys[static_cast<size_t>(r)], absl::Milliseconds(1));
+      if (!record.ok()) {
+        missing->push_back(r);
+      } else if (absl::StatusOr<WorkerInfo> w = Parse(r, *record); w.ok() && present != nullptr) {
+        present->push_back(w->name);
+      }
+    }
+  };
   const absl::Time start = absl::Now();
+  std::optional<bool> speaks;  // known after the first interval
   for (;;) {
     const absl::Time slice = std::min(deadline, absl::Now() + progress_.every);
     absl::Status s = store_->Wait(keys, slice - absl::Now());
     if (s.ok()) break;
-    std::vector<int> missing;
-    std::vector<std::string> present;  // names
-    for (int r = 0; r < options_.world_size; ++r) {
-      absl::StatusOr<std::string> record = store_->Get(keys[static_cast<size_t>(r)], absl::Milliseconds(1));
-      if (!record.ok()) {
-        missing.push_back(r);
-      } else if (absl::StatusOr<WorkerInfo> w = Parse(r, *record); w.ok()) {
-        present.push_back(w->name);
-      }
-    }
     if (!absl::IsDeadlineExceeded(s) || absl::Now() >= deadline) {
+      std::vector<int> missing;
+      census(&missing, nullptr);
       return absl::DeadlineExceededError(absl::StrCat(
           "not every worker joined within ", absl::FormatDuration(options_.start_timeout), ": rank(s) ",
           missing.empty() ? "?" : absl::StrJoin(missing, ", "), " of ", options_.world_size,
           " did not announce themselves (", s.message(), "); check WORLD_SIZE and that every rank was started"));
     }
-    // The lowest rank that announced itself speaks for the group.
-    int lowest_present = 0;
-    while (lowest_present < options_.world_size &&
-           std::find(missing.begin(), missing.end(), lowest_present) != missing.end()) {
-      ++lowest_present;
+    if (!speaks.has_value()) {
+      absl::StatusOr<int64_t> waiting = store_->Add(absl::StrCat(options_.run_id, "/progress_speaker"), 1);
+      speaks = waiting.ok() && *waiting == 1;
     }
-    if (!missing.empty() && lowest_present == options_.rank) {
-      Say(absl::StrCat(Who(), ": waiting for rank", missing.size() == 1 ? " " : "s ", Listed(missing), " of ",
-                       options_.world_size, " to join at the rendezvous store ", store_address_, " (",
-                       options_.world_size - static_cast<int>(missing.size()), " joined: ", Listed(present),
-                       "); have they been started, with the same WORLD_SIZE and rendezvous address?",
-                       Waited(start, deadline)));
-    }
+    if (!*speaks) continue;
+    std::vector<int> missing;
+    std::vector<std::string> present;  // names
+    census(&missing, &present);
+    if (missing.empty()) continue;  // the last one arrived meanwhile
+    Say(absl::StrCat(Who(), ": waiting for rank", missing.size() == 1 ? " " : "s ", Listed(missing), " of ",
+                     options_.world_size, " to join at the rendezvous store ", store_address_, " (",
+                     options_.world_size - static_cast<int>(missing.size()), " joined: ", Listed(present),
+                     "); have they been started, with the same WORLD_SIZE and rendezvous address?",
+                     Waited(start, deadline)));
   }
   std::vector<WorkerInfo> workers;
   absl::flat_hash_map<std::string, int> by_name;

@@ -29,13 +29,27 @@
 //   - RendezvousHost(address) is the host of either form of address (the agent picks
 //     the interface that reaches it); INVALID_ARGUMENT saying the expected forms.
 //   - Progress: while Join waits for the store to answer, AwaitAll for the other ranks,
-//     or ReadGroup for the group to form, a line says every progress.every (5 s) whom
-//     it waits for and where (to stderr unless progress.say is given): the store's
-//     address, and the ranks still missing (said by the lowest rank that announced
-//     itself, so one worker speaks for the group). A worker that joins (options.join)
-//     needs a running job: a store address where nothing listens (connection refused)
-//     fails Join at once, and a store that does not answer fails it after
-//     kJoinStoreWait (10 s), both UNAVAILABLE saying the job may have finished.
+//     or ReadGroup for the group to form, a line says whom it waits for and where (to
+//     stderr unless progress.say is given):
+//       - Join: the store's address, after progress.every (5 s), then after twice as long
+//         each time, up to 60 s apart: while a hosted store is down every rank waits for
+//         it, and their lines thin out. Join connects in one attempt until it gives up
+//         (gRPC redials refused connections meanwhile), so authenticating with the store
+//         or probing etcd always has the time that is left, never a slice of it.
+//       - AwaitAll: every progress.every, the ranks still missing and who joined, said by
+//         one rank for the group: the first that waited a whole interval (an atomic counter
+//         "<run_id>/progress_speaker" in the store, added to once by each rank that waits
+//         that long). It alone reads every rank's record per interval (world_size Gets);
+//         the others make one Wait call per interval and nothing more. If that rank dies
+//         while the others wait, nobody says more until the deadline, where every rank's
+//         error names the missing ranks (one read of every record, once).
+//       - ReadGroup: every progress.every, that the group has not formed yet.
+//   - A worker that joins (options.join) needs a running job: Join retries a store address
+//     where nothing listens (connection refused: the job has not started its store yet,
+//     e.g. every pod of a job started at once) or that does not answer for
+//     progress.join_store_wait (kJoinStoreWait, 10 s), saying so as above, then fails
+//     with UNAVAILABLE saying which (nothing listens / did not answer) and that the job
+//     may have finished. An etcd store has no such limit (it outlives jobs).
 //   - Close() drops the store client and stops the store it hosts. Thread-safe.
 #ifndef GRADWIRE_RPC_SRC_RENDEZVOUS_H_
 #define GRADWIRE_RPC_SRC_RENDEZVOUS_H_
@@ -55,14 +69,18 @@
 
 namespace gw::rpc::internal {
 
+// How long a worker that joins waits for the store of the job it joins (see the contract).
+inline constexpr absl::Duration kJoinStoreWait = absl::Seconds(10);
+
 struct RendezvousProgress {
   absl::Duration every = absl::Seconds(5);
   std::function<void(const std::string& line)> say;  // null: "gradwire: <line>" on stderr
+  absl::Duration join_store_wait = kJoinStoreWait;   // shorter in tests
 };
 
 class Rendezvous {
  public:
-  static constexpr absl::Duration kJoinStoreWait = absl::Seconds(10);
+  static constexpr absl::Duration kJoinStoreWait = internal::kJoinStoreWait;
 
   static absl::StatusOr<std::unique_ptr<Rendezvous>> Join(const AgentOptions& options, absl::Time deadline,
                                                           RendezvousProgress progress = {});

@@ -2,13 +2,21 @@
 // over a real rendezvous store: the built-in one and etcd (store_backends.h).
 #include "rendezvous.h"
 
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gradwire/proto/store.grpc.pb.h"
 #include "shutdown_barrier.h"
+#include "store_sessions.h"
 #include "store_backends.h"
 
 namespace gw::rpc::internal {
@@ -147,11 +155,13 @@ TEST_P(RendezvousTest, ABarrierAWorkerNeverReachesFailsByItsDeadlineNamingIt) {
 // The lines a Rendezvous says while it waits (RendezvousProgress), every 50 ms here.
 class Said {
  public:
-  RendezvousProgress progress() {
-    return {.every = absl::Milliseconds(50), .say = [this](const std::string& line) {
+  RendezvousProgress progress(absl::Duration join_store_wait = kJoinStoreWait) {
+    return {.every = absl::Milliseconds(50),
+            .say = [this](const std::string& line) {
               absl::MutexLock lock(&mu_);
               lines_.push_back(line);
-            }};
+            },
+            .join_store_wait = join_store_wait};
   }
   // Waits until a line containing `text` was said (the limit only keeps a broken
   // rendezvous from hanging the suite); that line, or "" if none came.
@@ -170,6 +180,12 @@ class Said {
     mu_.AwaitWithTimeout(absl::Condition(&has), limit);
     return found;
   }
+  // Waits until `n` lines were said (the same limit).
+  void AwaitCount(size_t n, absl::Duration limit = absl::Seconds(30)) {
+    auto enough = [&] { return lines_.size() >= n; };
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&enough), limit);
+  }
   std::vector<std::string> lines() {
     absl::MutexLock lock(&mu_);
     return lines_;
@@ -180,9 +196,10 @@ class Said {
   std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
 };
 
-// A rank that never starts: while the others wait, the lowest rank that announced itself
-// says whom they wait for and where (the others stay quiet); it stops once all are there.
-TEST_P(RendezvousTest, WhileRanksAreMissingTheLowestPresentRankSaysWhichAndWhere) {
+// A rank that never starts: while the others wait, one of them (the first that waited
+// an interval) says whom they wait for and where, and the others stay quiet; it stops
+// once all are there.
+TEST_P(RendezvousTest, WhileRanksAreMissingOneRankSaysWhichAndWhere) {
   Said said0, said2;
   auto join = [&](int rank, Said& said) {
     absl::StatusOr<std::unique_ptr<Rendezvous>> r =
@@ -195,14 +212,18 @@ TEST_P(RendezvousTest, WhileRanksAreMissingTheLowestPresentRankSaysWhichAndWhere
   ASSERT_TRUE(r0->Announce({"w0", 0, "127.0.0.1:1000", 1}).ok());
   ASSERT_TRUE(r2->Announce({"w2", 2, "127.0.0.1:1002", 3}).ok());
   absl::StatusOr<std::vector<WorkerInfo>> all0, all2;
-  std::thread wait0([&] { all0 = r0->AwaitAll(absl::Now() + absl::Seconds(60)); });
+  // Rank 2 waits first, so it speaks; rank 0 (which waits once rank 2 has spoken) stays quiet.
   std::thread wait2([&] { all2 = r2->AwaitAll(absl::Now() + absl::Seconds(60)); });
-  const std::string line = said0.Await("waiting for rank 1 of 3");
-  EXPECT_NE(line.find(absl::StrCat("rank 0: waiting for rank 1 of 3 to join at the rendezvous store ", address(),
+  const std::string line = said2.Await("waiting for rank 1 of 3");
+  EXPECT_NE(line.find(absl::StrCat("rank 2: waiting for rank 1 of 3 to join at the rendezvous store ", address(),
                                    " (2 joined: w0, w2)")),
             std::string::npos)
       << line;
   EXPECT_NE(line.find("so far; giving up in "), std::string::npos) << line;
+  std::thread wait0([&] { all0 = r0->AwaitAll(absl::Now() + absl::Seconds(60)); });
+  // Rank 2 goes on speaking while rank 0 waits with it (a few intervals of both).
+  const size_t before = said2.lines().size();
+  said2.AwaitCount(before + 4);
   // Rank 1 starts at last.
   std::unique_ptr<Rendezvous> r1 = Join(1, 3);
   ASSERT_NE(r1, nullptr);
@@ -211,7 +232,7 @@ TEST_P(RendezvousTest, WhileRanksAreMissingTheLowestPresentRankSaysWhichAndWhere
   wait2.join();
   ASSERT_TRUE(all0.ok()) << all0.status();
   ASSERT_TRUE(all2.ok()) << all2.status();
-  EXPECT_EQ(said2.lines(), std::vector<std::string>{}) << "rank 0 speaks for the group";
+  EXPECT_EQ(said0.lines(), std::vector<std::string>{}) << "one rank speaks for the group";
 }
 
 // A worker that joins a running job waits for the group to form, saying so.
@@ -265,8 +286,9 @@ TEST(RendezvousProgressTest, AWorkerWaitingForTheStoreSaysWhereItWaits) {
 }
 
 // A worker that joins a job which has finished (nothing listens where its store was)
-// fails at once, saying so, instead of waiting out its start timeout.
-TEST(RendezvousProgressTest, AJoinerFailsAtOnceWhenNoJobIsThere) {
+// retries for join_store_wait (the job's store may not be up yet), saying so, then fails
+// instead of waiting out its start timeout.
+TEST(RendezvousProgressTest, AJoinerGivesUpWhereNothingListensAfterItsWait) {
   absl::StatusOr<int> port = gw::rpc::testing::FreeLoopbackPort();
   ASSERT_TRUE(port.ok()) << port.status();
   AgentOptions o;
@@ -275,14 +297,144 @@ TEST(RendezvousProgressTest, AJoinerFailsAtOnceWhenNoJobIsThere) {
   o.rendezvous = absl::StrCat("127.0.0.1:", *port);
   Said said;
   absl::StatusOr<std::unique_ptr<Rendezvous>> joined =
-      Rendezvous::Join(o, absl::Now() + absl::Seconds(120), said.progress());
+      Rendezvous::Join(o, absl::Now() + absl::Seconds(120), said.progress(absl::Milliseconds(300)));
   ASSERT_FALSE(joined.ok());
   EXPECT_EQ(joined.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(joined.status().message(),
             absl::StrCat("a worker joining: cannot join a job at 127.0.0.1:", *port,
-                         ": nothing listens there for its rendezvous store (connection refused); the job may have "
-                         "finished, or MASTER_ADDR and MASTER_PORT (--master-addr, --master-port) do not name a "
-                         "running job started with room to grow (max_world_size: gradwire launch --max-workers)"));
+                         ": nothing listens there for its rendezvous store (connection refused for 300ms); the job "
+                         "may have finished, or MASTER_ADDR and MASTER_PORT (--master-addr, --master-port) do not "
+                         "name a running job started with room to grow (max_world_size: gradwire launch "
+                         "--max-workers)"));
+  const std::vector<std::string> lines = said.lines();
+  ASSERT_FALSE(lines.empty()) << "it says that it waits";
+  EXPECT_NE(lines[0].find(absl::StrCat("a worker joining: waiting for the rendezvous store at 127.0.0.1:", *port)),
+            std::string::npos)
+      << lines[0];
+}
+
+// A worker that joins, started together with the job (all pods of a job at once): the
+// store is not up yet, and it connects once it is.
+TEST(RendezvousProgressTest, AJoinerStartedBeforeTheStoreConnectsOnceItIsUp) {
+  absl::StatusOr<int> port = gw::rpc::testing::FreeLoopbackPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  AgentOptions o;
+  o.rank = -1;
+  o.join = true;
+  o.rendezvous = absl::StrCat("127.0.0.1:", *port);
+  o.security.secret = "s";
+  Said said;
+  absl::StatusOr<std::unique_ptr<Rendezvous>> joined;
+  std::thread join([&] { joined = Rendezvous::Join(o, absl::Now() + absl::Seconds(60), said.progress()); });
+  const std::string line = said.Await("waiting for the rendezvous store");
+  EXPECT_NE(line.find(absl::StrCat("a worker joining: waiting for the rendezvous store at 127.0.0.1:", *port)),
+            std::string::npos)
+      << line;
+  absl::StatusOr<std::unique_ptr<StoreServer>> server = StoreServer::Start("127.0.0.1", *port, o.security);
+  ASSERT_TRUE(server.ok()) << server.status();
+  join.join();
+  EXPECT_TRUE(joined.ok()) << joined.status();
+  (*server)->Shutdown();
+}
+
+// Something listens where the store should be but never answers (a listening socket
+// nobody accepts on: connections complete in its backlog, and not a byte comes back). A
+// joiner, authenticating or not, gives up after kJoinStoreWait saying the store did not
+// answer, not after its start timeout, and not with the handshake's own timeout.
+TEST(RendezvousProgressTest, AJoinerGivesUpAfterTheJoinWaitWhereTheStoreDoesNotAnswer) {
+  const int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(silent, 64), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  // Authenticating (what every job does unless GRADWIRE_AUTH=off) over the real 10 s wait;
+  // without authentication (no handshake, the channel alone) over a shorter one.
+  for (auto [secret, wait] : {std::pair{"a secret", kJoinStoreWait}, std::pair{"", absl::Seconds(1)}}) {
+    SCOPED_TRACE(*secret != '\0' ? "authenticating" : "without authentication");
+    AgentOptions o;
+    o.rank = -1;
+    o.join = true;
+    o.rendezvous = address;
+    o.security.secret = secret;
+    Said said;
+    absl::StatusOr<std::unique_ptr<Rendezvous>> joined =
+        Rendezvous::Join(o, absl::Now() + absl::Seconds(120), said.progress(wait));
+    ASSERT_FALSE(joined.ok());
+    EXPECT_EQ(joined.status().code(), absl::StatusCode::kUnavailable) << joined.status();
+    EXPECT_NE(joined.status().message().find(absl::StrCat("a worker joining: cannot join a job at ", address,
+                                                          ": its rendezvous store did not answer within ",
+                                                          absl::FormatDuration(wait), " (")),
+              std::string::npos)
+        << joined.status();
+    EXPECT_NE(joined.status().message().find("the job may have finished"), std::string::npos) << joined.status();
+    EXPECT_FALSE(said.lines().empty()) << "it says that it waits";
+  }
+  ::close(silent);
+}
+
+// A store whose handshake answers only when the test lets it (a store that is slow to
+// authenticate, e.g. busy with a thousand workers): Hello waits for `answer`.
+class SlowHandshakeStore final : public ::gradwire::proto::Store::Service {
+ public:
+  explicit SlowHandshakeStore(const std::string& secret) : sessions_(secret, absl::Seconds(60)) {}
+  grpc::Status Hello(grpc::ServerContext*, const ::gradwire::proto::HelloRequest* req,
+                     ::gradwire::proto::HelloResponse* resp) override {
+    answer.WaitForNotification();
+    absl::StatusOr<StoreSessions::Challenge> c = sessions_.Hello("test", req->hello());
+    if (!c.ok()) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, std::string(c.status().message()));
+    resp->set_challenge(c->bytes);
+    resp->set_handshake(c->handshake);
+    return grpc::Status::OK;
+  }
+  grpc::Status Prove(grpc::ServerContext*, const ::gradwire::proto::ProveRequest* req,
+                     ::gradwire::proto::ProveResponse* resp) override {
+    StoreSessions::Verdict v = sessions_.Prove(req->handshake(), req->proof());
+    if (v.bytes.empty()) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, std::string(v.refused.message()));
+    resp->set_verdict(v.bytes);
+    resp->set_session(v.session);
+    return grpc::Status::OK;
+  }
+  absl::Notification answer;
+
+ private:
+  StoreSessions sessions_;
+};
+
+// The handshake with the store may take longer than a progress interval: it is not cut
+// off at the interval (which failed Join with DEADLINE_EXCEEDED), and Join goes on
+// saying that it waits until the store answers.
+TEST(RendezvousProgressTest, AStoreSlowToAuthenticateIsWaitedForPastTheProgressInterval) {
+  SlowHandshakeStore service("the secret");
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  AgentOptions o;
+  o.rank = 1;
+  o.world_size = 2;
+  o.rendezvous = absl::StrCat("127.0.0.1:", port);
+  o.security.secret = "the secret";
+  Said said;
+  absl::StatusOr<std::unique_ptr<Rendezvous>> joined;
+  std::thread join([&] { joined = Rendezvous::Join(o, absl::Now() + absl::Seconds(60), said.progress()); });
+  // Two progress lines: the handshake has waited more than one interval.
+  said.AwaitCount(2);
+  service.answer.Notify();
+  join.join();
+  EXPECT_TRUE(joined.ok()) << joined.status();
+  const std::vector<std::string> lines = said.lines();
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_NE(lines[0].find(absl::StrCat("rank 1: waiting for the rendezvous store at 127.0.0.1:", port)),
+            std::string::npos)
+      << lines[0];
+  server->Shutdown();
 }
 
 }  // namespace
