@@ -48,11 +48,11 @@ int Run() {
   absl::StatusOr<gw::rpc::AgentOptions> options = gw::rpc::AgentOptions::FromEnv();
   if (!options.ok()) return Fail("not started by a launcher (run it under `gradwire launch -n 2`)", options.status());
   options->start_timeout = absl::Seconds(120);  // replicas wait for each other loading data
-  const std::string dir = absl::GetFlag(FLAGS_data_dir);
-  auto train = gw::data::LoadFashionMnist(gw::data::Split::kTrain, dir);
-  auto test = gw::data::LoadFashionMnist(gw::data::Split::kTest, dir);
-  if (!train.ok()) return Fail("training data", train.status());
-  if (!test.ok()) return Fail("test data", test.status());
+  absl::StatusOr<gw::examples::FashionMnist> data =
+      gw::examples::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), /*show=*/options->rank == 0);
+  if (!data.ok()) return Fail("Fashion-MNIST", data.status());
+  const gw::data::Dataset* train = &data->train;
+  const gw::data::Dataset* test = &data->test;
 
   std::shared_ptr<gw::collectives::Collectives> collectives;
   auto agent = gw::rpc::Agent::Start(

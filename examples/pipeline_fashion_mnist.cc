@@ -53,11 +53,11 @@ std::shared_ptr<gw::nn::Module> Stage(int64_t which, int64_t seed) {
 }
 
 int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
-  const std::string dir = absl::GetFlag(FLAGS_data_dir);
-  auto train = gw::data::LoadFashionMnist(gw::data::Split::kTrain, dir);
-  auto test = gw::data::LoadFashionMnist(gw::data::Split::kTest, dir);
-  if (!train.ok()) return Fail("training data", train.status());
-  if (!test.ok()) return Fail("test data", test.status());
+  absl::StatusOr<gw::examples::FashionMnist> data =
+      gw::examples::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), /*show=*/true);
+  if (!data.ok()) return Fail("Fashion-MNIST", data.status());
+  const gw::data::Dataset* train = &data->train;
+  const gw::data::Dataset* test = &data->test;
   const int world = static_cast<int>(agent.workers().size());
   std::vector<gw::dist_nn::RemoteModule> stages;
   std::vector<gw::rpc::RRef<gw::Tensor>> params;

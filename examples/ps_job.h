@@ -146,16 +146,14 @@ inline std::unique_ptr<param_server::Client> MakeClient(rpc::Agent& agent, int s
 // `more` runs in the agent's setup (to install more layers: collectives, distributed
 // autograd).
 inline int StartTrainer(const rpc::AgentOptions& options, int servers, TrainerSetup* setup, rpc::Setup more = {}) {
-  const std::string dir = absl::GetFlag(FLAGS_data_dir);
-  auto train = data::LoadFashionMnist(data::Split::kTrain, dir);
-  auto test = data::LoadFashionMnist(data::Split::kTest, dir);
-  if (!train.ok()) return Fail("training data", train.status());
-  if (!test.ok()) return Fail("test data", test.status());
+  absl::StatusOr<FashionMnist> data =
+      LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), /*show=*/options.rank == servers && !options.join);
+  if (!data.ok()) return Fail("Fashion-MNIST", data.status());
   auto agent = rpc::Agent::Start(options, std::move(more));
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
   ShowAddress(**agent);
-  setup->train = *std::move(train);
-  setup->test = *std::move(test);
+  setup->train = std::move(data->train);
+  setup->test = std::move(data->test);
   setup->agent = *agent;
   // The group's (a worker that joined learns its rank and the group's size at Start).
   setup->trainers = (*agent)->options().world_size - servers;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "flags.h"
 #include "gradwire/gradwire.h"
+#include "example_util.h"
 #include "fashion_mnist_mlp.h"
 
 ABSL_FLAG(int, epochs, 10, "passes over the training set");
@@ -42,15 +43,11 @@ double Evaluate(gw::nn::Module& model, const gw::data::Dataset& test) {
 int main(int argc, char** argv) {
   gw::examples::ParseFlags(argc, argv, "Trains an MLP on Fashion-MNIST locally with gradwire.");
   gw::examples::CheckWritable("save", absl::GetFlag(FLAGS_save));
-  const std::string dir = absl::GetFlag(FLAGS_data_dir);
-
-  auto train = gw::data::LoadFashionMnist(gw::data::Split::kTrain, dir);
-  auto test = gw::data::LoadFashionMnist(gw::data::Split::kTest, dir);
-  if (!train.ok() || !test.ok()) {
-    std::fprintf(stderr, "error: %s\n",
-                 std::string((train.ok() ? test.status() : train.status()).message()).c_str());
-    return 2;
-  }
+  absl::StatusOr<gw::examples::FashionMnist> data =
+      gw::examples::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), /*show=*/true);
+  if (!data.ok()) return gw::examples::Fail("Fashion-MNIST", data.status());
+  const gw::data::Dataset* train = &data->train;
+  const gw::data::Dataset* test = &data->test;
 
   gw::Generator gen(absl::GetFlag(FLAGS_seed));
   auto model = gw::examples::FashionMnistMlp(gen);
