@@ -936,10 +936,13 @@ bool UserGaveSecret(const LaunchOptions& options) {
 }
 
 // A fresh job secret that never touches a file system: a sealed memfd (only this user may
-// read it, nobody may change it), close-on-exec here and kept open in every worker
-// (RunChild), which reads it as GRADWIRE_SECRET_FILE=/proc/self/fd/N like any secret
-// file, restarts included. It goes away with the last process holding it, however the
-// launcher ends (even by SIGKILL): nothing is left behind.
+// read it, nobody may change it), close-on-exec here and kept open across the exec of
+// every worker (RunChild), restarts included, which reads it as
+// GRADWIRE_SECRET_FILE=/proc/self/fd/N like any secret file. The worker then marks it
+// close-on-exec (rpc/src/security.cc): the programs a worker starts do not get the
+// secret, and a wrapper that closed it on the way (Python's subprocess without pass_fds)
+// is named in the worker's error. It goes away with the last process holding it, however
+// the launcher ends (even by SIGKILL): nothing is left behind.
 class JobSecret {
  public:
   absl::Status Make() {

@@ -28,6 +28,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "gradwire/rpc/security.h"
 #include "scoped_env.h"
 
 #ifdef GRADWIRE_RPC_TEST_WORKER
@@ -243,6 +244,85 @@ TEST(LaunchTest, EachJobGetsAFreshSecretOnlyItsUserMayRead) {
   Capture given;
   ASSERT_TRUE(Launch(Shell(1, "echo \"secret=$GRADWIRE_SECRET file=$GRADWIRE_SECRET_FILE.\""), given.out, given.err).ok());
   EXPECT_NE(given.Out().find("secret=given by the user file=."), std::string::npos) << given.Out();
+}
+
+// Not a test of its own: the worker that the two tests below launch (this binary, run
+// with --gtest_filter=LaunchedWorker.* and GW_LAUNCHER_TEST_ROLE=secret; skipped
+// otherwise). It reads the job secret as every worker does (rpc Security::FromEnv), then
+// says whether it still holds the descriptor and whether a program it starts inherits it.
+TEST(LaunchedWorker, ReadsTheJobSecret) {
+  const char* role = std::getenv("GW_LAUNCHER_TEST_ROLE");
+  if (role == nullptr || std::string(role) != "secret") GTEST_SKIP() << "run by the launcher tests only";
+  // The launcher gave none; this binary's own default (cmake/test_environment.cc) would
+  // take precedence over the file.
+  ::unsetenv("GRADWIRE_SECRET");
+  const std::string file = std::getenv("GRADWIRE_SECRET_FILE") != nullptr ? std::getenv("GRADWIRE_SECRET_FILE") : "";
+  absl::StatusOr<gw::rpc::Security> security = gw::rpc::Security::FromEnv();
+  if (!security.ok()) {
+    std::printf("secret refused: %s\n", std::string(security.status().message()).c_str());
+    std::fflush(stdout);
+    return;
+  }
+  int fd = -1;
+  const bool inherited = file.rfind("/proc/self/fd/", 0) == 0 && absl::SimpleAtoi(file.substr(14), &fd);
+  const int child = std::system(absl::StrCat("test -e /proc/$$/fd/", fd).c_str());
+  std::printf("secret of %zu bytes; descriptor %s here, %s by a child\n", security->secret.size(),
+              inherited && ::fcntl(fd, F_GETFD) >= 0 ? "open" : "closed",
+              inherited && WIFEXITED(child) && WEXITSTATUS(child) == 0 ? "inherited" : "not inherited");
+  std::fflush(stdout);
+}
+
+std::string SelfExe() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+LaunchOptions SecretReaders(int n, std::vector<std::string> wrapper = {}) {
+  LaunchOptions options;
+  options.num_workers = n;
+  options.command = std::move(wrapper);
+  options.command.push_back(SelfExe());
+  options.command.push_back("--gtest_filter=LaunchedWorker.ReadsTheJobSecret");
+  options.extra_env["GW_LAUNCHER_TEST_ROLE"] = "secret";
+  return options;
+}
+
+// Workers read the secret from the memfd they inherited, and keep it (the agent may read
+// it again), but what they start does not inherit it.
+TEST(LaunchTest, WorkersReadTheSecretButTheProgramsTheyStartDoNotInheritIt) {
+  gw::rpc::testing::ScopedEnv no_secret("GRADWIRE_SECRET", nullptr);
+  gw::rpc::testing::ScopedEnv no_file("GRADWIRE_SECRET_FILE", nullptr);
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(SecretReaders(2), cap.out, cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0) << cap.Err();
+  const std::string out = cap.Out();
+  for (const char* worker : {"[worker0] ", "[worker1] "}) {
+    EXPECT_NE(out.find(absl::StrCat(worker, "secret of 64 bytes; descriptor open here, not inherited by a child\n")),
+              std::string::npos)
+        << out;
+  }
+}
+
+// A wrapper between the launcher and the worker that closes inherited descriptors
+// (Python's subprocess does unless given pass_fds): the worker says what happened to the
+// descriptor and how to keep it, instead of reading whatever has its number now.
+TEST(LaunchTest, AWrapperThatClosesTheSecretsDescriptorIsNamedInTheWorkersError) {
+  if (std::system("command -v python3 >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3 to wrap the worker";
+  gw::rpc::testing::ScopedEnv no_secret("GRADWIRE_SECRET", nullptr);
+  gw::rpc::testing::ScopedEnv no_file("GRADWIRE_SECRET_FILE", nullptr);
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(
+      SecretReaders(1, {"python3", "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"}), cap.out,
+      cap.err);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::string out = cap.Out();
+  const size_t refused = out.find("[worker0] secret refused: GRADWIRE_SECRET_FILE=/proc/self/fd/");
+  ASSERT_NE(refused, std::string::npos) << out << cap.Err();
+  const std::string line = out.substr(refused, out.find('\n', refused) - refused);
+  EXPECT_NE(line.find("that `gradwire launch` passed to its workers (the job secret's memfd) was closed by something "
+                      "between the launcher and this process"),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("Python's subprocess closes inherited descriptors unless given pass_fds=("), std::string::npos)
+      << line;
 }
 
 // -n is bounded (1024 unless GRADWIRE_LAUNCH_MAX_WORKERS says otherwise), checked before
