@@ -39,8 +39,8 @@ class Reporter {
   Reporter(absl::Duration first, std::function<void()> tick)
       : thread_([this, first, tick = std::move(tick)] {
           const absl::Duration longest = std::max(first, kMaxProgressInterval);
-          for (absl::Duration every = first; !done_.WaitForNotificationWithTimeout(every);
-               every = std::min(2 * every, longest)) {
+          absl::Duration every = std::max(first, absl::Milliseconds(1));
+          for (; !done_.WaitForNotificationWithTimeout(every); every = std::min(2 * every, longest)) {
             tick();
           }
         }) {}
