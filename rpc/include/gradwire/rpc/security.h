@@ -24,8 +24,10 @@
 //   - Limits bound what one peer may make this worker hold (PeerLimits); past a limit
 //     the peer's call fails with RESOURCE_EXHAUSTED naming the limit (connections: closed
 //     before the handshake), and every other peer goes on being served.
-//   - FromEnv() reads GRADWIRE_SECRET (the secret itself), GRADWIRE_SECRET_FILE (a file
-//     holding it; `gradwire launch` sets this one), GRADWIRE_AUTH=off (authenticate =
+//   - FromEnv() reads GRADWIRE_SECRET (the secret itself), GRADWIRE_SECRET_FILE (a regular
+//     file holding it, at most 64 KiB; `gradwire launch` sets this one to
+//     /proc/self/fd/N, a memfd the worker inherits, which becomes close-on-exec once read
+//     so that what the worker starts does not inherit it), GRADWIRE_AUTH=off (authenticate =
 //     false: for a trusted network only), GRADWIRE_TLS_CERT, GRADWIRE_TLS_KEY,
 //     GRADWIRE_TLS_CA (all three, or none), GRADWIRE_MAX_CALLS_IN_FLIGHT,
 //     GRADWIRE_MAX_RREFS_PER_PEER, GRADWIRE_MAX_CONTEXTS_PER_PEER and
