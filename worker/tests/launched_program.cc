@@ -3,6 +3,11 @@
 //   print_then_wait  prints a line with printf and one with std::cout, flushing neither,
 //                    then waits for a signal: under `gradwire launch` both lines must
 //                    reach the launcher before it exits (GRADWIRE_LINE_BUFFERED).
+//   read_secret      reads the job secret as every worker does (rpc Security::FromEnv),
+//                    then says whether it still holds the descriptor and whether a
+//                    program it starts inherits it.
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,7 +15,10 @@
 #include <iostream>
 #include <string>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/security.h"
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
@@ -22,6 +30,21 @@ int main(int argc, char** argv) {
     std::cout << "cout line\n";
     for (;;) ::pause();  // until the launcher's signal ends it
   }
-  std::fprintf(stderr, "usage: %s print_then_wait\n", argv[0]);
+  if (mode == "read_secret") {
+    const std::string file = std::getenv("GRADWIRE_SECRET_FILE") != nullptr ? std::getenv("GRADWIRE_SECRET_FILE") : "";
+    absl::StatusOr<gw::rpc::Security> security = gw::rpc::Security::FromEnv();
+    if (!security.ok()) {
+      std::printf("secret refused: %s\n", std::string(security.status().message()).c_str());
+      return 0;
+    }
+    int fd = -1;
+    const bool inherited = file.rfind("/proc/self/fd/", 0) == 0 && absl::SimpleAtoi(file.substr(14), &fd);
+    const int child = std::system(absl::StrCat("test -e /proc/$$/fd/", fd).c_str());
+    std::printf("secret of %zu bytes; descriptor %s here, %s by a child\n", security->secret.size(),
+                inherited && ::fcntl(fd, F_GETFD) >= 0 ? "open" : "closed",
+                inherited && WIFEXITED(child) && WEXITSTATUS(child) == 0 ? "inherited" : "not inherited");
+    return 0;
+  }
+  std::fprintf(stderr, "usage: %s print_then_wait|read_secret\n", argv[0]);
   return 2;
 }

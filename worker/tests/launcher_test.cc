@@ -246,41 +246,14 @@ TEST(LaunchTest, EachJobGetsAFreshSecretOnlyItsUserMayRead) {
   EXPECT_NE(given.Out().find("secret=given by the user file=."), std::string::npos) << given.Out();
 }
 
-// Not a test of its own: the worker that the two tests below launch (this binary, run
-// with --gtest_filter=LaunchedWorker.* and GW_LAUNCHER_TEST_ROLE=secret; skipped
-// otherwise). It reads the job secret as every worker does (rpc Security::FromEnv), then
-// says whether it still holds the descriptor and whether a program it starts inherits it.
-TEST(LaunchedWorker, ReadsTheJobSecret) {
-  const char* role = std::getenv("GW_LAUNCHER_TEST_ROLE");
-  if (role == nullptr || std::string(role) != "secret") GTEST_SKIP() << "run by the launcher tests only";
-  // The launcher gave none; this binary's own default (cmake/test_environment.cc) would
-  // take precedence over the file.
-  ::unsetenv("GRADWIRE_SECRET");
-  const std::string file = std::getenv("GRADWIRE_SECRET_FILE") != nullptr ? std::getenv("GRADWIRE_SECRET_FILE") : "";
-  absl::StatusOr<gw::rpc::Security> security = gw::rpc::Security::FromEnv();
-  if (!security.ok()) {
-    std::printf("secret refused: %s\n", std::string(security.status().message()).c_str());
-    std::fflush(stdout);
-    return;
-  }
-  int fd = -1;
-  const bool inherited = file.rfind("/proc/self/fd/", 0) == 0 && absl::SimpleAtoi(file.substr(14), &fd);
-  const int child = std::system(absl::StrCat("test -e /proc/$$/fd/", fd).c_str());
-  std::printf("secret of %zu bytes; descriptor %s here, %s by a child\n", security->secret.size(),
-              inherited && ::fcntl(fd, F_GETFD) >= 0 ? "open" : "closed",
-              inherited && WIFEXITED(child) && WEXITSTATUS(child) == 0 ? "inherited" : "not inherited");
-  std::fflush(stdout);
-}
-
-std::string SelfExe() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
-
 LaunchOptions SecretReaders(int n, std::vector<std::string> wrapper = {}) {
   LaunchOptions options;
   options.num_workers = n;
   options.command = std::move(wrapper);
-  options.command.push_back(SelfExe());
-  options.command.push_back("--gtest_filter=LaunchedWorker.ReadsTheJobSecret");
-  options.extra_env["GW_LAUNCHER_TEST_ROLE"] = "secret";
+  // The user's program in miniature (tests/launched_program.cc) reads it as every worker
+  // does (the tests unset GRADWIRE_SECRET, so the launcher's memfd is what it reads).
+  options.command.push_back(GRADWIRE_LAUNCHED_PROGRAM);
+  options.command.push_back("read_secret");
   return options;
 }
 
