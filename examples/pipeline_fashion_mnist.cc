@@ -125,7 +125,8 @@ int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
   std::printf("final test accuracy: %.4f (%.1f s, %.0f samples/s)\n", test_acc, secs,
               static_cast<double>(samples) / secs);
   if (test_acc < absl::GetFlag(FLAGS_min_accuracy)) {
-    std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc, absl::GetFlag(FLAGS_min_accuracy));
+    std::fprintf(stderr, "test accuracy %.4f is below the required %.4f\n", test_acc,
+                 absl::GetFlag(FLAGS_min_accuracy));
     return 1;
   }
   return 0;
@@ -161,6 +162,7 @@ int Run() {
 
 int main(int argc, char** argv) {
   gw::examples::ParseFlags(
-      argc, argv, "Pipeline-parallel training of an MLP on Fashion-MNIST (2 stages); run under `gradwire launch -n 2`.");
+      argc, argv,
+      "Pipeline-parallel training of an MLP on Fashion-MNIST (2 stages); run under `gradwire launch -n 2`.");
   return Run();
 }

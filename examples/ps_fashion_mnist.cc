@@ -41,7 +41,9 @@ namespace {
 using gw::examples::Fail;
 
 int Train(gw::rpc::AgentOptions options, int servers) {
-  if (options.rank == servers && !options.join) gw::examples::CheckWritable("save", absl::GetFlag(FLAGS_save));  // trainer 0
+  if (options.rank == servers && !options.join) {  // trainer 0 saves the model
+    gw::examples::CheckWritable("save", absl::GetFlag(FLAGS_save));
+  }
   gw::examples::TrainerSetup setup;
   if (int failed = gw::examples::StartTrainer(options, servers, &setup); failed != 0) return failed;
   const gw::data::Dataset* train = &setup.train;
