@@ -1,6 +1,7 @@
 #include "gradwire/nn/serialize.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -114,10 +115,54 @@ absl::Status SaveTensors(const std::string& path, const NamedTensors& tensors) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The whole file, read with open/fstat/read so that every failure is a Status naming the
+// path with the errno's code (NOT_FOUND, PERMISSION_DENIED, ...), never an exception: a
+// std::ifstream on a directory opens, then throws from its first read.
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    return absl::ErrnoToStatus(e, absl::StrCat("LoadTensors: cannot open '", path, "'"));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool is_dir = S_ISDIR(st.st_mode);
+    const int e = errno;
+    ::close(fd);
+    if (is_dir) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("LoadTensors: '", path, "' is a directory, not a tensor file"));
+    }
+    return e != 0 ? absl::ErrnoToStatus(e, absl::StrCat("LoadTensors: cannot stat '", path, "'"))
+                  : absl::FailedPreconditionError(absl::StrCat("LoadTensors: '", path, "' is not a regular file"));
+  }
+  std::string data;
+  data.resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < data.size()) {
+    const ssize_t n = ::read(fd, data.data() + got, data.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(e, absl::StrCat("LoadTensors: cannot read '", path, "'"));
+    }
+    if (n == 0) break;  // shorter than fstat said (it shrank): the parse names what is missing
+    got += static_cast<size_t>(n);
+  }
+  data.resize(got);
+  ::close(fd);
+  return data;
+}
+
+}  // namespace
+
 absl::StatusOr<NamedTensors> LoadTensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Errno("LoadTensors: cannot open", path);
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<std::string> file = ReadFile(path);
+  if (!file.ok()) return file.status();
+  const std::string& data = *file;
   Reader r(data, path);
   const char* magic;
   uint32_t version;

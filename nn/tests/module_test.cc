@@ -111,7 +111,27 @@ TEST(SerializeTest, CorruptFilesAreErrorsNotCrashes) {
   std::string huge = good;
   huge[16] = '\x7f';  // name length far beyond the file
   EXPECT_FALSE(load_bytes(huge).ok());
-  EXPECT_EQ(LoadTensors("/nonexistent/dir/file").status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(LoadTensors("/nonexistent/dir/file").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A path that cannot be read is a Status naming it (a directory used to abort the process
+// with an uncaught std::ios_base::failure from the stream's first read).
+TEST(SerializeTest, UnreadablePathsAreStatusesNamingThem) {
+  char dir_template[] = "/tmp/gw-serialize-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  absl::StatusOr<NamedTensors> from_dir = LoadTensors(dir);
+  EXPECT_EQ(from_dir.status().code(), absl::StatusCode::kFailedPrecondition) << from_dir.status();
+  EXPECT_NE(from_dir.status().message().find(dir), std::string::npos) << from_dir.status();
+  EXPECT_NE(from_dir.status().message().find("is a directory"), std::string::npos) << from_dir.status();
+  absl::StatusOr<NamedTensors> missing = LoadTensors(dir + "/missing.gwtf");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_NE(missing.status().message().find("missing.gwtf"), std::string::npos) << missing.status();
+  // Module::Load goes through it: a module given a directory gets the same Status.
+  Generator gen(0);
+  Linear layer(2, 2, gen);
+  EXPECT_EQ(layer.Load(dir).code(), absl::StatusCode::kFailedPrecondition);
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace

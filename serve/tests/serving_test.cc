@@ -279,7 +279,11 @@ TEST(ServingTest, LoadVersionSwapsInAStateDictFileAndABadFileChangesNothing) {
   const absl::Status bad = g.serving[1]->LoadVersion("mnist", wrong, "v3");
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find(wrong), std::string::npos) << bad;
-  EXPECT_FALSE(g.serving[1]->LoadVersion("mnist", "/nonexistent/model.gwt", "v3").ok());
+  EXPECT_TRUE(absl::IsNotFound(g.serving[1]->LoadVersion("mnist", "/nonexistent/model.gwt", "v3")));
+  // A directory where the file should be: a Status naming it (it used to throw).
+  const absl::Status dir = g.serving[1]->LoadVersion("mnist", files.path(), "v3");
+  EXPECT_TRUE(absl::IsFailedPrecondition(dir)) << dir;
+  EXPECT_NE(dir.message().find(files.path()), std::string::npos) << dir;
   p = router->PredictSync(x);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->version, "v2");

@@ -11,7 +11,9 @@
 //   - LoadTensors validates every length against the bytes that remain and against
 //     limits (name <= 4096 bytes, ndim <= 16, nbytes == numel * element size) before
 //     allocating; a corrupt or truncated file is an error naming the path and the entry,
-//     never a crash.
+//     never a crash. A file that cannot be read is a Status naming the path, with the
+//     system's reason as its code (NOT_FOUND, PERMISSION_DENIED, ...; a directory:
+//     FAILED_PRECONDITION), never an exception.
 #ifndef GRADWIRE_NN_SERIALIZE_H_
 #define GRADWIRE_NN_SERIALIZE_H_
 
