@@ -114,6 +114,7 @@ inline int Serve(rpc::AgentOptions options, int servers = 0, const std::vector<s
   ShowAddress(**agent);
   std::printf("%s: serving parameters%s\n", (*agent)->self().name.c_str(),
               restored > 0 ? absl::StrCat(" (", restored, " tables restored from its checkpoint)").c_str() : "");
+  std::fflush(stdout);  // seen even if the server is killed later (outside the launcher too)
   if (options.join) {
     if (absl::Status s = TakeShare(**agent, servers, tables); !s.ok()) return Fail("cannot take a share of the tables", s);
   }
