@@ -153,6 +153,16 @@ TEST_P(RendezvousTest, ABarrierAWorkerNeverReachesFailsByItsDeadlineNamingIt) {
 }
 
 // The lines a Rendezvous says while it waits (RendezvousProgress), every 50 ms here.
+// A worker that joins the job whose rendezvous store is (or would be) at `address`.
+AgentOptions JoinerOf(const std::string& address, const std::string& secret = "") {
+  AgentOptions o;
+  o.rank = -1;
+  o.join = true;
+  o.rendezvous = address;
+  o.security.secret = secret;
+  return o;
+}
+
 class Said {
  public:
   RendezvousProgress progress(absl::Duration join_store_wait = kJoinStoreWait) {
@@ -291,10 +301,7 @@ TEST(RendezvousProgressTest, AWorkerWaitingForTheStoreSaysWhereItWaits) {
 TEST(RendezvousProgressTest, AJoinerGivesUpWhereNothingListensAfterItsWait) {
   absl::StatusOr<int> port = gw::rpc::testing::FreeLoopbackPort();
   ASSERT_TRUE(port.ok()) << port.status();
-  AgentOptions o;
-  o.rank = -1;
-  o.join = true;
-  o.rendezvous = absl::StrCat("127.0.0.1:", *port);
+  const AgentOptions o = JoinerOf(absl::StrCat("127.0.0.1:", *port));
   Said said;
   absl::StatusOr<std::unique_ptr<Rendezvous>> joined =
       Rendezvous::Join(o, absl::Now() + absl::Seconds(120), said.progress(absl::Milliseconds(300)));
@@ -318,11 +325,7 @@ TEST(RendezvousProgressTest, AJoinerGivesUpWhereNothingListensAfterItsWait) {
 TEST(RendezvousProgressTest, AJoinerStartedBeforeTheStoreConnectsOnceItIsUp) {
   absl::StatusOr<int> port = gw::rpc::testing::FreeLoopbackPort();
   ASSERT_TRUE(port.ok()) << port.status();
-  AgentOptions o;
-  o.rank = -1;
-  o.join = true;
-  o.rendezvous = absl::StrCat("127.0.0.1:", *port);
-  o.security.secret = "s";
+  const AgentOptions o = JoinerOf(absl::StrCat("127.0.0.1:", *port), "s");
   Said said;
   absl::StatusOr<std::unique_ptr<Rendezvous>> joined;
   std::thread join([&] { joined = Rendezvous::Join(o, absl::Now() + absl::Seconds(60), said.progress()); });
@@ -356,11 +359,7 @@ TEST(RendezvousProgressTest, AJoinerGivesUpAfterTheJoinWaitWhereTheStoreDoesNotA
   // without authentication (no handshake, the channel alone) over a shorter one.
   for (auto [secret, wait] : {std::pair{"a secret", kJoinStoreWait}, std::pair{"", absl::Seconds(1)}}) {
     SCOPED_TRACE(*secret != '\0' ? "authenticating" : "without authentication");
-    AgentOptions o;
-    o.rank = -1;
-    o.join = true;
-    o.rendezvous = address;
-    o.security.secret = secret;
+    const AgentOptions o = JoinerOf(address, secret);
     Said said;
     absl::StatusOr<std::unique_ptr<Rendezvous>> joined =
         Rendezvous::Join(o, absl::Now() + absl::Seconds(120), said.progress(wait));
