@@ -4,22 +4,33 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "gradwire/nn/crc32c.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::nn {
 namespace {
 
 constexpr char kMagic[4] = {'G', 'W', 'T', 'F'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersionUnchecked = 1;  // no checksums
+constexpr uint32_t kVersion = 2;
+constexpr size_t kHeaderBytes = 4 + 4 + 8;
+constexpr size_t kTrailerBytes = 8 + 4;
 constexpr uint32_t kMaxNameBytes = 4096;
 constexpr uint8_t kMaxDims = 16;
+// Payloads are checksummed and written in pieces of this size, so that each piece is
+// still in the cache when write() copies it.
+constexpr size_t kChunkBytes = 256 << 10;
 
 static_assert(std::endian::native == std::endian::little, "the file format is little-endian");
 
@@ -28,59 +39,62 @@ void Put(std::string* out, T v) {
   out->append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
+// A Status for the errno of a failed system call on `path`, its code from the errno.
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  const int e = errno;
+  return absl::ErrnoToStatus(e, absl::StrCat(what, " '", path, "'"));
 }
 
-// Reads fixed-size values from a byte range, failing instead of reading past the end.
-class Reader {
+class ScopedFd {
  public:
-  Reader(const std::string& data, const std::string& path) : data_(data), path_(path) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (data_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, data_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(ScopedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  ScopedFd& operator=(ScopedFd&&) = delete;
+  ~ScopedFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  // Closes now, returning close()'s result (errno set on failure).
+  int Close() { return ::close(std::exchange(fd_, -1)); }
+
+ private:
+  int fd_;
+};
+
+// Writes a file through a small buffer, extending a CRC over what it writes. Large spans
+// skip the buffer: each chunk is checksummed, then written while it is still in the cache.
+class ChecksummingWriter {
+ public:
+  explicit ChecksummingWriter(int fd) : fd_(fd) { buffer_.reserve(kChunkBytes); }
+
+  // Appends n bytes, extending *crc over them. False on a write error (errno set).
+  bool Append(const void* data, size_t n, uint32_t* crc) {
+    const char* p = static_cast<const char*>(data);
+    if (n < kChunkBytes) {
+      *crc = Crc32cExtend(*crc, p, n);
+      if (buffer_.size() + n > kChunkBytes && !Flush()) return false;
+      buffer_.append(p, n);
+      return true;
+    }
+    if (!Flush()) return false;
+    for (size_t off = 0; off < n; off += kChunkBytes) {
+      const size_t len = std::min(kChunkBytes, n - off);
+      *crc = Crc32cExtend(*crc, p + off, len);
+      if (!WriteAll(p + off, len)) return false;
+    }
     return true;
   }
-  bool Bytes(size_t n, const char** p) {
-    if (data_.size() - pos_ < n) return false;
-    *p = data_.data() + pos_;
-    pos_ += n;
-    return true;
-  }
-  size_t remaining() const { return data_.size() - pos_; }
-  absl::Status Corrupt(const std::string& what) const {
-    return absl::DataLossError(absl::StrCat("LoadTensors: '", path_, "' is corrupt at byte ", pos_,
-                                            ": ", what));
+
+  bool Flush() {
+    const bool ok = WriteAll(buffer_.data(), buffer_.size());
+    buffer_.clear();
+    return ok;
   }
 
  private:
-  const std::string& data_;
-  const std::string& path_;
-  size_t pos_ = 0;
-};
-
-}  // namespace
-
-absl::Status SaveTensors(const std::string& path, const NamedTensors& tensors) {
-  std::string header;
-  header.append(kMagic, 4);
-  Put<uint32_t>(&header, kVersion);
-  Put<uint64_t>(&header, tensors.size());
-  for (const auto& [name, t] : tensors) {
-    if (!t.defined() || t.dim() > kMaxDims || name.size() > kMaxNameBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "SaveTensors: entry '", name, "' cannot be saved (undefined, more than ",
-          int{kMaxDims}, " dims, or a name over ", kMaxNameBytes, " bytes)"));
-    }
-  }
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("SaveTensors: cannot create", tmp);
-  auto write_all = [&](const char* p, size_t n) {
+  bool WriteAll(const char* p, size_t n) {
     while (n > 0) {
-      const ssize_t w = ::write(fd, p, n);
+      const ssize_t w = ::write(fd_, p, n);
       if (w < 0) {
         if (errno == EINTR) continue;
         return false;
@@ -89,11 +103,22 @@ absl::Status SaveTensors(const std::string& path, const NamedTensors& tensors) {
       n -= static_cast<size_t>(w);
     }
     return true;
-  };
-  bool ok = write_all(header.data(), header.size());
+  }
+
+  int fd_;
+  std::string buffer_;
+};
+
+// The entries and trailer of a version 2 file after its header; fills *digest.
+bool WriteBody(ChecksummingWriter& out, const std::string& header, const NamedTensors& tensors,
+               FileDigest* digest) {
+  // The whole-file CRC is combined from the pieces' CRCs (Crc32cCombine), so every byte is
+  // checksummed once.
+  uint32_t file_crc = 0;
+  if (!out.Append(header.data(), header.size(), &file_crc)) return false;
+  uint64_t file_bytes = header.size();
   for (const auto& [name, t] : tensors) {
-    if (!ok) break;
-    Tensor c = kernels::Contiguous(t);
+    const Tensor c = kernels::Contiguous(t);
     std::string meta;
     Put<uint32_t>(&meta, static_cast<uint32_t>(name.size()));
     meta += name;
@@ -101,66 +126,209 @@ absl::Status SaveTensors(const std::string& path, const NamedTensors& tensors) {
     Put<uint8_t>(&meta, static_cast<uint8_t>(t.dim()));
     for (int64_t d : t.sizes()) Put<int64_t>(&meta, d);
     Put<uint64_t>(&meta, c.nbytes());
-    ok = write_all(meta.data(), meta.size()) &&
-         write_all(static_cast<const char*>(c.raw_data()), c.nbytes());
+    uint32_t entry_crc = 0;
+    if (!out.Append(meta.data(), meta.size(), &entry_crc) ||
+        !out.Append(c.raw_data(), c.nbytes(), &entry_crc)) {
+      return false;
+    }
+    const uint64_t entry_bytes = meta.size() + c.nbytes();
+    file_crc = Crc32cCombine(file_crc, entry_crc, entry_bytes);
+    if (!out.Append(&entry_crc, sizeof(entry_crc), &file_crc)) return false;
+    file_bytes += entry_bytes + sizeof(entry_crc);
   }
-  if (!ok || ::fsync(fd) != 0) {
+  std::string trailer;
+  Put<uint64_t>(&trailer, file_bytes);
+  Put<uint32_t>(&trailer, file_crc);
+  digest->bytes = file_bytes + trailer.size();
+  digest->crc32c = file_crc;
+  return out.Append(trailer.data(), trailer.size(), &digest->crc32c) && out.Flush();
+}
+
+// fsync of the directory holding `path`, so that a rename into it is durable.
+absl::Status SyncDirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno(absl::StrCat("SaveTensors: '", path, "' is in place, but cannot open its directory"), dir);
+  ScopedFd closer(fd);
+  if (::fsync(fd) != 0) return Errno(absl::StrCat("SaveTensors: '", path, "' is in place, but cannot sync its directory"), dir);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SaveTensors(const std::string& path, const NamedTensors& tensors, FileDigest* digest) {
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined() || t.dim() > kMaxDims || name.size() > kMaxNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SaveTensors: entry '", name, "' cannot be saved (undefined, more than ",
+          int{kMaxDims}, " dims, or a name over ", kMaxNameBytes, " bytes)"));
+    }
+  }
+  std::string header;
+  header.append(kMagic, 4);
+  Put<uint32_t>(&header, kVersion);
+  Put<uint64_t>(&header, tensors.size());
+  const std::string tmp = path + ".tmp";
+  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return Errno("SaveTensors: cannot create", tmp);
+  ChecksummingWriter out(fd.get());
+  FileDigest written;
+  if (!WriteBody(out, header, tensors, &written) || ::fsync(fd.get()) != 0) {
     absl::Status s = Errno("SaveTensors: cannot write", tmp);
-    ::close(fd);
     ::unlink(tmp.c_str());
     return s;
   }
-  if (::close(fd) != 0) return Errno("SaveTensors: cannot close", tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Errno("SaveTensors: cannot rename to", path);
+  if (fd.Close() != 0) {
+    absl::Status s = Errno("SaveTensors: cannot close", tmp);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    absl::Status s = Errno(absl::StrCat("SaveTensors: cannot rename '", tmp, "' to"), path);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  if (absl::Status s = SyncDirectoryOf(path); !s.ok()) return s;
+  if (digest != nullptr) *digest = written;
   return absl::OkStatus();
 }
 
 namespace {
 
-// The whole file, read with open/fstat/read so that every failure is a Status naming the
-// path with the errno's code (NOT_FOUND, PERMISSION_DENIED, ...), never an exception: a
-// std::ifstream on a directory opens, then throws from its first read.
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int e = errno;
-    return absl::ErrnoToStatus(e, absl::StrCat("LoadTensors: cannot open '", path, "'"));
-  }
+// A regular file opened for reading, and its size.
+struct OpenFile {
+  ScopedFd fd;
+  uint64_t size;
+};
+
+// open + fstat, so that every failure is a Status naming the path with the errno's code
+// (NOT_FOUND, PERMISSION_DENIED, ...), never an exception: a std::ifstream on a directory
+// opens, then throws from its first read. `who` starts the messages.
+absl::StatusOr<OpenFile> OpenForReading(const std::string& path, absl::string_view who) {
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Errno(absl::StrCat(who, ": cannot open"), path);
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const bool is_dir = S_ISDIR(st.st_mode);
-    const int e = errno;
-    ::close(fd);
-    if (is_dir) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("LoadTensors: '", path, "' is a directory, not a tensor file"));
-    }
-    return e != 0 ? absl::ErrnoToStatus(e, absl::StrCat("LoadTensors: cannot stat '", path, "'"))
-                  : absl::FailedPreconditionError(absl::StrCat("LoadTensors: '", path, "' is not a regular file"));
+  if (::fstat(fd.get(), &st) != 0) return Errno(absl::StrCat(who, ": cannot stat"), path);
+  if (S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(who, ": '", path, "' is a directory, not a file"));
   }
-  std::string data;
-  data.resize(static_cast<size_t>(st.st_size));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(who, ": '", path, "' is not a regular file"));
+  }
+  return OpenFile{std::move(fd), static_cast<uint64_t>(st.st_size)};
+}
+
+// Reads up to n bytes (fewer only at the end of the file).
+absl::StatusOr<size_t> ReadUpTo(const OpenFile& file, char* p, size_t n, const std::string& path,
+                                absl::string_view who) {
   size_t got = 0;
-  while (got < data.size()) {
-    const ssize_t n = ::read(fd, data.data() + got, data.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      return absl::ErrnoToStatus(e, absl::StrCat("LoadTensors: cannot read '", path, "'"));
-    }
-    if (n == 0) break;  // shorter than fstat said (it shrank): the parse names what is missing
-    got += static_cast<size_t>(n);
+  while (got < n) {
+    const ssize_t r = ::read(file.fd.get(), p + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Errno(absl::StrCat(who, ": cannot read"), path);
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
   }
-  data.resize(got);
-  ::close(fd);
+  return got;
+}
+
+// The whole file.
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view who) {
+  absl::StatusOr<OpenFile> file = OpenForReading(path, who);
+  if (!file.ok()) return file.status();
+  std::string data;
+  data.resize(file->size);
+  absl::StatusOr<size_t> got = ReadUpTo(*file, data.data(), data.size(), path, who);
+  if (!got.ok()) return got.status();
+  data.resize(*got);  // shorter than fstat said (it shrank): the parse names what is missing
   return data;
+}
+
+// Reads fixed-size values from a byte range, failing instead of reading past the end.
+class Reader {
+ public:
+  Reader(const std::string& data, const std::string& path) : data_(data), path_(path), end_(data.size()) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (end_ - pos_ < sizeof(T)) return false;
+    std::memcpy(v, data_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool Bytes(size_t n, const char** p) {
+    if (end_ - pos_ < n) return false;
+    *p = data_.data() + pos_;
+    pos_ += n;
+    return true;
+  }
+  // Reads stop at `end` (the start of a trailer). REQUIRES: pos() <= end <= size.
+  void Limit(size_t end) { end_ = end; }
+  size_t pos() const { return pos_; }
+  size_t remaining() const { return end_ - pos_; }
+  absl::Status Corrupt(const std::string& what) const {
+    return absl::DataLossError(absl::StrCat("LoadTensors: '", path_, "' is corrupt at byte ", pos_,
+                                            ": ", what));
+  }
+
+ private:
+  const std::string& data_;
+  const std::string& path_;
+  size_t end_;
+  size_t pos_ = 0;
+};
+
+std::string Hex(uint32_t v) { return absl::StrFormat("0x%08x", v); }
+
+// The index of the first NaN or infinity among the n values (float or double, as raw
+// bits) at p, or n. A value is not finite when its exponent bits are all ones; blocks are
+// counted branch-free (vectorised), and only a block with a hit is searched.
+template <typename Bits, Bits kExponent>
+uint64_t FirstNonFinite(const char* p, uint64_t n) {
+  constexpr uint64_t kBlock = 4096;
+  auto bits = [p](uint64_t i) {
+    Bits b;
+    std::memcpy(&b, p + i * sizeof(Bits), sizeof(Bits));
+    return b;
+  };
+  for (uint64_t start = 0; start < n; start += kBlock) {
+    const uint64_t end = std::min(n, start + kBlock);
+    Bits hits = 0;
+    for (uint64_t i = start; i < end; ++i) hits += (bits(i) & kExponent) == kExponent;
+    if (hits == 0) continue;
+    for (uint64_t i = start; i < end; ++i) {
+      if ((bits(i) & kExponent) == kExponent) return i;
+    }
+  }
+  return n;
+}
+
+// DATA_LOSS when a float entry holds a NaN or an infinity.
+absl::Status CheckFinite(const std::string& path, const std::string& entry, DType dtype, const char* payload,
+                         uint64_t numel) {
+  double value = 0;
+  uint64_t at = numel;
+  if (dtype == DType::kFloat32) {
+    at = FirstNonFinite<uint32_t, 0x7f800000u>(payload, numel);
+    if (at < numel) {
+      float f;
+      std::memcpy(&f, payload + at * sizeof(float), sizeof(float));
+      value = f;
+    }
+  } else if (dtype == DType::kFloat64) {
+    at = FirstNonFinite<uint64_t, 0x7ff0000000000000u>(payload, numel);
+    if (at < numel) std::memcpy(&value, payload + at * sizeof(double), sizeof(double));
+  }
+  if (at == numel) return absl::OkStatus();
+  const char* what = std::isnan(value) ? "NaN" : value > 0 ? "+Inf" : "-Inf";
+  return absl::DataLossError(absl::StrCat("LoadTensors: '", path, "': entry '", entry, "' holds ", what,
+                                          " at index ", at, "; load with allow_non_finite to accept it"));
 }
 
 }  // namespace
 
-absl::StatusOr<NamedTensors> LoadTensors(const std::string& path) {
-  absl::StatusOr<std::string> file = ReadFile(path);
+absl::StatusOr<NamedTensors> LoadTensors(const std::string& path, const LoadOptions& options) {
+  absl::StatusOr<std::string> file = ReadFile(path, "LoadTensors");
   if (!file.ok()) return file.status();
   const std::string& data = *file;
   Reader r(data, path);
@@ -170,10 +338,31 @@ absl::StatusOr<NamedTensors> LoadTensors(const std::string& path) {
   if (!r.Bytes(4, &magic) || std::memcmp(magic, kMagic, 4) != 0) {
     return r.Corrupt("not a gradwire tensor file (bad magic)");
   }
-  if (!r.Get(&version) || version != kVersion) return r.Corrupt("unsupported version");
+  if (!r.Get(&version) || (version != kVersion && version != kVersionUnchecked)) {
+    return r.Corrupt("unsupported version");
+  }
   if (!r.Get(&count)) return r.Corrupt("truncated header");
+  const bool checked = version == kVersion;
+  uint64_t stored_length = 0;
+  uint32_t stored_file_crc = 0;
+  if (checked) {
+    // The trailer first: a file cut short or extended is named as such, not as whatever
+    // its last entry then looks like.
+    if (data.size() < kHeaderBytes + kTrailerBytes) return r.Corrupt("truncated: no room for the trailer");
+    std::memcpy(&stored_length, data.data() + data.size() - kTrailerBytes, sizeof(stored_length));
+    std::memcpy(&stored_file_crc, data.data() + data.size() - sizeof(stored_file_crc), sizeof(stored_file_crc));
+    if (stored_length != data.size() - kTrailerBytes) {
+      return absl::DataLossError(absl::StrCat("LoadTensors: '", path, "' is ", data.size(),
+                                              " bytes, but its trailer says ", stored_length,
+                                              " bytes precede it: the file is truncated, extended or damaged"));
+    }
+    r.Limit(data.size() - kTrailerBytes);
+  }
+  // The CRC of the bytes checked so far, combined from the entries' CRCs.
+  uint32_t file_crc = Crc32c(data.data(), kHeaderBytes);
   NamedTensors out;
   for (uint64_t i = 0; i < count; ++i) {
+    const size_t entry_start = r.pos();
     uint32_t name_len;
     const char* name;
     uint8_t dtype, ndim;
@@ -203,12 +392,47 @@ absl::StatusOr<NamedTensors> LoadTensors(const std::string& path) {
       return r.Corrupt(absl::StrCat("entry '", entry, "': payload length does not match ",
                                     ShapeToString(sizes)));
     }
+    if (checked) {
+      const size_t entry_bytes = r.pos() - entry_start;
+      uint32_t stored;
+      if (!r.Get(&stored)) return r.Corrupt(absl::StrCat("entry '", entry, "': truncated before its checksum"));
+      const uint32_t computed = Crc32c(data.data() + entry_start, entry_bytes);
+      if (computed != stored) {
+        return absl::DataLossError(absl::StrCat("LoadTensors: '", path, "': entry '", entry,
+                                                "' fails its checksum (stored ", Hex(stored), ", computed ",
+                                                Hex(computed), "): the file is damaged"));
+      }
+      file_crc = Crc32cCombine(file_crc, computed, entry_bytes);
+      file_crc = Crc32cExtend(file_crc, &stored, sizeof(stored));
+    }
+    if (!options.allow_non_finite) {
+      if (absl::Status s = CheckFinite(path, entry, dt, payload, numel); !s.ok()) return s;
+    }
     Tensor t = Tensor::Empty(sizes, dt);
     if (nbytes > 0) std::memcpy(t.raw_data(), payload, nbytes);
     out.emplace_back(entry, std::move(t));
   }
   if (r.remaining() != 0) return r.Corrupt("trailing bytes after the last entry");
+  if (checked && file_crc != stored_file_crc) {
+    return absl::DataLossError(absl::StrCat("LoadTensors: '", path, "' fails its checksum (stored ",
+                                            Hex(stored_file_crc), ", computed ", Hex(file_crc),
+                                            "): the file is damaged"));
+  }
   return out;
+}
+
+absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
+  absl::StatusOr<OpenFile> file = OpenForReading(path, "DigestFile");
+  if (!file.ok()) return file.status();
+  std::string buffer(1 << 20, '\0');
+  FileDigest digest;
+  for (;;) {
+    absl::StatusOr<size_t> got = ReadUpTo(*file, buffer.data(), buffer.size(), path, "DigestFile");
+    if (!got.ok()) return got.status();
+    digest.crc32c = Crc32cExtend(digest.crc32c, buffer.data(), *got);
+    digest.bytes += *got;
+    if (*got < buffer.size()) return digest;
+  }
 }
 
 }  // namespace gw::nn

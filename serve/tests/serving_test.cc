@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <climits>
+#include <cmath>
+#include <fstream>
 #include <set>
 #include <thread>
 #include <map>
@@ -18,6 +20,7 @@
 #include "agent_group.h"
 #include "scoped_temp_dir.h"
 #include "gradwire/autograd/grad_mode.h"
+#include "gradwire/nn/serialize.h"
 #include "gradwire/rpc/store.h"
 #include "gradwire/serve/router.h"
 #include "gradwire/tensor/kernels.h"
@@ -280,6 +283,29 @@ TEST(ServingTest, LoadVersionSwapsInAStateDictFileAndABadFileChangesNothing) {
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find(wrong), std::string::npos) << bad;
   EXPECT_TRUE(absl::IsNotFound(g.serving[1]->LoadVersion("mnist", "/nonexistent/model.gwt", "v3")));
+  // A state dict holding NaN weights (a diverged run's) is refused, naming the file and the
+  // entry (nn::LoadTensors refuses non-finite values by default).
+  const std::string diverged = files.File("diverged.gwt");
+  nn::NamedTensors state = Mlp(7)->StateDict();
+  state.back().second = kernels::Mul(state.back().second, Tensor::Scalar(NAN));
+  ASSERT_TRUE(nn::SaveTensors(diverged, state).ok());
+  const absl::Status nan = g.serving[1]->LoadVersion("mnist", diverged, "v3");
+  EXPECT_TRUE(absl::IsDataLoss(nan)) << nan;
+  EXPECT_NE(nan.message().find(diverged), std::string::npos) << nan;
+  EXPECT_NE(nan.message().find("entry '" + state.back().first + "' holds NaN at index 0"), std::string::npos) << nan;
+  // So is a damaged file: one payload bit flipped.
+  const std::string damaged = files.File("damaged.gwt");
+  ASSERT_TRUE(v2->Save(damaged).ok());
+  {
+    std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    const char byte = static_cast<char>(f.get() ^ 0x10);
+    f.seekp(100);
+    f.put(byte);
+  }
+  const absl::Status flipped = g.serving[1]->LoadVersion("mnist", damaged, "v3");
+  EXPECT_TRUE(absl::IsDataLoss(flipped)) << flipped;
+  EXPECT_NE(flipped.message().find("fails its checksum"), std::string::npos) << flipped;
   // A directory where the file should be: a Status naming it (it used to throw).
   const absl::Status dir = g.serving[1]->LoadVersion("mnist", files.path(), "v3");
   EXPECT_TRUE(absl::IsFailedPrecondition(dir)) << dir;

@@ -9,7 +9,8 @@
 //   - Forward(x) is the single-tensor forward used by Sequential; modules with other
 //     signatures (EmbeddingBag) add their own overloads.
 //   - StateDict/LoadStateDict copy values in place, so optimizers and references to the
-//     parameter tensors stay valid. Save/Load use the named-tensor file of serialize.h.
+//     parameter tensors stay valid. Save/Load use the named-tensor file of serialize.h:
+//     Load refuses a damaged file and NaN or infinite values (LoadTensors' defaults).
 //   - Thread safety: concurrent Forward calls (with or without grad) are safe for modules
 //     without mutable state (all but Dropout in training mode); mutation (training,
 //     loading) needs exclusion.
