@@ -7,7 +7,8 @@
 //   - Every other argument goes to Abseil's parser (an unknown flag exits 1 naming it).
 //   - The flags every example shares are checked before anything runs, each error
 //     naming the flag and what it needs (exit 2): --epochs >= 1, --batch_size >= 1,
-//     --lr > 0, --chunks >= 1. CheckWritable(path), called by the worker that will write
+//     --lr > 0, --chunks >= 1, --checkpoint_keep >= 1, --checkpoint_every_s >= 0,
+//     --checkpoint_max_failures >= 0. CheckWritable(path), called by the worker that will write
 //     a file (--save) before it trains, fails at once on a directory it cannot write.
 //   - Threads: a program started without OMP_NUM_THREADS (so not by `gradwire launch`,
 //     which gives each worker its share of the cores) starts itself again with
@@ -84,6 +85,13 @@ inline void CheckSharedFlags() {
   if (Number("batch_size", &v) && v < 1) Refuse(absl::StrCat("--batch_size=", v, ": needs at least 1"));
   if (Number("chunks", &v) && v < 1) Refuse(absl::StrCat("--chunks=", v, ": needs at least 1 micro-batch"));
   if (Number("lr", &v) && !(v > 0)) Refuse(absl::StrCat("--lr=", v, ": the learning rate must be positive"));
+  if (Number("checkpoint_keep", &v) && v < 1) Refuse(absl::StrCat("--checkpoint_keep=", v, ": keep at least 1 version"));
+  if (Number("checkpoint_every_s", &v) && !(v >= 0)) {
+    Refuse(absl::StrCat("--checkpoint_every_s=", v, ": seconds between checkpoints, 0 or more"));
+  }
+  if (Number("checkpoint_max_failures", &v) && v < 0) {
+    Refuse(absl::StrCat("--checkpoint_max_failures=", v, ": 0 (never stop) or more"));
+  }
 }
 
 // One oneDNN (OpenMP) thread when nobody chose a count (see the contract above).

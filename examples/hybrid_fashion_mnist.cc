@@ -61,6 +61,16 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       !s.ok()) {
     return Fail("cannot create the embedding table", s);
   }
+  // Its dense layers live on the trainers (DDP), which the servers' checkpoints do not
+  // hold: a job started on a checkpoint would pair restored rows with new layers.
+  if (absl::StatusOr<gw::param_server::ResumePoint> point = ps.Resume(); !point.ok() || point->version > 0) {
+    return Fail("cannot resume",
+                point.ok() ? absl::FailedPreconditionError(absl::StrCat(
+                                 "the servers restored checkpoint version ", point->version, " at step ", point->step,
+                                 ", but this example keeps its dense layers on the trainers (DDP) and checkpoints "
+                                 "hold only the servers' tables: start it with --fresh (or without --checkpoint_dir)"))
+                           : point.status());
+  }
   gw::param_server::SparseEmbedding embedding(ps, "pixels");
 
   // The dense layers, one replica per trainer (the process group of the trainers only).

@@ -47,7 +47,6 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       !s.ok()) {
     return Fail("cannot create the embedding table", s);
   }
-  gw::param_server::SparseEmbedding embedding(ps, "pixels");
   gw::Generator gen(absl::GetFlag(FLAGS_seed));
   auto head = gw::examples::PixelHead(dim, gen);
   const gw::nn::NamedTensors params = head->NamedParameters();
@@ -59,16 +58,23 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       return Fail("cannot create the dense tables", s);
     }
     names.push_back(name);
-    absl::StatusOr<Tensor> v = ps.Pull(name, 0).Get();
+  }
+  gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(trainer));
+  gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
+  loader.Shard(trainer, trainers);
+  // A job started on a checkpoint continues from its step, with the same data order.
+  absl::StatusOr<gw::examples::Resumed> resumed = gw::examples::Resume(setup, loader, absl::GetFlag(FLAGS_epochs));
+  if (!resumed.ok()) return Fail("cannot resume the checkpoint", resumed.status());
+  int64_t clock = resumed->step;
+  gw::param_server::SparseEmbedding embedding(ps, "pixels", clock);
+  for (const std::string& name : names) {
+    absl::StatusOr<Tensor> v = ps.Pull(name, clock).Get();
     if (!v.ok()) return Fail("pull", v.status());
     values.push_back(*v);
   }
   auto [test_ids, test_offsets] = gw::examples::PixelBags(test->images);
   const Tensor every_id = Tensor::Arange(0, static_cast<double>(gw::examples::kPixelIds));
 
-  gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(trainer));
-  gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
-  loader.Shard(trainer, trainers);
   const bool show = trainer == 0;
   if (show) {
     std::printf("EmbeddingBag(%lld ids x %lld, mean) on %d servers -> %s\n%d trainers, batch %d per trainer\n",
@@ -76,12 +82,12 @@ int Train(gw::rpc::AgentOptions options, int servers) {
                 head->ToString().c_str(), trainers, absl::GetFlag(FLAGS_batch_size));
   }
   const auto start = std::chrono::steady_clock::now();
-  int64_t clock = 0;
   double test_acc = 0;
-  for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
+  for (int epoch = resumed->first_epoch; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
     gw::examples::EpochProgress progress(show, epoch, absl::GetFlag(FLAGS_epochs), loader.batches_per_epoch(), trainers, /*count_rows=*/true);
     gw::data::Batch batch;
     loader.Reset();
+    if (epoch == resumed->first_epoch) gw::examples::SkipBatches(loader, resumed->skip);
     while (loader.Next(&batch)) {
       auto [ids, offsets] = gw::examples::PixelBags(batch.inputs);
       // The rows this batch uses, as of this step (the servers answer once every
@@ -116,6 +122,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (show) std::printf("final test accuracy: %.4f (%.1f s)\n", test_acc, secs);
+  if (absl::Status s = gw::examples::FinalCheckpoint(setup); !s.ok()) return Fail("final checkpoint", s);
   return gw::examples::Finish(*setup.agent, show, test_acc, absl::GetFlag(FLAGS_min_accuracy));
 }
 

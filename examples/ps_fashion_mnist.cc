@@ -7,7 +7,8 @@
 //   gradwire launch -n 4 ps_fashion_mnist [--servers=2] [--epochs=10] [--batch_size=64]
 //                                         [--lr=0.05] [--momentum=0.9] [--min_accuracy=0.85]
 //                                         [--stop_at=0.85] [--report] [--checkpoint_dir=DIR]
-//                                         [--checkpoint_every_s=S] [--reconnect_timeout_s=S]
+//                                         [--checkpoint_every_s=S] [--checkpoint_keep=K] [--fresh]
+//                                         [--checkpoint_max_failures=N] [--reconnect_timeout_s=S]
 //                                         [--show_network] [--save=PATH]
 //
 // Elastic: start it with `gradwire launch -n 4 --max-workers 6 --master-port P ...`, then
@@ -63,7 +64,13 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   }
   std::vector<std::string> names;
   for (const auto& [name, p] : params) names.push_back(name);
-  int64_t clock = 0;
+  gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(trainer));
+  gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
+  loader.Shard(trainer % trainers, trainers);  // one that joined trains on a copy of a shard
+  // A job started on a checkpoint continues from its step, with the same data order.
+  absl::StatusOr<gw::examples::Resumed> resumed = gw::examples::Resume(setup, loader, absl::GetFlag(FLAGS_epochs));
+  if (!resumed.ok()) return Fail("cannot resume the checkpoint", resumed.status());
+  int64_t clock = resumed->step;
   if (setup.agent->options().join) {  // a trainer that joins the running job: at the next step boundary
     absl::StatusOr<int64_t> from = ps.Join(names);
     if (!from.ok()) return Fail("cannot join the tables", from.status());
@@ -78,9 +85,6 @@ int Train(gw::rpc::AgentOptions options, int servers) {
     if (!v.ok()) return Fail("pull", v.status());
     values.push_back(*v);
   }
-  gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(trainer));
-  gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
-  loader.Shard(trainer % trainers, trainers);  // one that joined trains on a copy of a shard
   const bool show = trainer == 0;
   if (show) {
     std::printf("%s\n%d servers, %d trainers, %lld parameters in %zu tables, batch %d per trainer\n",
@@ -93,10 +97,11 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   int64_t samples = 0;  // samples: both trainers' (every trainer sees the same count)
   double test_acc = 0, time_to_85 = -1, samples_to_85 = 0;
   const double stop_at = absl::GetFlag(FLAGS_stop_at);
-  for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
+  for (int epoch = resumed->first_epoch; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
     gw::examples::EpochProgress progress(show, epoch, absl::GetFlag(FLAGS_epochs), loader.batches_per_epoch(), trainers);
     gw::data::Batch batch;
     loader.Reset();
+    if (epoch == resumed->first_epoch) gw::examples::SkipBatches(loader, resumed->skip);
     while (loader.Next(&batch)) {
       // The parameters as of this step, then this trainer's gradient for it; the answer
       // carries the parameters of the next step (one message each way per server).
@@ -147,6 +152,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
          "samples/s");
     line("final_test_acc", test_acc, "fraction");
   }
+  if (absl::Status s = gw::examples::FinalCheckpoint(setup); !s.ok()) return Fail("final checkpoint", s);
   if (absl::Status s = gw::examples::LeaveTables(setup, names, clock); !s.ok()) return Fail("leave the tables", s);
   if (setup.agent->options().join) {
     std::printf("%s: trained %lld steps, test accuracy %.4f\n", setup.agent->self().name.c_str(),

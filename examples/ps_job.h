@@ -34,8 +34,18 @@ ABSL_FLAG(int, servers, 2, "how many of the ranks are parameter servers (the fir
 ABSL_FLAG(int, batch_size, 64, "examples per step and trainer");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
 ABSL_FLAG(std::string, data_dir, gw::data::kFashionMnistDir, "directory with the IDX files");
-ABSL_FLAG(std::string, checkpoint_dir, "", "servers: write checkpoints here and start from the latest one");
-ABSL_FLAG(double, checkpoint_every_s, 0, "servers: seconds between periodic checkpoints (0: none)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "checkpoints: the servers write numbered versions here (each one step of every table, with a checksummed "
+          "manifest) and a job started on them resumes the newest intact one at its step (see --fresh)");
+ABSL_FLAG(double, checkpoint_every_s, 0,
+          "checkpoints: trainer 0 cuts one every S seconds at the step it is about to push (0: only the final one, "
+          "after the last step)");
+ABSL_FLAG(int, checkpoint_keep, 3, "checkpoints: complete versions the servers keep");
+ABSL_FLAG(int, checkpoint_max_failures, 3,
+          "checkpoints: the job stops with an error after this many failed checkpoints in a row (0: never)");
+ABSL_FLAG(bool, fresh, false,
+          "checkpoints: start from the initial parameters although --checkpoint_dir holds versions (they are kept; "
+          "new versions are numbered after them)");
 ABSL_FLAG(double, reconnect_timeout_s, 60,
           "trainers: how long to wait for a server that died to come back (restarted from its checkpoint)");
 ABSL_FLAG(std::string, join_as, "trainer",
@@ -97,23 +107,24 @@ inline int Serve(rpc::AgentOptions options, int servers = 0, const std::vector<s
   options.shutdown_timeout = absl::Hours(24 * 7);
   param_server::ServerOptions server_options;
   server_options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  server_options.checkpoint_every = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
+  server_options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  server_options.fresh = absl::GetFlag(FLAGS_fresh);
   std::shared_ptr<param_server::ParameterServer> server;
   absl::Status installed;
-  size_t restored = 0;  // tables loaded from the checkpoint, before any trainer could create one
   auto agent = rpc::Agent::Start(options, [&](rpc::Agent& a) {
     auto s = param_server::ParameterServer::Install(a, server_options);
-    if (s.ok()) {
-      server = *s;
-      restored = server->num_shards();
-    }
+    if (s.ok()) server = *s;
     installed = s.status();
   });
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
   if (!installed.ok()) return Fail("cannot start the parameter server", installed);
   ShowAddress(**agent);
+  const param_server::RestoredCheckpoint& restored = server->restored();
   std::printf("%s: serving parameters%s\n", (*agent)->self().name.c_str(),
-              restored > 0 ? absl::StrCat(" (", restored, " tables restored from its checkpoint)").c_str() : "");
+              restored.version > 0 ? absl::StrCat(" (restored checkpoint version ", restored.version, " at step ",
+                                                  restored.step, ": ", restored.tables, " tables from ", restored.path,
+                                                  ")").c_str()
+                                   : "");
   std::fflush(stdout);  // seen even if the server is killed later (outside the launcher too)
   if (options.join) {
     if (absl::Status s = TakeShare(**agent, servers, tables); !s.ok()) return Fail("cannot take a share of the tables", s);
@@ -137,9 +148,70 @@ inline std::unique_ptr<param_server::Client> MakeClient(rpc::Agent& agent, int s
   std::vector<std::string> names;
   for (int r = 0; r < servers; ++r) names.push_back(agent.workers()[static_cast<size_t>(r)].name);
   const int trainers = static_cast<int>(agent.workers().size()) - servers;
+  // Trainer 0 cuts the checkpoints (one client per job does).
+  const bool cuts = agent.self().rank == servers && !agent.options().join && !absl::GetFlag(FLAGS_checkpoint_dir).empty();
   return std::make_unique<param_server::Client>(
       agent, names, agent.self().rank - servers, trainers,
-      param_server::ClientOptions{.reconnect_timeout = absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s))});
+      param_server::ClientOptions{
+          .reconnect_timeout = absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s)),
+          .checkpoint_every = cuts ? absl::Seconds(absl::GetFlag(FLAGS_checkpoint_every_s)) : absl::ZeroDuration(),
+          .checkpoint_max_failures = absl::GetFlag(FLAGS_checkpoint_max_failures)});
+}
+
+// Where a trainer starts: step 0, or the step of the checkpoint the servers restored, with
+// `loader` moved to that step's batch (the order an uninterrupted run would have seen).
+struct Resumed {
+  int64_t step = 0;
+  int first_epoch = 1;  // the epoch the loop starts at: Reset it, then SkipBatches(skip)
+  int64_t skip = 0;
+};
+
+// Call after creating the tables, before the first pull. Refuses (FAILED_PRECONDITION
+// naming the flags) a checkpoint that already holds every step of `epochs`.
+inline absl::StatusOr<Resumed> Resume(const TrainerSetup& setup, data::DataLoader& loader, int epochs) {
+  if (setup.agent->options().join) return Resumed{};  // it joins the running steps (Client::Join)
+  absl::StatusOr<param_server::ResumePoint> point = setup.ps->Resume();
+  if (!point.ok()) return point.status();
+  Resumed r;
+  if (point->version == 0) return r;
+  const int64_t per_epoch = loader.batches_per_epoch();
+  if (point->step >= per_epoch * epochs) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the servers restored checkpoint version ", point->version, " at step ", point->step, " from --checkpoint_dir=",
+        absl::GetFlag(FLAGS_checkpoint_dir), ", which already holds every step of --epochs=", epochs, " (",
+        per_epoch * epochs, " steps): raise --epochs to train on from it, or start over with --fresh"));
+  }
+  r.step = point->step;
+  r.first_epoch = static_cast<int>(point->step / per_epoch) + 1;
+  r.skip = point->step % per_epoch;
+  for (int e = 1; e < r.first_epoch; ++e) loader.Reset();  // each epoch's shuffle, as it was drawn
+  if (setup.trainer == 0) {
+    std::printf("resuming checkpoint version %lld (job %s) at step %lld: epoch %d, batch %lld\n",
+                static_cast<long long>(point->version), point->job.c_str(), static_cast<long long>(point->step),
+                r.first_epoch, static_cast<long long>(r.skip + 1));
+    std::fflush(stdout);
+  }
+  return r;
+}
+
+// Skips `n` batches of the epoch `loader` was just Reset for.
+inline void SkipBatches(data::DataLoader& loader, int64_t n) {
+  data::Batch unused;
+  for (int64_t i = 0; i < n && loader.Next(&unused); ++i) {
+  }
+}
+
+// Trainer 0's last word with --checkpoint_dir: the final checkpoint, after the last step.
+inline absl::Status FinalCheckpoint(const TrainerSetup& setup) {
+  if (setup.trainer != 0 || setup.agent->options().join || absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<param_server::CheckpointInfo> info = setup.ps->Checkpoint().Get();
+  if (!info.ok()) return info.status();
+  std::printf("final checkpoint: version %lld at step %lld in %s\n", static_cast<long long>(info->version),
+              static_cast<long long>(info->step), absl::GetFlag(FLAGS_checkpoint_dir).c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
 }
 
 // Loads Fashion-MNIST (--data_dir), joins the group and connects to the servers; on

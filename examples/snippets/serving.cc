@@ -63,12 +63,12 @@ absl::StatusOr<gw::serve::Prediction> p = client->Predict("mnist", sample);
 // [END endpoint]
 }
 
-void Follow(std::shared_ptr<gw::serve::Serving> serving, gw::param_server::Client& ps_client) {
+void Follow(std::shared_ptr<gw::serve::Serving> serving) {
 // [START follower]
 auto follower = *gw::serve::Follower::Start(serving, "mnist",
     {.servers = {"worker0", "worker1"}, .every_steps = 100});    // or .every = absl::Seconds(5)
 std::string line = follower->Status().ToString();  // "serving step-4200, 37 updates behind, 0.4 s old, 42 refreshes, 0 failed"
-absl::Status s = gw::serve::ServeCheckpoint(*serving, "mnist", ps_client.Checkpoint().Get().value(), "ckpt-7");
+absl::Status s = gw::serve::ServeCheckpoint(*serving, "mnist", "ckpt", "ckpt-7");  // its newest complete version
 // [END follower]
 }
 

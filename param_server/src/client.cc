@@ -13,6 +13,7 @@
 #include "gradwire/autograd/functions.h"
 #include "gradwire/rpc/retry.h"
 #include "gradwire/tensor/kernels.h"
+#include "checkpointer.h"
 #include "messages.h"
 #include "resplit.h"
 
@@ -31,7 +32,13 @@ Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer,
       trainers_(trainers),
       sync_timeout_(options.sync_timeout),
       reconnect_timeout_(options.reconnect_timeout),
-      last_pushes_(std::make_shared<LastPushes>()) {}
+      last_pushes_(std::make_shared<LastPushes>()),
+      checkpoint_every_(options.checkpoint_every),
+      checkpointer_(std::make_shared<internal::Checkpointer>(agent, options.checkpoint_max_failures,
+                                                             options.sync_timeout)),
+      next_checkpoint_(absl::Now() + options.checkpoint_every) {}
+
+Client::~Client() = default;
 
 // The last push of a synchronous or bounded-staleness table to each server, kept so that
 // a pull retried after the server was unavailable sends it again first: a restarted
@@ -292,6 +299,7 @@ Future<Tensor> Client::PullOn(const Table& table, const std::string& name, int64
 }
 
 Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& grad) {
+  if (absl::Status s = BeforePush(); !s.ok()) return MakeReadyFuture<bool>(agent_.executor(), s);
   if (absl::StatusOr<Table> table = FindForGradient(name, grad); !table.ok()) {
     return MakeReadyFuture<bool>(agent_.executor(), table.status());
   }
@@ -340,6 +348,7 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
     return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(),
                                                 absl::InvalidArgumentError("PushPullMany: one gradient per table"));
   }
+  if (absl::Status s = BeforePush(); !s.ok()) return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), s);
   std::vector<Tensor> flat;  // each gradient as a contiguous 1-D view, once
   for (size_t t = 0; t < names.size(); ++t) {
     absl::StatusOr<Table> table = FindForGradient(names[t], grads[t]);
@@ -483,6 +492,7 @@ Future<Tensor> Client::PullRowsOn(const Table& table, const std::string& name, i
 }
 
 Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tensor& ids, const Tensor& grad) {
+  if (absl::Status s = BeforePush(); !s.ok()) return MakeReadyFuture<bool>(agent_.executor(), s);
   absl::StatusOr<Table> table = FindSparse(name);
   if (!table.ok()) return MakeReadyFuture<bool>(agent_.executor(), table.status());
   if (absl::Status s = CheckIds(name, ids); !s.ok()) return MakeReadyFuture<bool>(agent_.executor(), s);
@@ -665,23 +675,81 @@ absl::Status Client::Reshard(const std::string& name, const std::vector<std::str
     return absl::Status(ended.code(), absl::StrCat("table '", name, "' was re-sharded, but a server did not hear so (",
                                                    ended.message(), "); its new shard takes over at the first request"));
   }
+  // Servers that keep checkpoints: a version of the new layout (the cut completes in the
+  // background).
+  CheckpointIfKept();
   return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------- checkpoints, RRefs
 
-Future<std::vector<std::string>> Client::Checkpoint() {
-  // Every server of every table this client knows, and those it was given.
+std::vector<std::string> Client::AllServers() const {
   std::set<std::string> servers(servers_.begin(), servers_.end());
+  absl::MutexLock lock(&mu_);
+  for (const auto& [_, table] : tables_) servers.insert(table.servers.begin(), table.servers.end());
+  return std::vector<std::string>(servers.begin(), servers.end());
+}
+
+Future<CheckpointInfo> Client::Checkpoint() { return Cut(/*if_kept=*/false); }
+Future<CheckpointInfo> Client::CheckpointIfKept() { return Cut(/*if_kept=*/true); }
+
+Future<CheckpointInfo> Client::Cut(bool if_kept) {
+  const std::vector<std::string> servers = AllServers();
+  std::vector<internal::ManifestTable> layouts;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [_, table] : tables_) servers.insert(table.servers.begin(), table.servers.end());
+    for (const auto& [name, t] : tables_) {
+      internal::ManifestTable m{name, t.sparse, {}, t.dim, t.epoch, t.servers, {}, {}};
+      if (!t.sparse) {
+        m.shape.assign(t.shape.begin(), t.shape.end());
+        for (const KeyRange& r : t.ranges) {
+          m.begins.push_back(r.begin);
+          m.ends.push_back(r.end);
+        }
+      }
+      layouts.push_back(std::move(m));
+    }
   }
-  std::vector<Future<std::string>> paths;
+  return checkpointer_->Cut(servers, std::move(layouts), if_kept);
+}
+
+absl::Status Client::BeforePush() {
+  if (checkpoint_every_ <= absl::ZeroDuration()) return absl::OkStatus();
+  if (absl::Status health = checkpointer_->Health(); !health.ok()) return health;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Now() < next_checkpoint_ || checkpointer_->in_flight()) return absl::OkStatus();
+    next_checkpoint_ = absl::Now() + checkpoint_every_;
+  }
+  Checkpoint();  // registered on return: this push cannot pass the cut; written in the background
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ResumePoint> Client::Resume() {
+  const std::vector<std::string> servers = AllServers();
+  std::vector<Future<internal::RestoredInfo>> asked;
   for (const std::string& server : servers) {
-    paths.push_back(Call<std::string>([agent = &agent_, server] { return agent->Send(server, CheckpointMessage{}); }));
+    asked.push_back(Call<internal::RestoredInfo>(
+        [agent = &agent_, server] { return agent->Send(server, internal::RestoredMessage{}); }));
   }
-  return WhenAll(agent_.executor(), std::move(paths));
+  absl::StatusOr<std::vector<internal::RestoredInfo>> restored = WhenAll(agent_.executor(), std::move(asked)).Get();
+  if (!restored.ok()) return restored.status();
+  std::vector<std::string> each;
+  bool same = true;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    const internal::RestoredInfo& r = (*restored)[i];
+    each.push_back(r.version == 0 ? absl::StrCat(servers[i], " none")
+                                  : absl::StrCat(servers[i], " version ", r.version, " (step ", r.step, ")"));
+    same = same && r.version == (*restored)[0].version && r.job == (*restored)[0].job;
+  }
+  if (!same) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the servers restored different checkpoints (", absl::StrJoin(each, ", "),
+        "): they must start from one version (a server whose files are damaged falls back to an older one; "
+        "restart every server from the same directory, or start fresh)"));
+  }
+  const internal::RestoredInfo& r = restored->front();
+  return ResumePoint{r.version, r.step, r.job};
 }
 
 absl::StatusOr<std::vector<rpc::RRef<Tensor>>> Client::ShardRRefs(const std::string& name) {

@@ -17,6 +17,14 @@ std::string ConsistencyClock::Names() const {
   return absl::StrJoin(ids, ", ");
 }
 
+absl::Status ConsistencyClock::Passed(int64_t clock, int64_t trainer, int64_t at) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "push of step ", clock, " by trainer ", trainer, ", but the table is at step ", at,
+      restored_ ? " (restored from a checkpoint)" : "",
+      ": not a retry of the last step (only step ", at - 1,
+      " could be); a trainer that starts on a restored deployment continues from its step (Client::Resume)"));
+}
+
 bool ConsistencyClock::TakesPart(int trainer, int64_t clock) const {
   auto it = trainers_.find(trainer);
   return it != trainers_.end() && it->second.from <= clock && clock <= it->second.until;
@@ -34,8 +42,12 @@ absl::Status ConsistencyClock::Push(int64_t clock, int64_t trainer, const Ops& o
     return absl::OkStatus();
   }
   if (trainer < 0 || trainer > INT32_MAX) return absl::InvalidArgumentError(absl::StrCat("no trainer ", trainer));
-  // A retry of an applied push (maybe of a trainer that left since).
-  if (mode_ == Consistency::kSync && clock < applied_) return absl::OkStatus();
+  // A retry of an applied push (maybe of a trainer that left since) is of the step before
+  // the open one: a trainer pushes a step only after the step before it completed.
+  if (mode_ == Consistency::kSync && clock < applied_) {
+    if (clock + 1 == applied_) return absl::OkStatus();
+    return Passed(clock, trainer, applied_);
+  }
   auto it = trainers_.find(static_cast<int>(trainer));
   if (it == trainers_.end()) {
     return absl::InvalidArgumentError(absl::StrCat("no trainer ", trainer, " (the table's trainers: ", Names(),
@@ -43,7 +55,8 @@ absl::Status ConsistencyClock::Push(int64_t clock, int64_t trainer, const Ops& o
   }
   if (mode_ == Consistency::kSync) return AddToStep(clock, static_cast<int>(trainer), ops);
   Trainer& t = it->second;
-  if (clock < t.next) return absl::OkStatus();  // a retried push already applied
+  if (clock + 1 == t.next) return absl::OkStatus();  // a retried push already applied
+  if (clock < t.next) return Passed(clock, trainer, t.next);
   if (clock > t.until) {
     return absl::FailedPreconditionError(absl::StrCat("trainer ", trainer, " left after clock ", t.until));
   }

@@ -4,15 +4,18 @@
 // Contract
 //   - Push(clock, trainer, ops) runs one push through the protocol and calls the data
 //     operations it needs:
-//       kSync             clock < the open step: a retry of a push already applied,
-//                         nothing happens. A clock restored from a checkpoint meeting a
+//       kSync             clock one before the open step: a retry of a push already
+//                         applied, nothing happens; an earlier clock: FAILED_PRECONDITION
+//                         (not a retry: a trainer that does not know where the table is,
+//                         e.g. one that did not resume a restored checkpoint). A clock restored from a checkpoint meeting a
 //                         later clock: ops.drop_step and the step jumps there (the steps
 //                         in between were lost with the server). Another clock:
 //                         FAILED_PRECONDITION. A trainer that pushed this step already: a
 //                         retry, nothing happens. Otherwise ops.accumulate, and once every
 //                         trainer has pushed, ops.apply_step and the step advances.
 //       kAsync            ops.apply_now (no identity: a retried push applies again).
-//       kBoundedStaleness clock below the trainer's next clock: a retry; otherwise
+//       kBoundedStaleness clock one below the trainer's next clock: a retry; further
+//                         below: FAILED_PRECONDITION, as kSync; otherwise
 //                         ops.apply_now and the trainer's next clock is clock + 1.
 //     kSync and kBoundedStaleness check the trainer: INVALID_ARGUMENT when it is not one
 //     of the table's (also once it left: a bounded-staleness trainer at once, a
@@ -109,6 +112,7 @@ class ConsistencyClock {
   // kSync: applies the open step once every trainer taking part pushed it.
   void CompleteStep(const Ops& ops);
   std::string Names() const;  // "0, 1, 2"
+  absl::Status Passed(int64_t clock, int64_t trainer, int64_t at) const;  // a push of a long-passed step
 
   const Consistency mode_;
   const int64_t staleness_;

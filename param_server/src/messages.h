@@ -237,10 +237,114 @@ struct EndFreezeMessage {
   }
 };
 
-// Write a checkpoint now; answered with its path.
-struct CheckpointMessage {
-  static constexpr char kFunction[] = "__ps.checkpoint";
-  using Reply = std::string;
+// Checkpoints (server.h, "Checkpoints"): a client cuts every table of every server at
+// one step, in phases: CutPlan (where each shard could be cut), Cut (register the cut),
+// CutWritten (each server's file, once written), CutCommit (the manifest) or CutAbandon.
+
+// A server's shards and where each could be cut now.
+struct CutPlan {
+  std::vector<std::string> tables;
+  std::vector<int64_t> consistency;  // per table
+  std::vector<int64_t> proposals;    // per table: kSync, the next step boundary (FreezeProposal)
+  int64_t latest_version = 0;        // the newest version in the server's directory (0: none)
+  std::string job;                   // the job of the version it restored ("" if none)
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("tables", &CutPlan::tables), Field("consistency", &CutPlan::consistency),
+                           Field("proposals", &CutPlan::proposals), Field("latest_version", &CutPlan::latest_version),
+                           Field("job", &CutPlan::job));
+  }
+};
+
+struct CutPlanMessage {
+  static constexpr char kFunction[] = "__ps.cut_plan";
+  using Reply = CutPlan;
+  static constexpr auto Fields() { return std::tuple<>(); }
+};
+
+// Register version `version` of job `job`: each synchronous shard is copied when its step
+// `step` begins (at once if it is there with no push counted), the others now. ABORTED
+// when a synchronous shard is past that point (the client plans again).
+struct CutMessage {
+  static constexpr char kFunction[] = "__ps.cut";
+  using Reply = Ack;
+  int64_t version = 0;
+  std::string job;
+  int64_t step = 0;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("version", &CutMessage::version), Field("job", &CutMessage::job),
+                           Field("step", &CutMessage::step));
+  }
+};
+
+// One shard of a server's file (ManifestShard).
+struct CutShard {
+  std::string table;
+  bool sparse = false;
+  int64_t consistency = 0;
+  int64_t epoch = 0;
+  int64_t size = 0;
+  int64_t clock = 0;
+  int64_t updates = 0;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("table", &CutShard::table), Field("sparse", &CutShard::sparse),
+                           Field("consistency", &CutShard::consistency), Field("epoch", &CutShard::epoch),
+                           Field("size", &CutShard::size), Field("clock", &CutShard::clock),
+                           Field("updates", &CutShard::updates));
+  }
+};
+
+// A server's file of a version, once written.
+struct CutFile {
+  std::string name;
+  int64_t bytes = 0;
+  int64_t crc32c = 0;
+  std::vector<CutShard> shards;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("name", &CutFile::name), Field("bytes", &CutFile::bytes),
+                           Field("crc32c", &CutFile::crc32c), Field("shards", &CutFile::shards));
+  }
+};
+
+struct CutWrittenMessage {
+  static constexpr char kFunction[] = "__ps.cut_written";
+  using Reply = CutFile;
+  int64_t version = 0;
+  static constexpr auto Fields() { return std::make_tuple(Field("version", &CutWrittenMessage::version)); }
+};
+
+// The version's manifest (manifest.h, encoded): the server writes it beside its file,
+// which completes the version there, and drops the versions it no longer keeps.
+struct CutCommitMessage {
+  static constexpr char kFunction[] = "__ps.cut_commit";
+  using Reply = Ack;
+  int64_t version = 0;
+  std::string manifest;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("version", &CutCommitMessage::version), Field("manifest", &CutCommitMessage::manifest));
+  }
+};
+
+struct CutAbandonMessage {
+  static constexpr char kFunction[] = "__ps.cut_abandon";
+  using Reply = Ack;
+  int64_t version = 0;
+  static constexpr auto Fields() { return std::make_tuple(Field("version", &CutAbandonMessage::version)); }
+};
+
+// The version this server restored at its start (version 0: none).
+struct RestoredInfo {
+  int64_t version = 0;
+  int64_t step = 0;
+  std::string job;
+  static constexpr auto Fields() {
+    return std::make_tuple(Field("version", &RestoredInfo::version), Field("step", &RestoredInfo::step),
+                           Field("job", &RestoredInfo::job));
+  }
+};
+
+struct RestoredMessage {
+  static constexpr char kFunction[] = "__ps.restored";
+  using Reply = RestoredInfo;
   static constexpr auto Fields() { return std::tuple<>(); }
 };
 

@@ -4,16 +4,21 @@
 #include <limits>
 #include <optional>
 
+#include <filesystem>
+#include <map>
+
 #include "absl/strings/str_cat.h"
 #include "gradwire/nn/serialize.h"
 #include "gradwire/param_server/sharding.h"
 #include "messages.h"
 #include "shard.h"
+#include "versions.h"
 
 namespace gw::param_server {
 namespace {
 
-// Joins per-server shards (shards[server][table]) into tables; `shapes` null: steps only.
+// Joins each table's shards (shards[table], in shard order, and their update counts) into
+// tables; `shapes` null: steps only.
 absl::StatusOr<TablesSnapshot> Join(const std::vector<std::string>& tables, const std::vector<Shape>* shapes,
                                     const std::vector<std::vector<Tensor>>& shards,
                                     const std::vector<std::vector<int64_t>>& steps, const std::string& source) {
@@ -22,19 +27,16 @@ absl::StatusOr<TablesSnapshot> Join(const std::vector<std::string>& tables, cons
   out.newest = std::numeric_limits<int64_t>::min();
   for (size_t t = 0; t < tables.size(); ++t) {
     int64_t fewest = std::numeric_limits<int64_t>::max();
-    for (const std::vector<int64_t>& server : steps) {
-      fewest = std::min(fewest, server[t]);
-      out.newest = std::max(out.newest, server[t]);
+    for (int64_t step : steps[t]) {
+      fewest = std::min(fewest, step);
+      out.newest = std::max(out.newest, step);
     }
     out.steps.push_back(fewest);
     out.oldest = std::min(out.oldest, fewest);
     if (shapes == nullptr) continue;
-    std::vector<Tensor> parts;
+    const std::vector<Tensor>& parts = shards[t];
     int64_t size = 0;
-    for (const std::vector<Tensor>& server : shards) {
-      parts.push_back(server[t]);
-      size += server[t].numel();
-    }
+    for (const Tensor& part : parts) size += part.numel();
     const Shape& shape = (*shapes)[t];
     if (size != NumElements(shape) || size == 0) {
       return absl::InvalidArgumentError(absl::StrCat("table '", tables[t], "' ", source, " has ", size,
@@ -79,8 +81,8 @@ Future<TablesSnapshot> Reader::Ask(const std::vector<std::string>& tables, const
       [tables, wanted = std::move(wanted), servers = servers_](
           const absl::StatusOr<std::vector<internal::TablesRead>>& read) -> absl::StatusOr<TablesSnapshot> {
         if (!read.ok()) return read.status();
-        std::vector<std::vector<Tensor>> shards;
-        std::vector<std::vector<int64_t>> steps;
+        std::vector<std::vector<Tensor>> shards(tables.size());  // [table][server]
+        std::vector<std::vector<int64_t>> steps(tables.size());
         for (size_t s = 0; s < read->size(); ++s) {
           const internal::TablesRead& r = (*read)[s];
           if (r.steps.size() != tables.size() || (wanted && r.values.size() != tables.size())) {
@@ -88,51 +90,79 @@ Future<TablesSnapshot> Reader::Ask(const std::vector<std::string>& tables, const
                                                     " tables with ", r.steps.size(), " steps and ", r.values.size(),
                                                     " values"));
           }
-          shards.push_back(r.values);
-          steps.push_back(r.steps);
+          for (size_t t = 0; t < tables.size(); ++t) {
+            if (wanted) shards[t].push_back(r.values[t]);
+            steps[t].push_back(r.steps[t]);
+          }
         }
         return Join(tables, wanted ? &*wanted : nullptr, shards, steps, "on the servers");
       });
 }
 
-absl::StatusOr<TablesSnapshot> Reader::LoadCheckpoint(const std::vector<std::string>& paths,
-                                                      const std::vector<std::string>& tables,
+absl::StatusOr<TablesSnapshot> Reader::LoadCheckpoint(const std::string& path, const std::vector<std::string>& tables,
                                                       const std::vector<Shape>& shapes) {
-  if (paths.empty()) return absl::InvalidArgumentError("LoadCheckpoint: no checkpoint files (one per server)");
   if (shapes.size() != tables.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("LoadCheckpoint: ", tables.size(), " tables but ", shapes.size(), " shapes"));
   }
-  std::vector<std::vector<Tensor>> shards;
-  std::vector<std::vector<int64_t>> steps;
-  for (const std::string& path : paths) {
-    absl::StatusOr<nn::NamedTensors> file = nn::LoadTensors(path);
-    if (!file.ok()) return file.status();
-    auto restored = internal::Restore(*file);
-    if (!restored.ok()) {
-      return absl::Status(restored.status().code(),
-                          absl::StrCat("checkpoint ", path, ": ", restored.status().message()));
+  // One version's directory (it has a manifest), or a checkpoint directory: its newest complete version.
+  absl::StatusOr<internal::UsableVersion> version;
+  if (std::filesystem::exists(absl::StrCat(path, "/", internal::kManifestName))) {
+    absl::StatusOr<internal::Manifest> manifest = internal::ReadManifest(path);
+    if (!manifest.ok()) return manifest.status();
+    if (absl::Status s = internal::CheckVersion(path, *manifest, internal::CheckScope::kAll); !s.ok()) return s;
+    version = internal::UsableVersion{*std::move(manifest), path};
+  } else {
+    version = internal::NewestComplete(path);
+  }
+  if (!version.ok()) return version.status();
+  const internal::Manifest& m = version->manifest;
+  const std::string where = absl::StrCat("checkpoint ", version->path, " (version ", m.version, ", step ", m.step, ")");
+  // Each server's file, read once and checked against the manifest (file.h: checksums).
+  std::map<std::string, std::vector<std::pair<std::string, std::unique_ptr<internal::Shard>>>> files;
+  std::vector<std::vector<Tensor>> shards(tables.size());
+  std::vector<std::vector<int64_t>> steps(tables.size());
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const internal::ManifestTable* layout = m.Table(tables[t]);
+    if (layout == nullptr) {
+      return absl::NotFoundError(absl::StrCat(where, " has no table '", tables[t], "' in its manifest"));
     }
-    std::vector<Tensor> values;
-    std::vector<int64_t> counts;
-    for (const std::string& table : tables) {
-      auto it = std::find_if(restored->begin(), restored->end(), [&](const auto& e) { return e.first == table; });
-      if (it == restored->end()) {
-        return absl::NotFoundError(absl::StrCat("checkpoint ", path, " has no table '", table,
-                                                "' (is it one of this job's servers' checkpoints?)"));
+    if (layout->sparse) return absl::InvalidArgumentError(absl::StrCat("table '", tables[t], "' in ", where, " is sparse"));
+    for (size_t i = 0; i < layout->servers.size(); ++i) {
+      const std::string& server = layout->servers[i];
+      const internal::ManifestFile* file = m.FileOf(server);
+      if (file == nullptr) {
+        return absl::DataLossError(absl::StrCat(where, ": table '", tables[t], "' has a shard on ", server,
+                                                ", whose file the manifest does not list"));
+      }
+      if (!files.contains(server)) {
+        const std::string file_path = absl::StrCat(version->path, "/", file->name);
+        absl::StatusOr<nn::NamedTensors> loaded = nn::LoadTensors(file_path);
+        if (!loaded.ok()) return loaded.status();
+        auto restored = internal::Restore(*loaded);
+        if (!restored.ok()) {
+          return absl::Status(restored.status().code(), absl::StrCat(file_path, ": ", restored.status().message()));
+        }
+        files[server] = *std::move(restored);
+      }
+      auto& held = files[server];
+      auto it = std::find_if(held.begin(), held.end(), [&](const auto& e) { return e.first == tables[t]; });
+      if (it == held.end()) {
+        return absl::DataLossError(absl::StrCat(where, ": ", file->name, " has no shard of table '", tables[t], "'"));
       }
       internal::Shard& s = *it->second;
-      if (s.config.sparse) {
-        return absl::InvalidArgumentError(absl::StrCat("table '", table, "' in ", path, " is sparse"));
-      }
       absl::MutexLock lock(&s.mu);
-      values.push_back(s.values);
-      counts.push_back(s.state.step);
+      if (s.config.sparse || s.config.epoch != layout->epoch || s.values.numel() != layout->ends[i] - layout->begins[i]) {
+        return absl::DataLossError(absl::StrCat(where, ": ", file->name, "'s shard of table '", tables[t],
+                                                "' is not the one its manifest lists (", s.values.numel(), " keys of layout ",
+                                                s.config.epoch, "; the manifest: ", layout->ends[i] - layout->begins[i],
+                                                " keys of layout ", layout->epoch, ")"));
+      }
+      shards[t].push_back(s.values);
+      steps[t].push_back(s.state.step);
     }
-    shards.push_back(std::move(values));
-    steps.push_back(std::move(counts));
   }
-  return Join(tables, &shapes, shards, steps, "in the checkpoint");
+  return Join(tables, &shapes, shards, steps, absl::StrCat("in ", where));
 }
 
 }  // namespace gw::param_server

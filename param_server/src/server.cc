@@ -1,11 +1,16 @@
 // ParameterServer::Impl: the handlers of the parameter server's messages (messages.h),
 // over the tables this server holds. The units it builds on: shard.h (a table's shard,
 // its data and lock), consistency_clock.h (the sync / async / bounded-staleness
-// protocol), striped_rows.h (sparse rows), checkpoint.cc (a shard's file form).
+// protocol), striped_rows.h (sparse rows), checkpoint.cc (a shard's file form),
+// versions.h and manifest.h (the checkpoint directory).
 #include "gradwire/param_server/server.h"
 
 #include <algorithm>
+#include <deque>
 #include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -17,9 +22,11 @@
 #include "gradwire/rpc/errors.h"
 #include "gradwire/tensor/kernels.h"
 #include "freeze.h"
+#include "manifest.h"
 #include "messages.h"
 #include "shard.h"
 #include "trainer_registry.h"
+#include "versions.h"
 
 namespace gw::param_server {
 namespace {
@@ -52,6 +59,11 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       stopping_ = true;
     }
     if (watchdog_.joinable()) watchdog_.join();
+    {
+      absl::MutexLock lock(&cut_mu_);
+      writer_stopping_ = true;
+    }
+    if (writer_.joinable()) writer_.join();
   }
 
   // Loads the latest checkpoint, if any, then serves the messages (the handlers keep the
@@ -96,8 +108,21 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                  [self](const CallInfo&, const internal::ImportMessage& m) { return self->Import(m); }),
              agent_.Handle<internal::EndFreezeMessage>(
                  [self](const CallInfo&, const internal::EndFreezeMessage& m) { return self->EndFreeze(m); }),
-             agent_.Handle<internal::CheckpointMessage>(
-                 [self](const CallInfo&, internal::CheckpointMessage) { return self->Checkpoint(); }),
+             agent_.Handle<internal::CutPlanMessage>(
+                 [self](const CallInfo&, internal::CutPlanMessage) { return self->CutPlan(); }),
+             agent_.Handle<internal::CutMessage>(
+                 [self](const CallInfo&, const internal::CutMessage& m) { return self->Cut(m); }),
+             agent_.Handle<internal::CutWrittenMessage>(
+                 [self](const CallInfo&, const internal::CutWrittenMessage& m) { return self->CutWritten(m.version); }),
+             agent_.Handle<internal::CutCommitMessage>(
+                 [self](const CallInfo&, const internal::CutCommitMessage& m) { return self->CutCommit(m); }),
+             agent_.Handle<internal::CutAbandonMessage>([self](const CallInfo&, const internal::CutAbandonMessage& m) {
+               self->CutAbandon(m.version);
+               return Ack{};
+             }),
+             agent_.Handle<internal::RestoredMessage>([self](const CallInfo&, internal::RestoredMessage) {
+               return internal::RestoredInfo{self->restored_.version, self->restored_.step, self->restored_.job};
+             }),
              agent_.Handle<internal::ShardRRefMessage>(
                  [self](const CallInfo&, const internal::ShardRRefMessage& m) { return self->ShardRRef(m.table); }),
              agent_.Handle<internal::ReadMessage>(
@@ -106,6 +131,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       if (!s.ok()) return s;
     }
     watchdog_ = std::thread([this] { Watch(); });
+    if (!options_.checkpoint_dir.empty()) writer_ = std::thread([this] { WriteCuts(); });
     // A trainer declared dead fails the steps waiting for its push at once.
     peer_watch_ = agent_.WatchPeers([weak = weak_from_this()](int rank) {
       if (std::shared_ptr<Impl> self = weak.lock()) self->OnWorkerGone(rank);
@@ -124,47 +150,390 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     return (*found)->rows->stats();
   }
 
-  absl::StatusOr<std::string> Checkpoint() {
-    if (options_.checkpoint_dir.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(name_, " has no checkpoint directory (ServerOptions::checkpoint_dir)"));
-    }
-    absl::MutexLock one_at_a_time(&checkpoint_mu_);
-    std::vector<std::pair<std::string, std::shared_ptr<Shard>>> shards;
-    {
-      absl::MutexLock lock(&mu_);
-      for (auto& [name, s] : shards_) shards.emplace_back(name, s);
-    }
-    std::sort(shards.begin(), shards.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    nn::NamedTensors out;
-    for (auto& [table, s] : shards) {
-      absl::MutexLock lock(&s->mu);
-      internal::Snapshot(table, *s, out);
-    }
-    std::error_code ec;
-    std::filesystem::create_directories(options_.checkpoint_dir, ec);
-    const std::string path = CheckpointPath();
-    if (absl::Status s = nn::SaveTensors(path, out); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(name_, ": checkpoint failed: ", s.message()));
-    }
-    return path;
+  const RestoredCheckpoint& restored() const { return restored_; }
+
+  CheckpointStats checkpoint_stats() const {
+    absl::MutexLock lock(&cut_mu_);
+    return stats_;
   }
 
  private:
-  std::string CheckpointPath() const { return absl::StrCat(options_.checkpoint_dir, "/", name_, ".gwps"); }
+  // ---------------------------------------------------------------- checkpoints
 
+  // The newest usable version, if the directory has any (server.h, checkpoint.h).
   absl::Status LoadCheckpoint() {
-    if (options_.checkpoint_dir.empty() || !std::filesystem::exists(CheckpointPath())) return absl::OkStatus();
-    absl::StatusOr<nn::NamedTensors> file = nn::LoadTensors(CheckpointPath());
-    if (!file.ok()) return file.status();
-    auto restored = internal::Restore(*file);
-    if (!restored.ok()) {
-      return absl::DataLossError(absl::StrCat(CheckpointPath(), ": ", restored.status().message(),
-                                              " (move the file away to start this server empty)"));
+    const std::string& dir = options_.checkpoint_dir;
+    if (dir.empty()) return absl::OkStatus();
+    if (options_.fresh || agent_.options().join) {
+      if (!internal::ListVersions(dir).empty()) {
+        std::fprintf(stderr, "gradwire: %s: starts empty (%s); the checkpoint versions in %s are kept\n", name_.c_str(),
+                     options_.fresh ? "fresh" : "it joined a running job", dir.c_str());
+      }
+      return absl::OkStatus();
+    }
+    std::vector<std::pair<std::string, std::unique_ptr<Shard>>> shards;
+    absl::StatusOr<internal::UsableVersion> usable = internal::NewestUsable(
+        dir, name_,
+        [&](const internal::UsableVersion& v) -> absl::Status {
+          const std::string path = absl::StrCat(v.path, "/", v.manifest.FileOf(name_)->name);
+          absl::StatusOr<nn::NamedTensors> file =
+              nn::LoadTensors(path, nn::LoadOptions{.allow_non_finite = options_.allow_non_finite});
+          if (!file.ok()) return file.status();
+          auto restored = internal::Restore(*file);
+          if (!restored.ok()) return absl::DataLossError(absl::StrCat(path, ": ", restored.status().message()));
+          if (restored->size() != v.manifest.FileOf(name_)->shards.size()) {
+            return absl::DataLossError(absl::StrCat(path, " holds ", restored->size(), " tables, its manifest lists ",
+                                                    v.manifest.FileOf(name_)->shards.size()));
+          }
+          shards = *std::move(restored);
+          return absl::OkStatus();
+        },
+        [&](const std::string& path, const absl::Status& why) {
+          restored_.skipped.push_back(absl::StrCat(path, ": ", why.message()));
+          std::fprintf(stderr, "gradwire: %s: checkpoint %s is not usable: %s\n", name_.c_str(), path.c_str(),
+                       std::string(why.message()).c_str());
+        });
+    if (absl::IsNotFound(usable.status())) {
+      if (const std::string old = absl::StrCat(dir, "/", name_, ".gwps"); std::filesystem::exists(old)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            old, " is an unversioned checkpoint of an older gradwire, which this one does not read: move it away"));
+      }
+      return absl::OkStatus();
+    }
+    if (!usable.ok()) {
+      return absl::Status(usable.status().code(),
+                          absl::StrCat(usable.status().message(), "; start fresh (ServerOptions::fresh, the examples' "
+                                                                  "--fresh) or move the directory away"));
+    }
+    restored_.version = usable->manifest.version;
+    restored_.step = usable->manifest.step;
+    restored_.job = usable->manifest.job;
+    restored_.path = usable->path;
+    restored_.tables = static_cast<int64_t>(shards.size());
+    {
+      absl::MutexLock lock(&cut_mu_);
+      job_ = usable->manifest.job;
     }
     absl::MutexLock lock(&mu_);
-    for (auto& [table, shard] : *restored) shards_[table] = std::move(shard);
+    for (auto& [table, shard] : shards) shards_[table] = std::move(shard);
     return absl::OkStatus();
+  }
+
+  absl::Status NoDirectory() const {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name_, " has no checkpoint directory (ServerOptions::checkpoint_dir; the examples' --checkpoint_dir)"));
+  }
+
+  // The shards that serve now (not those staged for a next layout), by table name.
+  std::vector<std::pair<std::string, std::shared_ptr<Shard>>> Live() const {
+    std::vector<std::pair<std::string, std::shared_ptr<Shard>>> out;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [name, s] : shards_) out.emplace_back(name, s);
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return out;
+  }
+
+  absl::StatusOr<internal::CutPlan> CutPlan() {
+    if (options_.checkpoint_dir.empty()) return NoDirectory();
+    internal::CutPlan plan;
+    for (auto& [table, s] : Live()) {
+      absl::MutexLock lock(&s->mu);
+      plan.tables.push_back(table);
+      plan.consistency.push_back(static_cast<int64_t>(s->config.consistency));
+      plan.proposals.push_back(internal::FreezeProposal(*s));
+    }
+    const std::vector<int64_t> versions = internal::ListVersions(options_.checkpoint_dir);
+    plan.latest_version = versions.empty() ? 0 : versions.front();
+    absl::MutexLock lock(&cut_mu_);
+    plan.job = job_;
+    return plan;
+  }
+
+  // A cut being taken here: the shards' copies, then the file.
+  struct PendingCut {
+    int64_t version = 0;
+    std::string job;
+    int64_t step = 0;
+    bool registering = true;
+    std::set<std::string> waiting;  // synchronous tables not copied yet
+    std::map<std::string, nn::NamedTensors> copies;
+    std::vector<internal::CutShard> shards;
+    absl::Duration copy_time;
+    std::optional<internal::CutFile> file;  // once written
+    absl::Status failed;
+    std::vector<Promise<internal::CutFile>> written;  // CutWritten answers waiting for the file
+  };
+
+  // Copies shard `s` of `table` for a cut: its checkpoint form, and what the manifest says of it.
+  static void CopyForCut(const std::string& table, Shard& s, nn::NamedTensors& out, internal::CutShard& info)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    internal::Snapshot(table, s, out);
+    info = {table,
+            s.config.sparse,
+            static_cast<int64_t>(s.config.consistency),
+            s.config.epoch,
+            s.config.sparse ? s.rows->stats().rows : s.values.numel(),
+            s.config.consistency == Consistency::kSync ? s.clock.applied() : s.clock.JoinHint(),
+            s.state.step};
+  }
+
+  // Adds a shard's copy to `cut` if it is still the pending one; true when the cut is then
+  // complete and may be written.
+  bool AddCopy(const std::shared_ptr<PendingCut>& cut, nn::NamedTensors copy, internal::CutShard info,
+               absl::Duration took) {
+    absl::MutexLock lock(&cut_mu_);
+    if (pending_ != cut) return false;
+    cut->waiting.erase(info.table);
+    cut->copies[info.table] = std::move(copy);
+    cut->shards.push_back(std::move(info));
+    cut->copy_time += took;
+    return !cut->registering && cut->waiting.empty();
+  }
+
+  absl::Status Cut(const internal::CutMessage& m) {
+    if (options_.checkpoint_dir.empty()) return NoDirectory();
+    const auto shards = Live();
+    auto cut = std::make_shared<PendingCut>();
+    cut->version = m.version;
+    cut->job = m.job;
+    cut->step = m.step;
+    for (const auto& [table, s] : shards) {
+      if (s->config.consistency == Consistency::kSync) cut->waiting.insert(table);
+    }
+    std::shared_ptr<PendingCut> superseded;
+    {
+      absl::MutexLock lock(&cut_mu_);
+      if (pending_ && pending_->version == m.version) return absl::OkStatus();  // a retry
+      if (pending_ && pending_->version > m.version) {
+        return absl::FailedPreconditionError(absl::StrCat(name_, " is cutting checkpoint version ", pending_->version,
+                                                          ", newer than ", m.version, " (two clients cut checkpoints?)"));
+      }
+      superseded = pending_;
+      pending_ = cut;
+    }
+    if (superseded) {
+      Drop(superseded, absl::AbortedError(absl::StrCat("checkpoint version ", superseded->version, " on ", name_,
+                                                       " was superseded by version ", m.version)));
+    }
+    absl::Status late;
+    for (const auto& [table, shard] : shards) {
+      Shard& s = *shard;
+      nn::NamedTensors copy;
+      internal::CutShard info;
+      const absl::Time start = absl::Now();
+      bool copied = false;
+      if (s.config.consistency == Consistency::kSync) {
+        absl::MutexLock lock(&s.mu);
+        const int64_t at = s.clock.applied();
+        if (at == m.step && s.clock.pushed().empty()) {
+          CopyForCut(table, s, copy, info);
+          copied = true;
+        } else if (at < m.step) {
+          s.cut_version = m.version;
+          s.cut_step = m.step;
+        } else {
+          late = absl::AbortedError(absl::StrCat("table '", table, "' on ", name_, " is past step ", m.step, " (at ", at,
+                                                 s.clock.pushed().empty() ? "" : " with pushes of it", ")"));
+          break;
+        }
+      } else {
+        // An asynchronous sparse shard's pushes take only the gate and the rows' locks.
+        const bool gated = s.config.sparse && s.config.consistency == Consistency::kAsync;
+        if (gated) s.gate.Lock();
+        {
+          absl::MutexLock lock(&s.mu);
+          CopyForCut(table, s, copy, info);
+        }
+        if (gated) s.gate.Unlock();
+        copied = true;
+      }
+      if (copied) AddCopy(cut, std::move(copy), std::move(info), absl::Now() - start);
+    }
+    if (!late.ok()) {
+      Drop(cut, late);
+      return late;
+    }
+    bool ready = false;
+    {
+      absl::MutexLock lock(&cut_mu_);
+      cut->registering = false;
+      ready = pending_ == cut && cut->waiting.empty();
+    }
+    if (ready) Write(cut);
+    return absl::OkStatus();
+  }
+
+  // A synchronous shard whose clock changed (under its lock): its copy for the cut waiting
+  // for this step, if any. Returns that cut (nullptr: none), with the copy in `copy`, or
+  // with `missed` set when the table jumped past the cut's step (a restored table joining
+  // its trainers: the cut cannot be one step).
+  std::shared_ptr<PendingCut> CopyIfCut(const std::string& table, Shard& s, nn::NamedTensors& copy,
+                                        internal::CutShard& info, absl::Status& missed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (s.cut_version == 0) return nullptr;
+    const int64_t at = s.clock.applied();
+    if (at < s.cut_step || (at == s.cut_step && !s.clock.pushed().empty())) return nullptr;
+    const int64_t version = s.cut_version;
+    s.cut_version = 0;
+    std::shared_ptr<PendingCut> cut;
+    {
+      absl::MutexLock lock(&cut_mu_);
+      if (pending_ && pending_->version == version) cut = pending_;
+    }
+    if (!cut) return nullptr;
+    if (at != cut->step) {
+      missed = absl::AbortedError(absl::StrCat("table '", table, "' on ", name_, " jumped from before step ", cut->step,
+                                               " to step ", at, " (restored, joining its trainers)"));
+      return cut;
+    }
+    CopyForCut(table, s, copy, info);
+    return cut;
+  }
+
+  void Write(const std::shared_ptr<PendingCut>& cut) {
+    absl::MutexLock lock(&cut_mu_);
+    writes_.push_back(cut);
+  }
+
+  // The writer thread: each cut whose copies are all in, to its file.
+  void WriteCuts() {
+    while (true) {
+      std::shared_ptr<PendingCut> cut;
+      {
+        absl::MutexLock lock(&cut_mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cut_mu_) { return writer_stopping_ || !writes_.empty(); };
+        cut_mu_.Await(absl::Condition(&ready));
+        if (writes_.empty()) return;
+        cut = writes_.front();
+        writes_.pop_front();
+      }
+      nn::NamedTensors all;
+      for (auto& [table, copy] : cut->copies) {  // by table name
+        for (auto& entry : copy) all.push_back(entry);
+      }
+      const std::string dir = internal::VersionPath(options_.checkpoint_dir, cut->version);
+      const std::string name = absl::StrCat(name_, ".gwps");
+      const absl::Time start = absl::Now();
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      nn::FileDigest digest;
+      const absl::Status s = ec ? absl::ErrnoToStatus(ec.value(), absl::StrCat("cannot create '", dir, "'"))
+                                : nn::SaveTensors(absl::StrCat(dir, "/", name), all, &digest);
+      std::vector<Promise<internal::CutFile>> answers;
+      absl::StatusOr<internal::CutFile> file =
+          internal::CutFile{name, static_cast<int64_t>(digest.bytes), static_cast<int64_t>(digest.crc32c), cut->shards};
+      {
+        absl::MutexLock lock(&cut_mu_);
+        if (s.ok()) {
+          cut->file = *file;
+          stats_.last_copy = cut->copy_time;
+          stats_.last_write = absl::Now() - start;
+          stats_.last_bytes = static_cast<int64_t>(digest.bytes);
+        } else {
+          cut->failed = absl::Status(s.code(), absl::StrCat(name_, " could not write checkpoint version ", cut->version,
+                                                            ": ", s.message()));
+          CountFailure(cut->failed);
+          file = cut->failed;
+        }
+        answers.swap(cut->written);
+      }
+      for (auto& p : answers) p.Set(file);
+    }
+  }
+
+  void CountFailure(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cut_mu_) {
+    ++stats_.failed;
+    ++stats_.failures_in_a_row;
+    stats_.last_error = std::string(why.message());
+    if (stats_.failures_in_a_row == 1 || absl::Now() - last_logged_ >= absl::Minutes(1)) {
+      last_logged_ = absl::Now();
+      std::fprintf(stderr, "gradwire: %s (%lld failed in a row)\n", std::string(why.message()).c_str(),
+                   static_cast<long long>(stats_.failures_in_a_row));
+    }
+  }
+
+  Future<internal::CutFile> CutWritten(int64_t version) {
+    absl::MutexLock lock(&cut_mu_);
+    if (pending_ && pending_->version == version) {
+      if (pending_->file) return MakeReadyFuture<internal::CutFile>(agent_.executor(), *pending_->file);
+      if (!pending_->failed.ok()) return MakeReadyFuture<internal::CutFile>(agent_.executor(), pending_->failed);
+      Promise<internal::CutFile> later(agent_.executor());
+      pending_->written.push_back(later);
+      return later.future();
+    }
+    if (committed_ && committed_->version == version && committed_->file) {
+      return MakeReadyFuture<internal::CutFile>(agent_.executor(), *committed_->file);
+    }
+    return MakeReadyFuture<internal::CutFile>(
+        agent_.executor(), absl::NotFoundError(absl::StrCat(name_, " is not cutting checkpoint version ", version,
+                                                            " (abandoned or superseded)")));
+  }
+
+  absl::Status CutCommit(const internal::CutCommitMessage& m) {
+    std::shared_ptr<PendingCut> cut;
+    {
+      absl::MutexLock lock(&cut_mu_);
+      if (committed_ && committed_->version == m.version) return absl::OkStatus();  // a retry
+      if (!pending_ || pending_->version != m.version || !pending_->file) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(name_, " has not written checkpoint version ", m.version, " (abandoned or superseded)"));
+      }
+      cut = pending_;
+    }
+    const std::string dir = internal::VersionPath(options_.checkpoint_dir, m.version);
+    absl::StatusOr<internal::Manifest> manifest = internal::Decode(m.manifest, "the manifest sent");
+    absl::Status s = manifest.status();
+    if (s.ok() && (manifest->FileOf(name_) == nullptr ||
+                   manifest->FileOf(name_)->crc32c != static_cast<uint32_t>(cut->file->crc32c))) {
+      s = absl::InvalidArgumentError(
+          absl::StrCat("the manifest of version ", m.version, " does not list ", name_, "'s file as written"));
+    }
+    if (s.ok()) s = internal::WriteFileAtomically(absl::StrCat(dir, "/", internal::kManifestName), m.manifest, name_);
+    absl::MutexLock lock(&cut_mu_);
+    if (pending_ == cut) pending_ = nullptr;
+    if (!s.ok()) {
+      const absl::Status failed(s.code(), absl::StrCat(name_, " could not commit checkpoint version ", m.version, ": ",
+                                                       s.message()));
+      CountFailure(failed);
+      return failed;
+    }
+    committed_ = cut;
+    job_ = cut->job;
+    ++stats_.written;
+    stats_.failures_in_a_row = 0;
+    stats_.last_version = cut->version;
+    stats_.last_step = cut->step;
+    cut->copies.clear();  // their memory goes now
+    internal::Prune(options_.checkpoint_dir, std::max(1, options_.checkpoint_keep));
+    return absl::OkStatus();
+  }
+
+  void CutAbandon(int64_t version) {
+    std::shared_ptr<PendingCut> cut;
+    {
+      absl::MutexLock lock(&cut_mu_);
+      if (pending_ && pending_->version == version) cut = pending_;
+    }
+    if (cut) Drop(cut, absl::AbortedError(absl::StrCat("checkpoint version ", version, " was abandoned")));
+  }
+
+  // Ends `cut` if it is still pending: the shards stop waiting for it, and the answers
+  // that wait for its file get `why`.
+  void Drop(const std::shared_ptr<PendingCut>& cut, const absl::Status& why) {
+    std::vector<Promise<internal::CutFile>> answers;
+    {
+      absl::MutexLock lock(&cut_mu_);
+      if (pending_ == cut) pending_ = nullptr;
+      answers.swap(cut->written);
+      if (cut->failed.ok() && !cut->file) cut->failed = why;
+    }
+    for (auto& [table, s] : Live()) {
+      absl::MutexLock lock(&s->mu);
+      if (s->cut_version == cut->version) s->cut_version = 0;
+    }
+    for (auto& p : answers) p.Set(why);
   }
 
   // ---------------------------------------------------------------- tables
@@ -307,7 +676,6 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       staged_.erase(it);
     }
     if (retired) Retire(*retired);
-    AfterLayoutChange();
   }
 
   // A shard a new layout replaced: everything it still gets is refused (ABORTED), and
@@ -465,13 +833,29 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     std::vector<std::pair<Promise<Tensor>, Tensor>> ready;
     std::vector<std::pair<Promise<int64_t>, int64_t>> frozen;
     absl::Status status;
+    std::shared_ptr<PendingCut> cut;  // a checkpoint waiting for the step this change began
+    nn::NamedTensors copy;
+    internal::CutShard info;
+    absl::Status missed;
+    absl::Duration copy_took;
     {
       absl::MutexLock lock(&s.mu);
+      const int64_t before = s.clock.applied();
+      const bool restored = s.clock.restored();
       try {
         status = change();
       } catch (...) {
         status = rpc::StatusFromException("the update");
       }
+      if (restored && s.clock.applied() > before + 1) {
+        std::fprintf(stderr,
+                     "gradwire: %s: restored at step %lld, continues at its trainers' step %lld: this shard's updates "
+                     "of the steps in between are lost (more frequent checkpoints lose fewer)\n",
+                     where.c_str(), static_cast<long long>(before), static_cast<long long>(s.clock.applied() - 1));
+      }
+      const absl::Time copy_start = absl::Now();
+      cut = CopyIfCut(table, s, copy, info, missed);
+      copy_took = absl::Now() - copy_start;
       if (!status.ok() && status.code() != absl::StatusCode::kAborted) {
         status = absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
       }
@@ -482,6 +866,11 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       }
     }
     for (auto& [p, at] : frozen) p.Set(at);
+    if (cut && !missed.ok()) {
+      Drop(cut, missed);
+    } else if (cut && AddCopy(cut, std::move(copy), std::move(info), copy_took)) {
+      Write(cut);
+    }
     // Large answers go out from the worker pool: sending one copies the values into the
     // transport, and this thread has its own caller to answer, so a step's answers to its
     // trainers are copied in parallel. Small ones are answered here (no hop).
@@ -725,15 +1114,6 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     return absl::OkStatus();
   }
 
-  // A table's layout changed here: a checkpoint now, so that a restarted server does not
-  // come back with the old layout's shard (or one it gave away).
-  void AfterLayoutChange() {
-    if (options_.checkpoint_dir.empty()) return;
-    if (absl::StatusOr<std::string> path = Checkpoint(); !path.ok()) {
-      std::fprintf(stderr, "gradwire: %s\n", std::string(path.status().message()).c_str());
-    }
-  }
-
   absl::Status EndFreeze(const internal::EndFreezeMessage& m) {
     std::shared_ptr<Shard> retired, thawed;
     {
@@ -753,10 +1133,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
         moved_[m.table] = m.epoch;
       }
     }
-    if (retired) {
-      Retire(*retired);
-      AfterLayoutChange();
-    }
+    if (retired) Retire(*retired);
     if (thawed) {
       {
         absl::MutexLock gate(&thawed->gate);
@@ -775,20 +1152,12 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
 
   // ---------------------------------------------------------------- background
 
-  // Fails pulls that waited past their table's sync_timeout, naming who did not push,
-  // and writes the periodic checkpoints.
+  // Fails pulls that waited past their table's sync_timeout, naming who did not push.
   void Watch() {
-    absl::Time next_checkpoint = absl::Now() + options_.checkpoint_every;
     while (true) {
       {
         absl::MutexLock lock(&mu_);
         if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) return;
-      }
-      if (options_.checkpoint_every > absl::ZeroDuration() && absl::Now() >= next_checkpoint) {
-        if (absl::StatusOr<std::string> path = Checkpoint(); !path.ok()) {
-          std::fprintf(stderr, "gradwire: %s\n", std::string(path.status().message()).c_str());
-        }
-        next_checkpoint = absl::Now() + options_.checkpoint_every;
       }
       std::vector<std::pair<std::string, std::shared_ptr<Shard>>> shards;
       {
@@ -879,8 +1248,19 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   // left this server (and since which layout).
   absl::flat_hash_map<std::string, std::shared_ptr<Shard>> staged_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> moved_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex checkpoint_mu_;
   std::thread watchdog_;
+  // Checkpoints: what Install restored, the cut being taken, the last one committed, the
+  // cuts the writer thread writes, the job the versions belong to, and the statistics.
+  RestoredCheckpoint restored_;  // set before serving
+  mutable absl::Mutex cut_mu_;
+  std::shared_ptr<PendingCut> pending_ ABSL_GUARDED_BY(cut_mu_);
+  std::shared_ptr<PendingCut> committed_ ABSL_GUARDED_BY(cut_mu_);
+  std::deque<std::shared_ptr<PendingCut>> writes_ ABSL_GUARDED_BY(cut_mu_);
+  bool writer_stopping_ ABSL_GUARDED_BY(cut_mu_) = false;
+  std::string job_ ABSL_GUARDED_BY(cut_mu_);
+  CheckpointStats stats_ ABSL_GUARDED_BY(cut_mu_);
+  absl::Time last_logged_ ABSL_GUARDED_BY(cut_mu_) = absl::InfinitePast();
+  std::thread writer_;
 };
 
 absl::StatusOr<std::shared_ptr<ParameterServer>> ParameterServer::Install(rpc::Agent& agent, ServerOptions options) {
@@ -896,6 +1276,7 @@ size_t ParameterServer::num_shards() const { return impl_->num_shards(); }
 absl::StatusOr<SparseShardStats> ParameterServer::sparse_stats(const std::string& table) const {
   return impl_->sparse_stats(table);
 }
-absl::StatusOr<std::string> ParameterServer::Checkpoint() { return impl_->Checkpoint(); }
+const RestoredCheckpoint& ParameterServer::restored() const { return impl_->restored(); }
+CheckpointStats ParameterServer::checkpoint_stats() const { return impl_->checkpoint_stats(); }
 
 }  // namespace gw::param_server

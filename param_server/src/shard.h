@@ -93,6 +93,10 @@ class Shard {
   static constexpr int64_t kRetired = INT64_MIN;
   int64_t frozen_at ABSL_GUARDED_BY(mu) = kNotFrozen;
   std::vector<Promise<int64_t>> quiescent ABSL_GUARDED_BY(mu);
+  // Checkpoints (server.cc): a synchronous shard is copied for cut `cut_version` when it
+  // reaches the start of step `cut_step` (0: no cut waits for it).
+  int64_t cut_version ABSL_GUARDED_BY(mu) = 0;
+  int64_t cut_step ABSL_GUARDED_BY(mu) = 0;
   absl::Mutex gate;
   bool gate_closed ABSL_GUARDED_BY(gate) = false;
 };

@@ -5,8 +5,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
+#include "absl/strings/str_format.h"
 #include "agent_group.h"
 #include "scoped_temp_dir.h"
 #include "gradwire/optim/functional.h"
@@ -86,10 +88,13 @@ TEST(CheckpointTest, AFreshServerContinuesFromTheCheckpointExactly) {
     Client c((*g)[2], {"worker0", "worker1"}, 0, 1);
     create(c);
     run(c, 0, 4);
-    absl::StatusOr<std::vector<std::string>> paths = c.Checkpoint().Get();
-    ASSERT_TRUE(paths.ok()) << paths.status();
-    ASSERT_EQ(paths->size(), 2u);
-    for (const std::string& p : *paths) EXPECT_TRUE(std::filesystem::exists(p)) << p;
+    absl::StatusOr<CheckpointInfo> written = c.Checkpoint().Get();
+    ASSERT_TRUE(written.ok()) << written.status();
+    EXPECT_EQ(written->version, 1);
+    ASSERT_EQ(written->files, (std::vector<std::string>{"worker0.gwps", "worker1.gwps"}));
+    for (const char* f : {"worker0.gwps", "worker1.gwps", "MANIFEST"}) {
+      EXPECT_TRUE(std::filesystem::exists(absl::StrCat(dir, "/v00000001/", f))) << f;
+    }
     run(c, 4, 6);  // lost with the servers: not in the checkpoint
   }
   std::vector<std::shared_ptr<ParameterServer>> servers;
@@ -104,10 +109,11 @@ TEST(CheckpointTest, AFreshServerContinuesFromTheCheckpointExactly) {
   EXPECT_EQ(servers[0]->sparse_stats("emb")->rows + servers[1]->sparse_stats("emb")->rows, 4);
 }
 
-// A checkpoint taken in the middle of a synchronous step, then steps the restart loses:
-// the trainers' next pushes move the restored table to their step (the partial step of
-// the checkpoint is passed), and training goes on from the checkpoint's values. A
-// bounded sparse table whose capacity is not a multiple of the stripes restores too.
+// A checkpoint, then steps the restart of the server (alone) loses: the trainers' next
+// pushes move the restored table to their step, and training goes on from the
+// checkpoint's values. A bounded sparse table whose capacity is not a multiple of the
+// stripes restores too. A checkpoint asked for in the middle of a synchronous step is cut
+// at the end of that step.
 TEST(CheckpointTest, RestoredSynchronousTableJoinsTrainersThatAreAhead) {
   const ScopedTempDir scoped_dir("ckpt_ahead");
   const std::string dir = scoped_dir.path();
@@ -128,15 +134,21 @@ TEST(CheckpointTest, RestoredSynchronousTableJoinsTrainersThatAreAhead) {
     std::vector<int64_t> many;
     for (int64_t id = 0; id < 40; ++id) many.push_back(id);
     ASSERT_TRUE(c0.PullRows("emb", 0, Ids(many)).Get().ok());  // fills the 13 rows
+    ASSERT_TRUE(c0.Checkpoint().Get().ok());  // at step 0
     ASSERT_TRUE(c0.Push("w", 0, Tensor::Ones({4})).Get().ok());
-    ASSERT_TRUE(c0.Checkpoint().Get().ok());  // step 0 open, trainer 0 in it
+    Future<CheckpointInfo> mid_step = c0.Checkpoint();  // step 0 open, trainer 0 in it: cut once it ends
     ASSERT_TRUE(c1.Push("w", 0, Tensor::Ones({4})).Get().ok());
+    absl::StatusOr<CheckpointInfo> second = mid_step.Get();
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_EQ(second->step, 1);
+    EXPECT_EQ(second->version, 2);
     for (int step = 1; step < 3; ++step) {
       Future<Tensor> a = c0.PushPull("w", step, Tensor::Ones({4}));
       ASSERT_TRUE(c1.PushPull("w", step, Tensor::Ones({4})).Get().ok());
       ASSERT_TRUE(a.Get().ok());
     }
   }
+  std::filesystem::remove_all(dir + "/v00000002");  // the version at step 0 is restored
   auto g = deploy();
   ASSERT_NE(g, nullptr) << "the checkpoint (a sparse table of capacity 13 on 8 stripes) loads";
   Client c0((*g)[1], {"worker0"}, 0, 2), c1((*g)[2], {"worker0"}, 1, 2);
@@ -150,8 +162,10 @@ TEST(CheckpointTest, RestoredSynchronousTableJoinsTrainersThatAreAhead) {
   ASSERT_TRUE(a.Get().ok()) << a.Get().status();
   // The checkpoint's values (no step applied yet) minus the mean of step 3's pushes.
   for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(b->data<float>()[i], 10.0f - 3.0f) << i;
-  absl::StatusOr<std::vector<std::string>> again = c0.Checkpoint().Get();
+  absl::StatusOr<CheckpointInfo> again = c0.Checkpoint().Get();
   ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->step, 4);
+  EXPECT_EQ(again->version, 2) << "numbered after the newest version in the directory";
 }
 
 TEST(CheckpointTest, WithoutADirectoryCheckpointsAreRefusedWithTheReason) {
@@ -161,35 +175,72 @@ TEST(CheckpointTest, WithoutADirectoryCheckpointsAreRefusedWithTheReason) {
   });
   ASSERT_NE(g, nullptr);
   Client c((*g)[1], {"worker0"}, 0, 1);
-  absl::StatusOr<std::vector<std::string>> paths = c.Checkpoint().Get();
-  EXPECT_EQ(paths.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(paths.status().message().find("checkpoint_dir"), std::string::npos) << paths.status();
+  absl::StatusOr<CheckpointInfo> written = c.Checkpoint().Get();
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(written.status().message().find("checkpoint_dir"), std::string::npos) << written.status();
 }
 
-TEST(CheckpointTest, PeriodicCheckpointsAreWrittenAndACorruptOneIsAClearError) {
+// A trainer's client cuts a version every period while it pushes; the servers keep the
+// newest `checkpoint_keep`. A damaged newest version is passed over (named) for the one
+// before; when none is usable the server does not start, naming each and the way out.
+TEST(CheckpointTest, PeriodicVersionsAreKeptAndADamagedOneIsPassedOver) {
   const ScopedTempDir scoped_dir("ckpt_periodic");
   const std::string dir = scoped_dir.path();
   {
     std::vector<std::shared_ptr<ParameterServer>> servers(1);
     auto g = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
-      if (a.self().rank == 0) servers[0] = *ParameterServer::Install(a, {dir, absl::Milliseconds(200)});
+      if (a.self().rank == 0) servers[0] = *ParameterServer::Install(a, {.checkpoint_dir = dir, .checkpoint_keep = 2});
     });
     ASSERT_NE(g, nullptr);
-    Client c((*g)[1], {"worker0"}, 0, 1);
-    ASSERT_TRUE(c.CreateDense("w", Tensor::Ones({3}), optim::Sgd{.lr = 1}, Consistency::kAsync).ok());
-    ASSERT_TRUE(c.Push("w", 0, Tensor::Ones({3})).Get().ok());
-    const std::string path = dir + "/worker0.gwps";
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (!std::filesystem::exists(path) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
-    ASSERT_TRUE(std::filesystem::exists(path));
+    Client c((*g)[1], {"worker0"}, 0, 1, ClientOptions{.checkpoint_every = absl::Milliseconds(50)});
+    ASSERT_TRUE(c.CreateDense("w", Tensor::Ones({3}), optim::Sgd{.lr = 1}, Consistency::kSync).ok());
+    int64_t step = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (servers[0]->checkpoint_stats().written < 4 && absl::Now() < deadline) {
+      ASSERT_TRUE(c.PushPull("w", step, Tensor::Ones({3})).Get().ok());
+      ++step;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    const CheckpointStats stats = servers[0]->checkpoint_stats();
+    EXPECT_GE(stats.written, 4);
+    EXPECT_EQ(stats.failed, 0);
+    EXPECT_GT(stats.last_bytes, 0);
+    absl::SleepFor(absl::Milliseconds(100));  // a cut under way completes
   }
-  std::filesystem::resize_file(dir + "/worker0.gwps", 40);  // truncated
+  std::vector<int64_t> complete;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (std::filesystem::exists(e.path() / "MANIFEST")) complete.push_back(std::stoll(e.path().filename().string().substr(1)));
+  }
+  std::sort(complete.rbegin(), complete.rend());
+  ASSERT_EQ(complete.size(), 2u) << "checkpoint_keep = 2";
+  auto file_of = [&](int64_t v) { return absl::StrFormat("%s/v%08d/worker0.gwps", dir, v); };
+  std::filesystem::resize_file(file_of(complete[0]), 40);  // the newest, truncated
+  {
+    std::vector<std::shared_ptr<ParameterServer>> servers(1);
+    auto g = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
+      if (a.self().rank == 0) servers[0] = *ParameterServer::Install(a, {.checkpoint_dir = dir});
+    });
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(servers[0]->restored().version, complete[1]);
+    ASSERT_EQ(servers[0]->restored().skipped.size(), 1u);
+    EXPECT_NE(servers[0]->restored().skipped[0].find(file_of(complete[0])), std::string::npos)
+        << servers[0]->restored().skipped[0];
+    Client c((*g)[1], {"worker0"}, 0, 1);
+    ASSERT_TRUE(c.CreateDense("w", Tensor::Ones({3}), optim::Sgd{.lr = 1}, Consistency::kSync).ok());
+    absl::StatusOr<ResumePoint> resume = c.Resume();
+    ASSERT_TRUE(resume.ok()) << resume.status();
+    EXPECT_EQ(resume->version, complete[1]);
+    EXPECT_GT(resume->step, 0);
+  }
+  std::filesystem::resize_file(file_of(complete[1]), 40);
   absl::Status installed;
   auto g = rpc::testing::AgentGroup::Start(2, [&](rpc::Agent& a) {
-    if (a.self().rank == 0) installed = ParameterServer::Install(a, {dir}).status();
+    if (a.self().rank == 0) installed = ParameterServer::Install(a, {.checkpoint_dir = dir}).status();
   });
-  EXPECT_FALSE(installed.ok());
-  EXPECT_NE(installed.message().find("worker0.gwps"), std::string::npos) << installed;
+  EXPECT_EQ(installed.code(), absl::StatusCode::kFailedPrecondition) << installed;
+  EXPECT_NE(installed.message().find(file_of(complete[0])), std::string::npos) << installed;
+  EXPECT_NE(installed.message().find(file_of(complete[1])), std::string::npos) << installed;
+  EXPECT_NE(installed.message().find("start fresh"), std::string::npos) << installed;
 }
 
 // This process is rank 0 (store, both trainers' clients); ranks 1 and 2 are server
@@ -240,18 +291,24 @@ TEST(CheckpointTest, ServerKilledAndRestartedLosesNoAcknowledgedPush) {
   };
   for (int step = 0; step < 3; ++step) step_both(step, true);
 
-  // Step 3: trainer 0's push is acknowledged, then every server checkpoints.
+  // A checkpoint at the start of step 3; trainer 0's pushes of step 3 are acknowledged
+  // after it, and lost when worker1 is killed.
+  absl::StatusOr<CheckpointInfo> cut = c0.Checkpoint().Get();
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->step, 3);
   Tensor g0 = Tensor::Randn({9}, gen);
   ASSERT_TRUE(c0.Push("w", 3, g0).Get().ok());
   ASSERT_TRUE(c0.PushRows("emb", 3, ids, Tensor::Full({6, 2}, 2.0)).Get().ok());
-  ASSERT_TRUE(c0.Checkpoint().Get().ok());
 
   ::kill(servers[0], SIGKILL);
   EXPECT_EQ(rpc::testing::WaitForExit(servers[0]), 128 + SIGKILL);
-  // Trainer 1's push of step 3 waits (retrying) until worker1 is back.
+  // Trainer 1's pushes of step 3 wait (retrying) until worker1 is back; trainer 0's pulls
+  // of step 4, retried, send its pushes of step 3 again first.
   Tensor g1 = Tensor::Randn({9}, gen);
   Future<Tensor> next = c1.PushPull("w", 3, g1);
   Future<bool> rows_pushed = c1.PushRows("emb", 3, ids, Tensor::Zeros({6, 2}));
+  Future<Tensor> pulled = c0.Pull("w", 4);
+  Future<Tensor> rows_pulled = c0.PullRows("emb", 4, ids);
   absl::SleepFor(absl::Milliseconds(500));
   servers[0] = rpc::testing::SpawnSelf("ps_server", env(1));
   absl::StatusOr<Tensor> after = next.Get();
@@ -259,8 +316,9 @@ TEST(CheckpointTest, ServerKilledAndRestartedLosesNoAcknowledgedPush) {
   ASSERT_TRUE(rows_pushed.Get().ok());
   optim::Update(sgd, w, kernels::MulScalar(kernels::Add(g0, g1), 0.5), state);
   for (float& v : emb) v -= 1.0f;  // mean of 2 and 0
-  ExpectEqual(*after, w, "step 3 completed by the restarted server with trainer 0's checkpointed push");
-  absl::StatusOr<Tensor> rows = c0.PullRows("emb", 4, ids).Get();
+  ExpectEqual(*after, w, "step 3 completed by the restarted server with trainer 0's pushes sent again");
+  ASSERT_TRUE(pulled.Get().ok()) << pulled.Get().status();
+  absl::StatusOr<Tensor> rows = rows_pulled.Get();
   ASSERT_TRUE(rows.ok()) << rows.status();
   ExpectEqual(*rows, Tensor::FromVector(emb, {6, 2}), "sparse rows after the restart");
   for (int step = 4; step < 6; ++step) step_both(step, true);  // the job continues

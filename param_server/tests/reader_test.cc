@@ -69,10 +69,12 @@ TEST(ReaderTest, ReadsWhatTheTrainerPullsWithTheStepsApplied) {
   EXPECT_TRUE(steps->values.empty());
   EXPECT_EQ(steps->steps, (std::vector<int64_t>{3}));
 
-  // From the servers' checkpoints: the same values and steps.
-  absl::StatusOr<std::vector<std::string>> paths = trainer.Checkpoint().Get();
-  ASSERT_TRUE(paths.ok()) << paths.status();
-  absl::StatusOr<TablesSnapshot> saved = Reader::LoadCheckpoint(*paths, {"w", "b"}, {{3, 5}, {5}});
+  // From the servers' checkpoint (the directory: its newest version): the same values and steps.
+  absl::StatusOr<CheckpointInfo> written = trainer.Checkpoint().Get();
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->version, 1);
+  EXPECT_EQ(written->step, 3);
+  absl::StatusOr<TablesSnapshot> saved = Reader::LoadCheckpoint(dir, {"w", "b"}, {{3, 5}, {5}});
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(kernels::MaxAbsDiff(saved->values[0], *w3), 0.0);
   EXPECT_EQ(kernels::MaxAbsDiff(saved->values[1], *b1), 0.0);
@@ -85,11 +87,15 @@ TEST(ReaderTest, ReadsWhatTheTrainerPullsWithTheStepsApplied) {
   absl::StatusOr<TablesSnapshot> shape = reader.Read({"w"}, {{4, 5}}).Get();
   EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(shape.status().message().find("15 values"), std::string::npos) << shape.status();
-  absl::StatusOr<TablesSnapshot> one_file = Reader::LoadCheckpoint({(*paths)[0]}, {"w"}, {{3, 5}});
-  EXPECT_EQ(one_file.status().code(), absl::StatusCode::kInvalidArgument) << one_file.status();
-  absl::StatusOr<TablesSnapshot> no_file = Reader::LoadCheckpoint({dir + "/absent.gwps"}, {"w"}, {{3, 5}});
-  EXPECT_FALSE(no_file.ok());
-  EXPECT_NE(no_file.status().message().find("absent.gwps"), std::string::npos) << no_file.status();
+  absl::StatusOr<TablesSnapshot> unknown = Reader::LoadCheckpoint(dir, {"nope"}, {{1}});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("'nope'"), std::string::npos) << unknown.status();
+  absl::StatusOr<TablesSnapshot> no_version = Reader::LoadCheckpoint(dir + "/v00000007", {"w"}, {{3, 5}});
+  EXPECT_EQ(no_version.status().code(), absl::StatusCode::kNotFound) << no_version.status();
+  std::filesystem::remove(dir + "/v00000001/worker1.gwps");
+  absl::StatusOr<TablesSnapshot> one_file = Reader::LoadCheckpoint(dir + "/v00000001", {"w"}, {{3, 5}});
+  EXPECT_EQ(one_file.status().code(), absl::StatusCode::kNotFound) << one_file.status();
+  EXPECT_NE(one_file.status().message().find("worker1.gwps"), std::string::npos) << one_file.status();
   EXPECT_TRUE(d.group->ShutdownAll().ok());
 }
 

@@ -181,12 +181,12 @@ FollowStatus Follower::StatusLocked() const {
   return s;
 }
 
-absl::Status ServeCheckpoint(Serving& serving, const std::string& model, const std::vector<std::string>& paths,
+absl::Status ServeCheckpoint(Serving& serving, const std::string& model, const std::string& checkpoint,
                              std::string version, const std::map<std::string, std::string>& tables) {
   absl::StatusOr<Follower::Tables> found = Follower::Find(serving, model, tables);
   if (!found.ok()) return found.status();
   absl::StatusOr<param_server::TablesSnapshot> read =
-      param_server::Reader::LoadCheckpoint(paths, found->tables, found->shapes);
+      param_server::Reader::LoadCheckpoint(checkpoint, found->tables, found->shapes);
   if (!read.ok()) {
     return absl::Status(read.status().code(), absl::StrCat("serving '", model, "' from a parameter-server checkpoint (",
                                                            serving.agent().self().name,

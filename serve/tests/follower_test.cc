@@ -225,9 +225,9 @@ TEST(FollowerTest, ServesAParameterServerCheckpoint) {
   ASSERT_NE(job.group, nullptr);
   nn::NamedTensors params;
   for (int64_t step = 0; step < 3; ++step) params = job.Step(step);
-  absl::StatusOr<std::vector<std::string>> paths = job.trainer->Checkpoint().Get();
-  ASSERT_TRUE(paths.ok()) << paths.status();
-  ASSERT_TRUE(ServeCheckpoint(*job.serving[3], "mnist", *paths, "ckpt-3").ok());
+  absl::StatusOr<param_server::CheckpointInfo> written = job.trainer->Checkpoint().Get();
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_TRUE(ServeCheckpoint(*job.serving[3], "mnist", job.dir, "ckpt-3").ok());
   absl::StatusOr<Router> router = Router::Create(job.serving[3], "mnist");
   ASSERT_TRUE(router.ok());
   const Tensor x = Tensor::Randn({1, 784}, job.gen);
@@ -236,7 +236,7 @@ TEST(FollowerTest, ServesAParameterServerCheckpoint) {
   EXPECT_EQ(p->version, "ckpt-3");
   EXPECT_TRUE(BitEqual(p->output, Expected(params, x)));
 
-  absl::Status bad = ServeCheckpoint(*job.serving[3], "mnist", {(*paths)[0]}, "half");
+  absl::Status bad = ServeCheckpoint(*job.serving[3], "mnist", job.dir + "/v00000009", "absent");
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("keeps its current version"), std::string::npos) << bad;
   p = router->PredictSync(x);

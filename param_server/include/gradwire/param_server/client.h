@@ -57,7 +57,20 @@
 //     not blocked on the table's steps (not from a synchronous trainer between its own
 //     push and pull). CreateDense/CreateSparse of a table that was re-sharded finds it
 //     in its current layout.
-//   - Checkpoint() asks every server to write a checkpoint now; returns their paths.
+//   - Checkpoints (checkpoint.h): Checkpoint() cuts a version of every table of every
+//     server this client knows (the servers it was given and those of its tables) at one
+//     step, and completes once the version is complete on every server (its manifest
+//     written), with the version, its step and its files. Its first phase (planning and
+//     registering the cut) runs before it returns, so a trainer may call it right before
+//     pushing a step. With ClientOptions::checkpoint_every, a push (Push, PushPull,
+//     PushPullMany, PushRows) starts one when the period has passed and none is under
+//     way; after checkpoint_max_failures failed ones in a row the pushes fail with the
+//     last failure (the job stops instead of training on without checkpoints). One
+//     client of a job should cut (trainer 0's in the examples); a job's final checkpoint
+//     is Checkpoint() after its last step. Resume() says which version the servers
+//     restored (version 0: none; FAILED_PRECONDITION naming them when they differ): a
+//     trainer continues from its step. A re-sharding ends with a checkpoint when the
+//     servers keep them, so a restart does not bring back the layout before it.
 //   - The same tables through distributed autograd: ShardRRefs(name) returns a dense
 //     table's shards as RRefs owned by the servers (one per server, in server order; the
 //     owned tensor shares the shard's storage and requires grad). FetchDense(name,
@@ -90,6 +103,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "gradwire/optim/functional.h"
+#include "gradwire/param_server/checkpoint.h"
 #include "gradwire/param_server/row_store.h"
 #include "gradwire/param_server/server.h"
 #include "gradwire/param_server/sharding.h"
@@ -97,10 +111,15 @@
 #include "gradwire/rpc/message.h"
 
 namespace gw::param_server {
+namespace internal {
+class Checkpointer;
+}  // namespace internal
 
 struct ClientOptions {
-  absl::Duration sync_timeout = absl::Seconds(60);  // how long a server waits for a step
+  absl::Duration sync_timeout = absl::Seconds(60);  // how long a server waits for a step (and a checkpoint for its files)
   absl::Duration reconnect_timeout = absl::ZeroDuration();  // 0: UNAVAILABLE fails at once
+  absl::Duration checkpoint_every = absl::ZeroDuration();  // pushes cut a checkpoint each period (0: never)
+  int checkpoint_max_failures = 3;  // failed checkpoints in a row that fail the pushes (0: never)
 };
 
 // Layout of a sparse table (CreateSparse).
@@ -144,12 +163,16 @@ class Client {
   // Join for several tables at one clock (a trainer that pushes them together).
   absl::StatusOr<int64_t> Join(const std::vector<std::string>& names);
 
-  Future<std::vector<std::string>> Checkpoint();
+  Future<CheckpointInfo> Checkpoint();
+  // Checkpoint(), unless the servers keep none (then FAILED_PRECONDITION, and no failure counted).
+  Future<CheckpointInfo> CheckpointIfKept();
+  absl::StatusOr<ResumePoint> Resume();
 
   absl::StatusOr<std::vector<rpc::RRef<Tensor>>> ShardRRefs(const std::string& name);
   absl::StatusOr<Tensor> FetchDense(const std::string& name, const std::vector<rpc::RRef<Tensor>>& shards);
 
   int trainer() const { return trainer_; }
+  ~Client();
 
  private:
   struct Table {
@@ -209,6 +232,11 @@ class Client {
   // Find, and the gradient must have the table's shape.
   absl::StatusOr<Table> FindForGradient(const std::string& name, const Tensor& grad) const;
   Future<Tensor> Assemble(const Table& table, std::vector<Future<Tensor>> shards) const;
+  // Every server this client knows: those it was given and those of its tables.
+  std::vector<std::string> AllServers() const;
+  Future<CheckpointInfo> Cut(bool if_kept);
+  // Before a push: a periodic checkpoint when one is due, or the error that stops pushes.
+  absl::Status BeforePush();
 
   rpc::Agent& agent_;
   const std::vector<std::string> servers_;
@@ -217,8 +245,11 @@ class Client {
   const absl::Duration sync_timeout_;
   const absl::Duration reconnect_timeout_;
   const std::shared_ptr<LastPushes> last_pushes_;
+  const absl::Duration checkpoint_every_;
+  const std::shared_ptr<internal::Checkpointer> checkpointer_;
   mutable absl::Mutex mu_;
   std::map<std::string, Table> tables_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_checkpoint_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gw::param_server

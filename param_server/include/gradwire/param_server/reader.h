@@ -21,8 +21,13 @@
 //     every shard read. Shards are read at slightly different moments, so while trainers
 //     run a synchronous job's shards can be a step apart: consistent() says whether every
 //     shard was at the same step (a reader that needs one step reads again).
-//   - LoadCheckpoint(paths, tables, shapes) reads the same from the servers' checkpoint
-//     files (server.h; `paths` in server order, as Client::Checkpoint returns them).
+//   - LoadCheckpoint(path, tables, shapes) reads the same from a checkpoint (checkpoint.h):
+//     `path` is one version's directory, or a checkpoint directory (its newest complete
+//     version). The files are those of the version's manifest, in its shard order, each
+//     checked against the manifest's size and CRC32C and its entries' checksums; a table
+//     the manifest does not have is NOT_FOUND, a missing, damaged or foreign file (another
+//     version's, another server's) an error naming it. steps are the shards' update
+//     counts as saved.
 //   - The agent must outlive the Reader and its futures. Thread-safe; futures complete
 //     on transport or pool threads.
 #ifndef GRADWIRE_PARAM_SERVER_READER_H_
@@ -55,8 +60,7 @@ class Reader {
   Future<TablesSnapshot> Read(const std::vector<std::string>& tables, const std::vector<Shape>& shapes) const;
   Future<TablesSnapshot> Steps(const std::vector<std::string>& tables) const;
 
-  static absl::StatusOr<TablesSnapshot> LoadCheckpoint(const std::vector<std::string>& paths,
-                                                       const std::vector<std::string>& tables,
+  static absl::StatusOr<TablesSnapshot> LoadCheckpoint(const std::string& path, const std::vector<std::string>& tables,
                                                        const std::vector<Shape>& shapes);
 
   const std::vector<std::string>& servers() const { return servers_; }

@@ -5,10 +5,11 @@
 //     server's messages on that agent; the Client (client.h) sends them. They are the
 //     records of param_server/src/messages.h: CreateDenseMessage and CreateSparseMessage
 //     (a TableConfig each), PullMessage, PushMessage, PushPullManyMessage,
-//     PullRowsMessage, PushRowsMessage, CheckpointMessage, ShardRRefMessage, ReadMessage
+//     PullRowsMessage, PushRowsMessage, ShardRRefMessage, ReadMessage
 //     (dense shards copied as they are now, with their update counts, for reader.h),
 //     JoinTableMessage and LeaveTableMessage (elastic trainers), and FreezeMessage,
-//     ExportMessage, ImportMessage, EndFreezeMessage (re-sharding, client.h).
+//     ExportMessage, ImportMessage, EndFreezeMessage (re-sharding, client.h), and the
+//     checkpoint messages below.
 //   - A dense table shard holds a contiguous key range of a flat float32 table; a sparse
 //     table shard holds the rows (row_store.h) whose ids hash to this server, created on
 //     first touch (pull or push) from a seeded initializer, optionally bounded by an LRU
@@ -56,14 +57,22 @@
 //     consistency, trainers and staleness (ALREADY_EXISTS otherwise).
 //   - Creating a table that exists with the same shape is a no-op (every trainer may
 //     create it); a different shape is an error.
-//   - Checkpoints (options.checkpoint_dir non-empty): Checkpoint() (or a client's
-//     request, or every options.checkpoint_every) writes every table of this server, its
-//     optimizer state, clocks and the open synchronous step's partial sums, to
-//     "<dir>/<worker name>.gwps" (nn::SaveTensors: temporary file, fsync, rename), so a
-//     push acknowledged before a checkpoint started is in it. Install loads that file if
-//     it exists: a restarted server continues from its latest checkpoint (a synchronous
-//     table then lets the trainers' next push move it to their step, since the steps
-//     after the checkpoint were lost with the server).
+//   - Checkpoints (options.checkpoint_dir non-empty; checkpoint.h says what a user sees):
+//     a client cuts a version of every table (CutPlanMessage, CutMessage,
+//     CutWrittenMessage, CutCommitMessage, CutAbandonMessage): a synchronous shard is
+//     copied under its lock the moment the cut's step begins (its step boundary: every
+//     push of the step before applied, none of the next counted), the others when the
+//     cut is registered; the copy is written in the background by the server's writer
+//     thread to "<dir>/v<version>/<worker name>.gwps" and, once the client sends the
+//     manifest, the version is complete and the versions beyond options.checkpoint_keep
+//     are removed. Install restores the newest usable version (checkpoint.h), unless
+//     options.fresh or the server joined a running job (it takes its share by
+//     re-sharding); RestoredMessage answers which. A restored synchronous table lets the
+//     trainers' next push move it to their step when they are ahead (a single server
+//     that restarted: the steps in between are lost for its shards, said on stderr
+//     once), and refuses pushes of steps it has long passed (consistency_clock.h).
+//     Failures to write are counted (checkpoint_stats) and written to stderr (the first
+//     of a series, then at most a line a minute); the client fails the cut.
 //   - Thread-safe; pulls and pushes of different tables never wait for each other.
 #ifndef GRADWIRE_PARAM_SERVER_SERVER_H_
 #define GRADWIRE_PARAM_SERVER_SERVER_H_
@@ -73,6 +82,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "gradwire/param_server/checkpoint.h"
 #include "gradwire/rpc/agent.h"
 
 namespace gw::param_server {
@@ -80,8 +90,10 @@ namespace gw::param_server {
 enum class Consistency { kSync = 0, kAsync = 1, kBoundedStaleness = 2 };
 
 struct ServerOptions {
-  std::string checkpoint_dir;  // empty: no checkpoints
-  absl::Duration checkpoint_every = absl::ZeroDuration();  // periodic checkpoints (0: on request only)
+  std::string checkpoint_dir;  // empty: no checkpoints (shared by the job's servers)
+  int checkpoint_keep = 3;     // complete versions kept (at least 1)
+  bool fresh = false;          // start empty even if checkpoint_dir holds versions (kept; new ones number after them)
+  bool allow_non_finite = false;  // restore NaN / infinite values instead of refusing the version
 };
 
 // A sparse table's shard, for tests and metrics.
@@ -100,8 +112,9 @@ class ParameterServer {
   // Tables and shards hosted here (for tests and metrics).
   size_t num_shards() const;
   absl::StatusOr<SparseShardStats> sparse_stats(const std::string& table) const;
-  // Writes a checkpoint now; returns its path. FAILED_PRECONDITION without checkpoint_dir.
-  absl::StatusOr<std::string> Checkpoint();
+  // What Install restored (version 0: nothing), and the checkpoints written since.
+  const RestoredCheckpoint& restored() const;
+  CheckpointStats checkpoint_stats() const;
 
   class Impl;
 

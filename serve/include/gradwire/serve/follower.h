@@ -38,10 +38,12 @@
 //     failed refresh.
 //   - Stop() (and the destructor) ends the thread; the model stays at its last version.
 //     The Serving and its agent must outlive the Follower. Thread-safe.
-//   - ServeCheckpoint(serving, model, paths, version, tables) loads the servers'
-//     checkpoint files (Client::Checkpoint's paths, in server order) into a fresh module
-//     and swaps it in (strict: every parameter, same shapes; else the served version
-//     stays and the error says why).
+//   - ServeCheckpoint(serving, model, checkpoint, version, tables) loads a
+//     parameter-server checkpoint (a version's directory, or a checkpoint directory: its
+//     newest complete version) through its manifest (param_server::Reader::LoadCheckpoint:
+//     files in shard order, sizes and checksums checked, values finite) into a fresh
+//     module and swaps it in (strict: every parameter, same shapes; else the served
+//     version stays and the error says why).
 #ifndef GRADWIRE_SERVE_FOLLOWER_H_
 #define GRADWIRE_SERVE_FOLLOWER_H_
 
@@ -104,7 +106,7 @@ class Follower {
     std::vector<std::string> parameters, tables;
     std::vector<Shape> shapes;
   };
-  friend absl::Status ServeCheckpoint(Serving&, const std::string&, const std::vector<std::string>&, std::string,
+  friend absl::Status ServeCheckpoint(Serving&, const std::string&, const std::string&, std::string,
                                       const std::map<std::string, std::string>&);
   static absl::StatusOr<Tables> Find(const Serving& serving, const std::string& model,
                                      const std::map<std::string, std::string>& tables);
@@ -129,7 +131,7 @@ class Follower {
   rpc::Statistics::Source statistics_;  // last: dropped first
 };
 
-absl::Status ServeCheckpoint(Serving& serving, const std::string& model, const std::vector<std::string>& paths,
+absl::Status ServeCheckpoint(Serving& serving, const std::string& model, const std::string& checkpoint,
                              std::string version, const std::map<std::string, std::string>& tables = {});
 
 }  // namespace gw::serve

@@ -1,0 +1,193 @@
+#include "versions.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "gradwire/nn/serialize.h"
+
+namespace gw::param_server::internal {
+namespace fs = std::filesystem;
+
+std::string VersionPath(const std::string& dir, int64_t version) {
+  return absl::StrFormat("%s/v%08d", dir, version);
+}
+
+std::vector<int64_t> ListVersions(const std::string& dir) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int64_t v = 0;
+    if (name.size() >= 2 && name[0] == 'v' && absl::SimpleAtoi(name.substr(1), &v) && v >= 0 &&
+        it->is_directory(ec)) {
+      out.push_back(v);
+    }
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes, const std::string& writer) {
+  const std::string tmp = absl::StrCat(path, ".", writer, ".tmp");
+  auto failed = [&](const char* what, const std::string& p) {
+    const int e = errno;
+    return absl::ErrnoToStatus(e, absl::StrCat("cannot ", what, " '", p, "'"));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return failed("create", tmp);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      absl::Status s = failed("write", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    absl::Status s = failed("sync", tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    absl::Status s = failed("rename onto", path);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  const std::string parent = fs::path(path).parent_path().string();
+  if (const int dfd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    const int synced = ::fsync(dfd);
+    ::close(dfd);
+    if (synced != 0) return failed("sync the directory", parent);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Manifest> ReadManifest(const std::string& version_dir) {
+  const std::string path = absl::StrCat(version_dir, "/", kManifestName);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ENOENT) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist (an incomplete version)"));
+    return absl::ErrnoToStatus(e, absl::StrCat("cannot open '", path, "'"));
+  }
+  std::string text;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(e, absl::StrCat("cannot read '", path, "'"));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > (64u << 20)) {
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat("checkpoint manifest '", path, "' is damaged: over 64 MiB"));
+    }
+  }
+  ::close(fd);
+  return Decode(text, path);
+}
+
+absl::Status CheckVersion(const std::string& version_dir, const Manifest& manifest, CheckScope scope,
+                          const std::string& server) {
+  if (scope == CheckScope::kPresent && manifest.FileOf(server) == nullptr) {
+    return absl::NotFoundError(absl::StrCat(version_dir, " has no file of ", server, " (its manifest lists ",
+                                            manifest.files.size(), " servers' files)"));
+  }
+  for (const ManifestFile& f : manifest.files) {
+    const std::string path = absl::StrCat(version_dir, "/", f.name);
+    std::error_code ec;
+    if (scope == CheckScope::kPresent && f.server != server && !fs::exists(path, ec)) continue;
+    absl::StatusOr<nn::FileDigest> digest = nn::DigestFile(path);
+    if (!digest.ok()) return digest.status();
+    if (digest->bytes != f.bytes || digest->crc32c != f.crc32c) {
+      return absl::DataLossError(absl::StrFormat(
+          "'%s' is not the file its version's manifest lists (%d bytes, crc32c %08x; the manifest: %d bytes, "
+          "crc32c %08x): it is damaged or from another version",
+          path, digest->bytes, digest->crc32c, f.bytes, f.crc32c));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UsableVersion> NewestUsable(const std::string& dir, const std::string& server,
+                                           const std::function<absl::Status(const UsableVersion&)>& load,
+                                           const std::function<void(const std::string&, const absl::Status&)>& on_skip) {
+  const std::vector<int64_t> versions = ListVersions(dir);
+  if (versions.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint version in '", dir, "'"));
+  std::vector<std::string> why;
+  bool newer_complete = false;  // an incomplete version older than a complete one is not worth a word
+  for (int64_t v : versions) {
+    const std::string path = VersionPath(dir, v);
+    absl::StatusOr<Manifest> manifest = ReadManifest(path);
+    absl::Status s = manifest.status();
+    if (s.ok() && manifest->version != v) {
+      s = absl::DataLossError(absl::StrCat(path, "'s manifest is of version ", manifest->version));
+    }
+    if (s.ok()) s = CheckVersion(path, *manifest, CheckScope::kPresent, server);
+    if (s.ok()) {
+      UsableVersion usable{*manifest, path};
+      s = load(usable);
+      if (s.ok()) return usable;
+    }
+    if (!(newer_complete && absl::IsNotFound(s))) {
+      on_skip(path, s);
+      why.push_back(absl::StrCat(path, ": ", s.message()));
+    }
+    newer_complete = newer_complete || manifest.ok();
+  }
+  return absl::FailedPreconditionError(absl::StrCat("no usable checkpoint version in '", dir,
+                                                    "': ", absl::StrJoin(why, "; ")));
+}
+
+absl::StatusOr<UsableVersion> NewestComplete(const std::string& dir) {
+  const std::vector<int64_t> versions = ListVersions(dir);
+  if (versions.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint version in '", dir, "'"));
+  std::vector<std::string> why;
+  for (int64_t v : versions) {
+    const std::string path = VersionPath(dir, v);
+    absl::StatusOr<Manifest> manifest = ReadManifest(path);
+    absl::Status s = manifest.status();
+    if (s.ok()) s = CheckVersion(path, *manifest, CheckScope::kAll);
+    if (s.ok()) return UsableVersion{*std::move(manifest), path};
+    why.push_back(absl::StrCat(path, ": ", s.message()));
+  }
+  return absl::FailedPreconditionError(absl::StrCat("no complete checkpoint version in '", dir,
+                                                    "': ", absl::StrJoin(why, "; ")));
+}
+
+void Prune(const std::string& dir, int keep) {
+  int complete = 0;
+  std::error_code ec;
+  for (int64_t v : ListVersions(dir)) {
+    const std::string path = VersionPath(dir, v);
+    const bool has_manifest = fs::exists(absl::StrCat(path, "/", kManifestName), ec);
+    if (has_manifest && complete < keep) {
+      ++complete;
+      continue;
+    }
+    if (!has_manifest && complete == 0) continue;  // newer than every complete one: maybe being written
+    fs::remove_all(path, ec);
+  }
+}
+
+}  // namespace gw::param_server::internal
