@@ -1,10 +1,13 @@
-// The README's main job survives a parameter server killed mid-run: under
-// `gradwire launch --max-restarts 1`, server worker1 (checkpointing twice a second) is
-// SIGKILLed once its checkpoint holds the tables; the launcher starts it again under the
-// same name, it resumes from its checkpoint, the trainers reconnect to it and the job
-// ends with the accuracy it needs. The launcher runs on one simulated host
-// (testing::HostNetwork: a private network and a log of its output; needs root and
-// iproute2, skipped otherwise; CI runs as root).
+// The README's main job and its checkpoints, run as a user runs it (the launcher on one
+// simulated host, testing::HostNetwork: a private network and a log of its output; needs
+// root and iproute2, skipped otherwise; CI runs as root):
+//   - a parameter server killed mid-run: under `gradwire launch --max-restarts 1`, server
+//     worker1 is SIGKILLed once a checkpoint version holds the tables; the launcher starts
+//     it again under the same name, it restores the version, the trainers reconnect to it
+//     and the job ends with the accuracy it needs;
+//   - the whole job killed mid-epoch and started again with the same command: it resumes
+//     the newest version at its step and ends with the model, bit for bit, of a run that
+//     was never interrupted; started once more, the finished job refuses to train on.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -54,27 +57,54 @@ pid_t FindWorker(pid_t parent, const std::string& name) {
   return 0;
 }
 
-// Waits (inotify) until `dir/file` is renamed into place with at least `min_bytes`.
-bool AwaitCheckpoint(const std::string& dir, const std::string& file, int64_t min_bytes, absl::Time deadline) {
+// The step of the newest complete checkpoint version in `dir` (-1: none), read from its
+// MANIFEST ("step": N).
+int64_t NewestStep(const std::string& dir) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (const auto& version : std::filesystem::directory_iterator(dir, ec)) {
+    std::ifstream manifest(version.path() / "MANIFEST");
+    std::stringstream text;
+    text << manifest.rdbuf();
+    const std::string s = text.str();
+    const size_t at = s.find("\"step\": ");
+    int64_t step = 0;
+    if (at != std::string::npos && absl::SimpleAtoi(s.substr(at + 8, s.find_first_of(",\n", at) - at - 8), &step)) {
+      newest = std::max(newest, step);
+    }
+  }
+  return newest;
+}
+
+// Waits (inotify on `dir`: a version's directory appears when it is cut) until a complete
+// version of at least `min_step` is there.
+bool AwaitVersion(const std::string& dir, int64_t min_step, absl::Time deadline) {
   const int fd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   if (fd < 0) return false;
-  ::inotify_add_watch(fd, dir.c_str(), IN_MOVED_TO | IN_CLOSE_WRITE);
-  const std::string path = dir + "/" + file;
+  ::inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_MOVED_TO);
   bool done = false;
   while (!done && absl::Now() < deadline) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && st.st_size >= min_bytes) {
+    if (NewestStep(dir) >= min_step) {
       done = true;
       break;
     }
+    // A manifest lands inside a version's directory, which this watch does not see: look
+    // again at least every 50 ms.
     pollfd p{fd, POLLIN, 0};
-    ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()))));
+    ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(deadline - absl::Now()), 0, 50)));
     char events[4096];
     while (::read(fd, events, sizeof events) > 0) {
     }
   }
   ::close(fd);
   return done;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
 }
 
 TEST(PsRestartTest, TheMainJobSurvivesAServerKilledMidRun) {
@@ -91,10 +121,8 @@ TEST(PsRestartTest, TheMainJobSurvivesAServerKilledMidRun) {
        "--reconnect_timeout_s=60"},
       {{"OMP_NUM_THREADS", "1"}});
   ASSERT_TRUE(launcher.ok()) << launcher.status();
-  // worker1's half of the 784-256-128-10 model with its momentum is about 0.9 MB: a
-  // checkpoint that large holds the tables (earlier ones may be empty).
-  ASSERT_TRUE(AwaitCheckpoint(dir, "worker1.gwps", 500'000, absl::Now() + absl::Seconds(120)))
-      << (*launcher)->output();
+  // A version cut after the first steps holds the tables.
+  ASSERT_TRUE(AwaitVersion(dir, 10, absl::Now() + absl::Seconds(120))) << (*launcher)->output();
   const pid_t server = FindWorker((*launcher)->pid(), "worker1");
   ASSERT_NE(server, 0) << (*launcher)->output();
   ASSERT_EQ(::kill(server, SIGKILL), 0);
@@ -103,7 +131,59 @@ TEST(PsRestartTest, TheMainJobSurvivesAServerKilledMidRun) {
   EXPECT_EQ(codes[0], 0) << out;
   EXPECT_NE(out.find("gradwire launch: worker1 was killed by signal 9 (SIGKILL)"), std::string::npos) << out;
   EXPECT_NE(out.find("gradwire launch: restarting worker1 (restart 1 of 1)"), std::string::npos) << out;
-  EXPECT_NE(out.find("tables restored from its checkpoint"), std::string::npos) << out;
+  EXPECT_NE(out.find("worker1: serving parameters (restored checkpoint version"), std::string::npos) << out;
+}
+
+TEST(PsRestartTest, AJobKilledMidEpochResumesToTheModelOfAnUninterruptedRun) {
+  if (std::string why = HostNetwork::Unsupported(); !why.empty()) GTEST_SKIP() << why;
+  absl::StatusOr<std::unique_ptr<HostNetwork>> network = HostNetwork::Create(1);
+  ASSERT_TRUE(network.ok()) << network.status();
+  const gw::rpc::testing::ScopedTempDir scratch("gradwire_ps_resume");
+  ASSERT_TRUE(scratch.ok());
+  const std::string dir = scratch.path() + "/ckpt";
+  std::filesystem::create_directories(dir);
+  auto launch = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> argv = {GRADWIRE_CLI, "launch", "-n", "4", PS_FASHION_MNIST, "--servers=2", "--epochs=1",
+                                     "--min_accuracy=0.80"};
+    argv.insert(argv.end(), more.begin(), more.end());
+    absl::StatusOr<HostProcess*> p = (*network)->Start(0, argv, {{"OMP_NUM_THREADS", "1"}});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : nullptr;
+  };
+  const absl::Duration kRun = absl::Seconds(300);
+  // The run that is not interrupted (and cuts no checkpoints).
+  HostProcess* straight = launch({absl::StrCat("--save=", scratch.path(), "/straight.gwt")});
+  ASSERT_NE(straight, nullptr);
+  ASSERT_EQ(HostNetwork::WaitAll({straight}, absl::Now() + kRun)[0], 0) << straight->output();
+  // The same job cutting a version every 0.3 s, killed (the launcher, and with it every
+  // worker) once a version past step 100 of the 469 of the epoch is complete.
+  const std::vector<std::string> checkpointed = {absl::StrCat("--checkpoint_dir=", dir), "--checkpoint_every_s=0.3",
+                                                 absl::StrCat("--save=", scratch.path(), "/resumed.gwt")};
+  HostProcess* crashed = launch(checkpointed);
+  ASSERT_NE(crashed, nullptr);
+  ASSERT_TRUE(AwaitVersion(dir, 100, absl::Now() + kRun)) << crashed->output();
+  crashed->Kill();
+  const int64_t cut = NewestStep(dir);
+  ASSERT_LT(cut, 469) << "killed mid-epoch";
+  // The same command again: it resumes the newest version.
+  HostProcess* resumed = launch(checkpointed);
+  ASSERT_NE(resumed, nullptr);
+  ASSERT_EQ(HostNetwork::WaitAll({resumed}, absl::Now() + kRun)[0], 0) << resumed->output();
+  const std::string out = resumed->output();
+  EXPECT_NE(out.find("restored checkpoint version"), std::string::npos) << out;
+  EXPECT_NE(out.find("resuming checkpoint version"), std::string::npos) << out;
+  EXPECT_NE(out.find("final checkpoint: version"), std::string::npos) << out;
+  const std::string a = ReadAll(scratch.path() + "/straight.gwt"), b = ReadAll(scratch.path() + "/resumed.gwt");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the resumed job's model differs from the uninterrupted run's (resumed at step >= " << cut
+                      << ")";
+  EXPECT_EQ(NewestStep(dir), 469) << "the final checkpoint holds the last step";
+  // Once more: the checkpoint holds every step of --epochs=1; the job refuses to train on.
+  HostProcess* again = launch(checkpointed);
+  ASSERT_NE(again, nullptr);
+  EXPECT_NE(HostNetwork::WaitAll({again}, absl::Now() + kRun)[0], 0) << again->output();
+  EXPECT_NE(again->output().find("already holds every step of --epochs=1"), std::string::npos) << again->output();
+  EXPECT_NE(again->output().find("--fresh"), std::string::npos) << again->output();
 }
 
 }  // namespace

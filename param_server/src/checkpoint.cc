@@ -41,7 +41,7 @@ std::vector<int64_t> ToInt64s(const Tensor& t) {
 
 }  // namespace
 
-void Snapshot(const std::string& table, Shard& s, nn::NamedTensors& out) {
+void Snapshot(const std::string& table, Shard& s, nn::NamedTensors& out, bool open_step) {
   auto put = [&](const std::string& field, Tensor t) { out.emplace_back(absl::StrCat(table, "|", field), std::move(t)); };
   const ShardConfig& c = s.config;
   std::vector<int64_t> meta(kMetaSize, 0);
@@ -73,12 +73,13 @@ void Snapshot(const std::string& table, Shard& s, nn::NamedTensors& out) {
   std::vector<int64_t> trainers;
   for (const auto& [t, span] : s.clock.trainers()) trainers.insert(trainers.end(), {t, span.from, span.until, span.next});
   put("trainers", Tensor::FromVector(trainers, {static_cast<int64_t>(s.clock.trainers().size()), 4}));
-  put("pushed", Int64s(std::vector<int64_t>(s.clock.pushed().begin(), s.clock.pushed().end())));
+  put("pushed", open_step ? Int64s(std::vector<int64_t>(s.clock.pushed().begin(), s.clock.pushed().end()))
+                          : Int64s(std::vector<int64_t>{}));
   put("epoch", Tensor::Scalar(static_cast<double>(c.epoch), DType::kInt64));
   if (!c.sparse) {
     put("values", kernels::Clone(s.values));
     for (const auto& [name, buffer] : s.state.buffers) put(absl::StrCat("state.", name), kernels::Clone(buffer));
-    if (!s.pending.empty()) {
+    if (open_step && !s.pending.empty()) {
       Tensor sum = kernels::Clone(s.pending[0]);
       for (size_t i = 1; i < s.pending.size(); ++i) kernels::AddInPlace(sum, s.pending[i]);
       put("sum", sum);
@@ -101,8 +102,8 @@ void Snapshot(const std::string& table, Shard& s, nn::NamedTensors& out) {
   put("ids", ids);
   put("rows", rows);
   put("steps", steps);
-  const int64_t k = static_cast<int64_t>(s.row_sum.ids().size());
-  std::vector<int64_t> sum_ids(s.row_sum.ids().begin(), s.row_sum.ids().end());
+  const int64_t k = open_step ? static_cast<int64_t>(s.row_sum.ids().size()) : 0;
+  std::vector<int64_t> sum_ids(s.row_sum.ids().begin(), s.row_sum.ids().begin() + k);
   put("sum_ids", Int64s(sum_ids));
   Tensor sum_rows = Tensor::Empty({k, c.dim});
   if (k > 0) std::memcpy(sum_rows.data<float>(), s.row_sum.values().data(), s.row_sum.values().size() * sizeof(float));

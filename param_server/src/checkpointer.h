@@ -4,7 +4,7 @@
 // Contract
 //   - Cut(servers, tables) cuts one version of every table of `servers`:
 //       1. plan: every server says where each of its shards could be cut (CutPlanMessage);
-//          the cut's step is the latest synchronous step boundary among them, its version
+//          the cut's step is the furthest synchronous step among them, its version
 //          one past the newest in any server's directory (and past this Checkpointer's
 //          last), its job the one the servers restored (they must agree) or a new one;
 //       2. register (CutMessage) on every server; a server already past the step refuses

@@ -245,7 +245,7 @@ struct EndFreezeMessage {
 struct CutPlan {
   std::vector<std::string> tables;
   std::vector<int64_t> consistency;  // per table
-  std::vector<int64_t> proposals;    // per table: kSync, the next step boundary (FreezeProposal)
+  std::vector<int64_t> proposals;    // per table: kSync, its step (steps applied); else 0
   int64_t latest_version = 0;        // the newest version in the server's directory (0: none)
   std::string job;                   // the job of the version it restored ("" if none)
   static constexpr auto Fields() {
@@ -261,9 +261,9 @@ struct CutPlanMessage {
   static constexpr auto Fields() { return std::tuple<>(); }
 };
 
-// Register version `version` of job `job`: each synchronous shard is copied when its step
-// `step` begins (at once if it is there with no push counted), the others now. ABORTED
-// when a synchronous shard is past that point (the client plans again).
+// Register version `version` of job `job`: each synchronous shard is copied as of the start
+// of step `step` (at once if it is at that step, else when it gets there), the others now.
+// ABORTED when a synchronous shard is past that step (the client plans again).
 struct CutMessage {
   static constexpr char kFunction[] = "__ps.cut";
   using Reply = Ack;

@@ -242,7 +242,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       absl::MutexLock lock(&s->mu);
       plan.tables.push_back(table);
       plan.consistency.push_back(static_cast<int64_t>(s->config.consistency));
-      plan.proposals.push_back(internal::FreezeProposal(*s));
+      plan.proposals.push_back(s->config.consistency == Consistency::kSync ? s->clock.applied() : 0);
     }
     const std::vector<int64_t> versions = internal::ListVersions(options_.checkpoint_dir);
     plan.latest_version = versions.empty() ? 0 : versions.front();
@@ -269,7 +269,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   // Copies shard `s` of `table` for a cut: its checkpoint form, and what the manifest says of it.
   static void CopyForCut(const std::string& table, Shard& s, nn::NamedTensors& out, internal::CutShard& info)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-    internal::Snapshot(table, s, out);
+    internal::Snapshot(table, s, out, /*open_step=*/false);
     info = {table,
             s.config.sparse,
             static_cast<int64_t>(s.config.consistency),
@@ -327,15 +327,14 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       if (s.config.consistency == Consistency::kSync) {
         absl::MutexLock lock(&s.mu);
         const int64_t at = s.clock.applied();
-        if (at == m.step && s.clock.pushed().empty()) {
+        if (at == m.step) {  // the step's pushes so far are not in the copy: the trainers push it again
           CopyForCut(table, s, copy, info);
           copied = true;
         } else if (at < m.step) {
           s.cut_version = m.version;
           s.cut_step = m.step;
         } else {
-          late = absl::AbortedError(absl::StrCat("table '", table, "' on ", name_, " is past step ", m.step, " (at ", at,
-                                                 s.clock.pushed().empty() ? "" : " with pushes of it", ")"));
+          late = absl::AbortedError(absl::StrCat("table '", table, "' on ", name_, " is past step ", m.step, " (at ", at, ")"));
           break;
         }
       } else {
@@ -374,7 +373,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     if (s.cut_version == 0) return nullptr;
     const int64_t at = s.clock.applied();
-    if (at < s.cut_step || (at == s.cut_step && !s.clock.pushed().empty())) return nullptr;
+    if (at < s.cut_step) return nullptr;
     const int64_t version = s.cut_version;
     s.cut_version = 0;
     std::shared_ptr<PendingCut> cut;

@@ -102,9 +102,12 @@ class Shard {
 };
 
 // Checkpoint form of a shard: named tensors "<table>|<field>". Snapshot copies the
-// shard's data; Restore rebuilds every table of a checkpoint (each shard's clock marked
-// restored).
-void Snapshot(const std::string& table, Shard& s, nn::NamedTensors& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+// shard's data, with the open synchronous step's pushes (`open_step`: what a re-sharding
+// moves) or as of that step's start (a checkpoint's cut: the values and state at the
+// step, which the trainers push again); Restore rebuilds every table of a checkpoint
+// (each shard's clock marked restored).
+void Snapshot(const std::string& table, Shard& s, nn::NamedTensors& out, bool open_step = true)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
 absl::StatusOr<std::vector<std::pair<std::string, std::unique_ptr<Shard>>>> Restore(const nn::NamedTensors& in);
 
 }  // namespace gw::param_server::internal

@@ -112,8 +112,8 @@ TEST(CheckpointTest, AFreshServerContinuesFromTheCheckpointExactly) {
 // A checkpoint, then steps the restart of the server (alone) loses: the trainers' next
 // pushes move the restored table to their step, and training goes on from the
 // checkpoint's values. A bounded sparse table whose capacity is not a multiple of the
-// stripes restores too. A checkpoint asked for in the middle of a synchronous step is cut
-// at the end of that step.
+// stripes restores too. A checkpoint asked for in the middle of a synchronous step is as
+// of that step's start.
 TEST(CheckpointTest, RestoredSynchronousTableJoinsTrainersThatAreAhead) {
   const ScopedTempDir scoped_dir("ckpt_ahead");
   const std::string dir = scoped_dir.path();
@@ -136,11 +136,11 @@ TEST(CheckpointTest, RestoredSynchronousTableJoinsTrainersThatAreAhead) {
     ASSERT_TRUE(c0.PullRows("emb", 0, Ids(many)).Get().ok());  // fills the 13 rows
     ASSERT_TRUE(c0.Checkpoint().Get().ok());  // at step 0
     ASSERT_TRUE(c0.Push("w", 0, Tensor::Ones({4})).Get().ok());
-    Future<CheckpointInfo> mid_step = c0.Checkpoint();  // step 0 open, trainer 0 in it: cut once it ends
-    ASSERT_TRUE(c1.Push("w", 0, Tensor::Ones({4})).Get().ok());
-    absl::StatusOr<CheckpointInfo> second = mid_step.Get();
+    // Step 0 open, trainer 0's push in it: the cut is as of the step's start.
+    absl::StatusOr<CheckpointInfo> second = c0.Checkpoint().Get();
     ASSERT_TRUE(second.ok()) << second.status();
-    EXPECT_EQ(second->step, 1);
+    EXPECT_EQ(second->step, 0);
+    ASSERT_TRUE(c1.Push("w", 0, Tensor::Ones({4})).Get().ok());
     EXPECT_EQ(second->version, 2);
     for (int step = 1; step < 3; ++step) {
       Future<Tensor> a = c0.PushPull("w", step, Tensor::Ones({4}));
@@ -148,7 +148,7 @@ TEST(CheckpointTest, RestoredSynchronousTableJoinsTrainersThatAreAhead) {
       ASSERT_TRUE(a.Get().ok());
     }
   }
-  std::filesystem::remove_all(dir + "/v00000002");  // the version at step 0 is restored
+  std::filesystem::remove_all(dir + "/v00000002");  // the first version is restored
   auto g = deploy();
   ASSERT_NE(g, nullptr) << "the checkpoint (a sparse table of capacity 13 on 8 stripes) loads";
   Client c0((*g)[1], {"worker0"}, 0, 2), c1((*g)[2], {"worker0"}, 1, 2);

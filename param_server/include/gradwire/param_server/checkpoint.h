@@ -11,9 +11,10 @@
 //                                  its last line is the CRC32C of the rest
 //
 // Contract
-//   - One version is one moment of training: every synchronous table of every server at
-//     the same step (each shard copied in memory the moment that step begins, so training
-//     stalls only for the copy; the files are written in the background). Asynchronous and
+//   - One version is one moment of training: every synchronous table of every server as
+//     of the start of the same step (each shard's values and optimizer state copied in
+//     memory when it is at that step, so training stalls only for the copy; the files are
+//     written in the background; a resumed job pushes that step again). Asynchronous and
 //     bounded-staleness shards are copied when the cut reaches them (they have no common
 //     step). A version without its MANIFEST was cut short and is never read.
 //   - Who cuts: Client::Checkpoint() (now), or the one client of a job with

@@ -60,9 +60,11 @@
 //   - Checkpoints (options.checkpoint_dir non-empty; checkpoint.h says what a user sees):
 //     a client cuts a version of every table (CutPlanMessage, CutMessage,
 //     CutWrittenMessage, CutCommitMessage, CutAbandonMessage): a synchronous shard is
-//     copied under its lock the moment the cut's step begins (its step boundary: every
-//     push of the step before applied, none of the next counted), the others when the
-//     cut is registered; the copy is written in the background by the server's writer
+//     copied under its lock as of the start of the cut's step (its values and optimizer
+//     state once the step before was applied; the pushes of the cut's step that arrived
+//     are not copied: after a restore the trainers push that step again), at once when
+//     it is at that step, else the moment it gets there; the others when the cut is
+//     registered; the copy is written in the background by the server's writer
 //     thread to "<dir>/v<version>/<worker name>.gwps" and, once the client sends the
 //     manifest, the version is complete and the versions beyond options.checkpoint_keep
 //     are removed. Install restores the newest usable version (checkpoint.h), unless
