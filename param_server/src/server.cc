@@ -850,7 +850,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
         std::fprintf(stderr,
                      "gradwire: %s: restored at step %lld, continues at its trainers' step %lld: this shard's updates "
                      "of the steps in between are lost (more frequent checkpoints lose fewer)\n",
-                     where.c_str(), static_cast<long long>(before), static_cast<long long>(s.clock.applied() - 1));
+                     where.c_str(), static_cast<long long>(before),
+                     static_cast<long long>(s.clock.applied() - (s.clock.pushed().empty() ? 1 : 0)));
       }
       const absl::Time copy_start = absl::Now();
       cut = CopyIfCut(table, s, copy, info, missed);
