@@ -2,7 +2,7 @@
 // BENCHMARKS.md for gradwire. One parameter server (rank 0, a child process),
 // two trainers (this process is trainer 0, rank 1; a child is trainer 1, rank 2).
 //
-//   ps_bench [--quick] [dense|sparse]
+//   ps_bench [--quick] [dense|sparse|checkpoint]
 //
 // dense (W6): the server holds an MLP 784-512-512-10 as dense tables (one per parameter,
 // all exchanged in one message per step); each step a trainer computes gradients on a
@@ -19,12 +19,20 @@
 // as the PyTorch script does. rows_per_s_sum = 2 trainers * steps * 4096 * 2 / wall, the
 // wall time from the common start to the last trainer's last acknowledged push. The
 // server reports its rows and memory (bytes / raw row bytes) on stderr.
+// checkpoint (issue 28): W6 for 2,000 timed steps with no checkpoints and with trainer 0
+// cutting a checkpoint every second (the server writing versions into a fresh directory
+// under /tmp), alternately, three times each: the medians of steps/s of both, their
+// ratio, and the server's last checkpoint: the copy that stalls training, the background
+// write and the file's size.
 #include <cstdlib>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "bench_util.h"
 #include "gradwire/gradwire.h"
 #include "gradwire/param_server/client.h"
@@ -57,9 +65,21 @@ constexpr int64_t kIds = 4096, kDim = 64, kRows = 1000000;
 
 int Serve(int port) {
   std::shared_ptr<ps::ParameterServer> server;
-  auto agent = gw::rpc::Agent::Start(Options(0, port), [&](gw::rpc::Agent& a) { server = *ps::ParameterServer::Install(a); });
+  ps::ServerOptions options;
+  if (const char* dir = std::getenv("GW_BENCH_CHECKPOINT_DIR")) options.checkpoint_dir = dir;
+  auto agent =
+      gw::rpc::Agent::Start(Options(0, port), [&](gw::rpc::Agent& a) { server = *ps::ParameterServer::Install(a, options); });
   if (!agent.ok()) Fail("server start", agent.status());
   const bool ok = (*agent)->Shutdown().ok();
+  if (!options.checkpoint_dir.empty()) {
+    const ps::CheckpointStats c = server->checkpoint_stats();
+    // One line the driver reads (the store is gone by now): versions written, failed, the
+    // last copy and write in ms, the last file's bytes.
+    std::printf("checkpoints %lld %lld %.3f %.3f %lld\n", static_cast<long long>(c.written),
+                static_cast<long long>(c.failed), absl::ToDoubleMilliseconds(c.last_copy),
+                absl::ToDoubleMilliseconds(c.last_write), static_cast<long long>(c.last_bytes));
+    std::fflush(stdout);
+  }
   if (absl::StatusOr<ps::SparseShardStats> s = server->sparse_stats("emb"); s.ok()) {
     std::fprintf(stderr, "sparse_embedding_ps: server holds %lld rows in %.1f MB, %.3fx the raw row bytes\n",
                  static_cast<long long>(s->rows), static_cast<double>(s->bytes) / 1e6,
@@ -130,10 +150,11 @@ std::vector<gw::Tensor> Gradients(const std::vector<gw::Tensor>& params, const g
 
 // Runs warm-up + timed steps as trainer `trainer`; returns the timed steps' wall seconds
 // and the parameter bytes of the model.
-std::pair<double, int64_t> Train(int port, int trainer, int warmup, int steps) {
+std::pair<double, int64_t> Train(int port, int trainer, int warmup, int steps,
+                                 absl::Duration checkpoint_every = absl::ZeroDuration()) {
   auto agent = gw::rpc::Agent::Start(Options(1 + trainer, port));
   if (!agent.ok()) Fail("trainer start", agent.status());
-  ps::Client client(**agent, {"worker0"}, trainer, 2);
+  ps::Client client(**agent, {"worker0"}, trainer, 2, ps::ClientOptions{.checkpoint_every = checkpoint_every});
   gw::Generator gen(0);
   auto model = std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
       std::make_shared<gw::nn::Linear>(784, 512, gen), std::make_shared<gw::nn::ReLU>(),
@@ -186,22 +207,100 @@ std::pair<double, int64_t> Train(int port, int trainer, int warmup, int steps) {
 
 }  // namespace
 
+// One W6 run with fresh processes: steps/s summed over both trainers, and the server's
+// "checkpoints ..." line (empty without `checkpoint_dir`).
+std::pair<double, std::string> DenseRun(int warmup, int steps, const std::string& checkpoint_dir) {
+  absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
+  if (!port.ok()) Fail("port", port.status());
+  std::vector<std::pair<std::string, std::string>> env = {{"GW_BENCH_PORT", std::to_string(*port)},
+                                                          {"GW_BENCH_WORKLOAD", "dense"},
+                                                          {"GW_BENCH_STEPS", std::to_string(steps)}};
+  if (!checkpoint_dir.empty()) env.emplace_back("GW_BENCH_CHECKPOINT_DIR", checkpoint_dir);
+  env.emplace_back("GW_BENCH_ROLE", "server");
+  int out[2];
+  if (::pipe(out) != 0) Fail("pipe", absl::ErrnoToStatus(errno, "pipe"));
+  const int saved = ::dup(1);
+  ::dup2(out[1], 1);  // the server's stdout: its checkpoint line
+  const pid_t server = gw::bench::SpawnSelf(env);
+  ::dup2(saved, 1);
+  ::close(saved);
+  ::close(out[1]);
+  env.back().second = "trainer";
+  const pid_t other = gw::bench::SpawnSelf(env);
+  auto [secs, bytes] =
+      Train(*port, 0, warmup, steps, checkpoint_dir.empty() ? absl::ZeroDuration() : absl::Seconds(1));
+  int status = 0;
+  for (pid_t child : {server, other}) {
+    ::waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Fail("child", absl::InternalError("a child process failed"));
+  }
+  std::string line;
+  char buf[256];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) line.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  return {2.0 * steps / secs, line};
+}
+
+int CheckpointCost(bool quick) {
+  const int warmup = 5, steps = quick ? 300 : 2000;
+  std::fprintf(stderr, "param_server_checkpoint: W6, %d timed steps, no checkpoints vs one a second, 3 runs each\n",
+               steps);
+  std::vector<double> none, every;
+  std::string last;
+  for (int round = 0; round < 3; ++round) {
+    none.push_back(DenseRun(warmup, steps, "").first);
+    char dir_template[] = "/tmp/gw_bench_ckpt_XXXXXX";
+    if (::mkdtemp(dir_template) == nullptr) Fail("mkdtemp", absl::ErrnoToStatus(errno, "mkdtemp"));
+    auto [rate, line] = DenseRun(warmup, steps, dir_template);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_template, ec);
+    every.push_back(rate);
+    last = line;
+    std::fprintf(stderr, "param_server_checkpoint: round %d: %.1f steps/s without, %.1f with (server: %s)\n", round,
+                 none.back(), every.back(), line.empty() ? "no line" : line.substr(0, line.size() - 1).c_str());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  gw::bench::Report("param_server_checkpoint", "steps_per_s_none", median(none), "steps/s");
+  gw::bench::Report("param_server_checkpoint", "steps_per_s_every_1s", median(every), "steps/s");
+  gw::bench::Report("param_server_checkpoint", "steps_ratio", median(every) / median(none), "fraction");
+  long long written = 0, failed = 0, bytes = 0;
+  double copy_ms = 0, write_ms = 0;
+  if (std::sscanf(last.c_str(), "checkpoints %lld %lld %lf %lf %lld", &written, &failed, &copy_ms, &write_ms, &bytes) ==
+      5) {
+    gw::bench::Report("param_server_checkpoint", "versions_written", static_cast<double>(written), "versions");
+    gw::bench::Report("param_server_checkpoint", "copy_ms", copy_ms, "ms");
+    gw::bench::Report("param_server_checkpoint", "write_ms", write_ms, "ms");
+    gw::bench::Report("param_server_checkpoint", "file_mb", static_cast<double>(bytes) / 1e6, "MB");
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  bool quick = false, sparse = false;
+  bool quick = false, sparse = false, checkpoint = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (std::strcmp(argv[i], "sparse") == 0) {
       sparse = true;
+    } else if (std::strcmp(argv[i], "checkpoint") == 0) {
+      checkpoint = true;
     } else if (std::strcmp(argv[i], "dense") != 0) {
-      std::fprintf(stderr, "usage: ps_bench [--quick] [dense|sparse]\n");
+      std::fprintf(stderr, "usage: ps_bench [--quick] [dense|sparse|checkpoint]\n");
       return 2;
     }
   }
   // Children get the parent's choices through the environment.
   if (const char* w = std::getenv("GW_BENCH_WORKLOAD")) sparse = std::strcmp(w, "sparse") == 0;
   if (std::getenv("GW_BENCH_QUICK")) quick = true;
-  const int warmup = quick ? 2 : 5, steps = sparse ? (quick ? 20 : 200) : (quick ? 10 : 100);
+  int warmup = quick ? 2 : 5, steps = sparse ? (quick ? 20 : 200) : (quick ? 10 : 100);
+  if (const char* n = std::getenv("GW_BENCH_STEPS")) {
+    if (!absl::SimpleAtoi(n, &steps)) return 2;
+    warmup = 5;
+  }
+  if (checkpoint && std::getenv("GW_BENCH_ROLE") == nullptr) return CheckpointCost(quick);
   if (const char* role = std::getenv("GW_BENCH_ROLE")) {
     int port = 0;
     if (!absl::SimpleAtoi(std::getenv("GW_BENCH_PORT"), &port)) return 2;
