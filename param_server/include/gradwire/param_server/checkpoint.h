@@ -1,8 +1,9 @@
 // Checkpoints of a parameter-server deployment: what a user sees of them.
 //
 // A checkpoint is a numbered version in the servers' checkpoint directory
-// (ServerOptions::checkpoint_dir; shared by the servers: one host, or a network file
-// system):
+// (ServerOptions::checkpoint_dir: shared by the servers, on one host or a network file
+// system; or one per host, where each server checks only the files it has, and a reader
+// needs every server's file):
 //
 //   <dir>/v00000012/worker0.gwps   each server's tables (nn/serialize.h: every entry and
 //   <dir>/v00000012/worker1.gwps   the whole file checksummed with CRC32C)
