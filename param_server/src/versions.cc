@@ -110,8 +110,12 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& version_dir) {
 absl::Status CheckVersion(const std::string& version_dir, const Manifest& manifest, CheckScope scope,
                           const std::string& server) {
   if (scope == CheckScope::kPresent && manifest.FileOf(server) == nullptr) {
-    return absl::NotFoundError(absl::StrCat(version_dir, " has no file of ", server, " (its manifest lists ",
-                                            manifest.files.size(), " servers' files)"));
+    std::vector<std::string> servers;
+    for (const ManifestFile& f : manifest.files) servers.push_back(f.server);
+    return absl::FailedPreconditionError(absl::StrCat(
+        version_dir, " was written by ", absl::StrJoin(servers, ", "), ", and ", server,
+        " is not one of them: restart the job with the servers that wrote it (a job cannot yet be restored onto "
+        "other servers)"));
   }
   for (const ManifestFile& f : manifest.files) {
     const std::string path = absl::StrCat(version_dir, "/", f.name);
