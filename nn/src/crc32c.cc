@@ -4,7 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
-#include <nmmintrin.h>
+#include <immintrin.h>
 #endif
 
 namespace gw::nn {
@@ -41,6 +41,9 @@ constexpr uint32_t XPow8n(uint64_t n) {
   }
   return result;
 }
+
+// x^n mod P, for any number of bits n.
+constexpr uint32_t XPowBits(uint64_t n) { return MultModP(1u << (31 - n % 8), XPow8n(n / 8)); }
 
 using ByteTables = std::array<std::array<uint32_t, 256>, 8>;
 
@@ -140,9 +143,9 @@ __attribute__((target("sse4.2"))) inline uint64_t Rounds(uint64_t l, const uint8
 
 }  // namespace
 
-bool HasHardware() { return __builtin_cpu_supports("sse4.2"); }
+bool HasSse42() { return __builtin_cpu_supports("sse4.2"); }
 
-__attribute__((target("sse4.2"))) uint32_t ExtendHardware(uint32_t crc, const void* data, size_t n) {
+__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   uint64_t l = ~crc;
   for (; n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0; ++p, --n) {
@@ -155,18 +158,95 @@ __attribute__((target("sse4.2"))) uint32_t ExtendHardware(uint32_t crc, const vo
   return ~static_cast<uint32_t>(l);
 }
 
-#else  // not x86-64: no hardware path
+namespace {
 
-bool HasHardware() { return false; }
-uint32_t ExtendHardware(uint32_t crc, const void* data, size_t n) { return ExtendPortable(crc, data, n); }
+// Folding (Intel's "Fast CRC Computation Using PCLMULQDQ", on 512-bit registers). The
+// data is a polynomial, taken 16-byte block by block; a block B followed by D more bits
+// stands for B * x^D, and modulo P
+//   B * x^D = H * x^(D + 64) + L * x^D
+// where H is B's high-degree half (its first 8 bytes: the bits are reflected) and L the
+// other. A carry-less product of a 64-bit half and a 32-bit constant k lands in a reflected
+// 128-bit block as half * k * x^33, so the constants are k_lo = x^(D + 31) mod P (for H)
+// and k_hi = x^(D - 33) mod P (for L). The < 96-bit result is xored into the block D bits
+// on: folding keeps the value modulo P, and the one block left at the end, put through the
+// CRC32 instruction, has the CRC of everything folded into it.
+struct FoldConstants {
+  uint32_t lo, hi;
+};
+constexpr FoldConstants Fold(uint64_t bits) { return {XPowBits(bits + 31), XPowBits(bits - 33)}; }
+constexpr FoldConstants kFold2048 = Fold(2048), kFold512 = Fold(512), kFold384 = Fold(384),
+                        kFold256 = Fold(256), kFold128 = Fold(128);
+
+#define GW_AVX512_CLMUL __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2")))
+
+GW_AVX512_CLMUL inline __m128i Constants128(FoldConstants k) { return _mm_set_epi64x(k.hi, k.lo); }
+GW_AVX512_CLMUL inline __m512i Constants512(FoldConstants k) {
+  return _mm512_set_epi64(k.hi, k.lo, k.hi, k.lo, k.hi, k.lo, k.hi, k.lo);
+}
+
+// x folded over `next` (four blocks at once, each by the same distance).
+GW_AVX512_CLMUL inline __m512i FoldOver(__m512i x, __m512i k, __m512i next) {
+  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00), _mm512_clmulepi64_epi128(x, k, 0x11),
+                                   next, 0x96);  // a ^ b ^ c
+}
+GW_AVX512_CLMUL inline __m128i FoldOver(__m128i x, FoldConstants k, __m128i next) {
+  const __m128i c = Constants128(k);
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, c, 0x00), _mm_clmulepi64_si128(x, c, 0x11)), next);
+}
+
+}  // namespace
+
+bool HasAvx512Clmul() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq"); }
+
+GW_AVX512_CLMUL uint32_t ExtendAvx512Clmul(uint32_t crc, const void* data, size_t n) {
+  if (n < 256) return ExtendSse42(crc, data, n);
+  const auto* p = static_cast<const uint8_t*>(data);
+  // Four registers of four blocks, 256 bytes a round; the register (the CRC so far) is
+  // xored into the first 32 bits of data.
+  __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64), x2 = _mm512_loadu_si512(p + 128),
+          x3 = _mm512_loadu_si512(p + 192);
+  x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128(static_cast<int>(~crc))));
+  p += 256;
+  n -= 256;
+  const __m512i k2048 = Constants512(kFold2048);
+  for (; n >= 256; p += 256, n -= 256) {
+    x0 = FoldOver(x0, k2048, _mm512_loadu_si512(p));
+    x1 = FoldOver(x1, k2048, _mm512_loadu_si512(p + 64));
+    x2 = FoldOver(x2, k2048, _mm512_loadu_si512(p + 128));
+    x3 = FoldOver(x3, k2048, _mm512_loadu_si512(p + 192));
+  }
+  // Into one register, then 64 bytes at a time, then its four blocks into one.
+  const __m512i k512 = Constants512(kFold512);
+  x3 = FoldOver(FoldOver(FoldOver(x0, k512, x1), k512, x2), k512, x3);
+  for (; n >= 64; p += 64, n -= 64) x3 = FoldOver(x3, k512, _mm512_loadu_si512(p));
+  alignas(64) __m128i blocks[4];
+  _mm512_store_si512(blocks, x3);
+  __m128i r = FoldOver(blocks[0], kFold384, blocks[3]);
+  r = FoldOver(blocks[1], kFold256, r);
+  r = FoldOver(blocks[2], kFold128, r);
+  uint64_t l = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(r)));
+  l = _mm_crc32_u64(l, static_cast<uint64_t>(_mm_extract_epi64(r, 1)));
+  return ExtendSse42(~static_cast<uint32_t>(l), p, n);  // the last < 64 bytes
+}
+
+#undef GW_AVX512_CLMUL
+
+#else  // not x86-64: no hardware paths
+
+bool HasSse42() { return false; }
+uint32_t ExtendSse42(uint32_t crc, const void* data, size_t n) { return ExtendPortable(crc, data, n); }
+bool HasAvx512Clmul() { return false; }
+uint32_t ExtendAvx512Clmul(uint32_t crc, const void* data, size_t n) { return ExtendPortable(crc, data, n); }
 
 #endif
 
 }  // namespace crc32c_internal
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
-  return crc32c_internal::HasHardware() ? crc32c_internal::ExtendHardware(crc, data, n)
-                                        : crc32c_internal::ExtendPortable(crc, data, n);
+  using namespace crc32c_internal;  // NOLINT: the implementations
+  if (HasAvx512Clmul()) return ExtendAvx512Clmul(crc, data, n);
+  if (HasSse42()) return ExtendSse42(crc, data, n);
+  return ExtendPortable(crc, data, n);
 }
 
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {

@@ -2,15 +2,18 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,10 +31,6 @@ constexpr size_t kHeaderBytes = 4 + 4 + 8;
 constexpr size_t kTrailerBytes = 8 + 4;
 constexpr uint32_t kMaxNameBytes = 4096;
 constexpr uint8_t kMaxDims = 16;
-// Payloads are checksummed and written in pieces of this size, so that each piece is
-// still in the cache when write() copies it.
-constexpr size_t kChunkBytes = 256 << 10;
-
 static_assert(std::endian::native == std::endian::little, "the file format is little-endian");
 
 template <typename T>
@@ -61,97 +60,94 @@ class ScopedFd {
   int fd_;
 };
 
-// Writes a file through a small buffer, extending a CRC over what it writes. Large spans
-// skip the buffer: each chunk is checksummed, then written while it is still in the cache.
-class ChecksummingWriter {
+// A version 2 file as the pieces to write, checksums computed: the tensors' payloads in
+// place, and between them the small parts in strings (header + first entry's metadata,
+// each entry's CRC + the next one's metadata, the last CRC + the trailer). Each payload is
+// read once, by its entry's CRC; the whole-file CRC is combined from the entries' CRCs
+// (Crc32cCombine), not computed again over the bytes.
+class FileImage {
  public:
-  explicit ChecksummingWriter(int fd) : fd_(fd) { buffer_.reserve(kChunkBytes); }
-
-  // Appends n bytes, extending *crc over them. False on a write error (errno set).
-  bool Append(const void* data, size_t n, uint32_t* crc) {
-    const char* p = static_cast<const char*>(data);
-    if (n < kChunkBytes) {
-      *crc = Crc32cExtend(*crc, p, n);
-      if (buffer_.size() + n > kChunkBytes && !Flush()) return false;
-      buffer_.append(p, n);
-      return true;
+  explicit FileImage(const NamedTensors& tensors) : small_(tensors.size() + 1) {
+    std::string* s = &small_[0];
+    s->append(kMagic, 4);
+    Put<uint32_t>(s, kVersion);
+    Put<uint64_t>(s, tensors.size());
+    uint32_t file_crc = Crc32c(s->data(), s->size());
+    uint64_t file_bytes = s->size();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& [name, t] = tensors[i];
+      const Tensor& c = payloads_.emplace_back(kernels::Contiguous(t));
+      const size_t meta_start = s->size();
+      Put<uint32_t>(s, static_cast<uint32_t>(name.size()));
+      s->append(name);
+      Put<uint8_t>(s, static_cast<uint8_t>(t.dtype()));
+      Put<uint8_t>(s, static_cast<uint8_t>(t.dim()));
+      for (int64_t d : t.sizes()) Put<int64_t>(s, d);
+      Put<uint64_t>(s, c.nbytes());
+      const size_t meta_bytes = s->size() - meta_start;
+      const uint32_t entry_crc = Crc32cExtend(Crc32c(s->data() + meta_start, meta_bytes), c.raw_data(), c.nbytes());
+      file_crc = Crc32cCombine(file_crc, entry_crc, meta_bytes + c.nbytes());
+      file_crc = Crc32cExtend(file_crc, &entry_crc, sizeof(entry_crc));
+      file_bytes += meta_bytes + c.nbytes() + sizeof(entry_crc);
+      s = &small_[i + 1];
+      Put<uint32_t>(s, entry_crc);
     }
-    if (!Flush()) return false;
-    for (size_t off = 0; off < n; off += kChunkBytes) {
-      const size_t len = std::min(kChunkBytes, n - off);
-      *crc = Crc32cExtend(*crc, p + off, len);
-      if (!WriteAll(p + off, len)) return false;
-    }
-    return true;
+    const size_t trailer_start = s->size();
+    Put<uint64_t>(s, file_bytes);
+    Put<uint32_t>(s, file_crc);
+    digest_ = {file_bytes + kTrailerBytes, Crc32cExtend(file_crc, s->data() + trailer_start, kTrailerBytes)};
   }
 
-  bool Flush() {
-    const bool ok = WriteAll(buffer_.data(), buffer_.size());
-    buffer_.clear();
-    return ok;
-  }
+  const FileDigest& digest() const { return digest_; }
 
- private:
-  bool WriteAll(const char* p, size_t n) {
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
+  // Writes every piece to fd (writev, as few calls as IOV_MAX allows). False on an error
+  // (errno set).
+  bool WriteTo(int fd) const {
+    std::vector<iovec> pieces;
+    for (size_t i = 0; i < small_.size(); ++i) {
+      pieces.push_back({const_cast<char*>(small_[i].data()), small_[i].size()});
+      if (i < payloads_.size() && payloads_[i].nbytes() > 0) {
+        pieces.push_back({const_cast<void*>(payloads_[i].raw_data()), payloads_[i].nbytes()});
+      }
+    }
+    for (size_t next = 0; next < pieces.size();) {
+      const int count = static_cast<int>(std::min<size_t>(pieces.size() - next, IOV_MAX));
+      const ssize_t w = ::writev(fd, &pieces[next], count);
       if (w < 0) {
         if (errno == EINTR) continue;
         return false;
       }
-      p += w;
-      n -= static_cast<size_t>(w);
+      if (w == 0) {  // nothing written with bytes left: not a regular file's behaviour
+        errno = EIO;
+        return false;
+      }
+      // Skip what was written; a piece written in part is advanced.
+      for (size_t left = static_cast<size_t>(w); left > 0;) {
+        iovec& piece = pieces[next];
+        const size_t step = std::min(left, piece.iov_len);
+        piece.iov_base = static_cast<char*>(piece.iov_base) + step;
+        piece.iov_len -= step;
+        left -= step;
+        if (piece.iov_len == 0) ++next;
+      }
+      while (next < pieces.size() && pieces[next].iov_len == 0) ++next;
     }
     return true;
   }
 
-  int fd_;
-  std::string buffer_;
+ private:
+  std::vector<std::string> small_;
+  std::vector<Tensor> payloads_;  // contiguous (copies of the strided ones)
+  FileDigest digest_;
 };
-
-// The entries and trailer of a version 2 file after its header; fills *digest.
-bool WriteBody(ChecksummingWriter& out, const std::string& header, const NamedTensors& tensors,
-               FileDigest* digest) {
-  // The whole-file CRC is combined from the pieces' CRCs (Crc32cCombine), so every byte is
-  // checksummed once.
-  uint32_t file_crc = 0;
-  if (!out.Append(header.data(), header.size(), &file_crc)) return false;
-  uint64_t file_bytes = header.size();
-  for (const auto& [name, t] : tensors) {
-    const Tensor c = kernels::Contiguous(t);
-    std::string meta;
-    Put<uint32_t>(&meta, static_cast<uint32_t>(name.size()));
-    meta += name;
-    Put<uint8_t>(&meta, static_cast<uint8_t>(t.dtype()));
-    Put<uint8_t>(&meta, static_cast<uint8_t>(t.dim()));
-    for (int64_t d : t.sizes()) Put<int64_t>(&meta, d);
-    Put<uint64_t>(&meta, c.nbytes());
-    uint32_t entry_crc = 0;
-    if (!out.Append(meta.data(), meta.size(), &entry_crc) ||
-        !out.Append(c.raw_data(), c.nbytes(), &entry_crc)) {
-      return false;
-    }
-    const uint64_t entry_bytes = meta.size() + c.nbytes();
-    file_crc = Crc32cCombine(file_crc, entry_crc, entry_bytes);
-    if (!out.Append(&entry_crc, sizeof(entry_crc), &file_crc)) return false;
-    file_bytes += entry_bytes + sizeof(entry_crc);
-  }
-  std::string trailer;
-  Put<uint64_t>(&trailer, file_bytes);
-  Put<uint32_t>(&trailer, file_crc);
-  digest->bytes = file_bytes + trailer.size();
-  digest->crc32c = file_crc;
-  return out.Append(trailer.data(), trailer.size(), &digest->crc32c) && out.Flush();
-}
 
 // fsync of the directory holding `path`, so that a rename into it is durable.
 absl::Status SyncDirectoryOf(const std::string& path) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Errno(absl::StrCat("SaveTensors: '", path, "' is in place, but cannot open its directory"), dir);
-  ScopedFd closer(fd);
-  if (::fsync(fd) != 0) return Errno(absl::StrCat("SaveTensors: '", path, "' is in place, but cannot sync its directory"), dir);
+  const ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return Errno(absl::StrCat("SaveTensors: '", path, "' is in place, but cannot open its directory"), dir);
+  if (::fsync(fd.get()) != 0) return Errno(absl::StrCat("SaveTensors: '", path, "' is in place, but cannot sync its directory"), dir);
   return absl::OkStatus();
 }
 
@@ -165,16 +161,11 @@ absl::Status SaveTensors(const std::string& path, const NamedTensors& tensors, F
           int{kMaxDims}, " dims, or a name over ", kMaxNameBytes, " bytes)"));
     }
   }
-  std::string header;
-  header.append(kMagic, 4);
-  Put<uint32_t>(&header, kVersion);
-  Put<uint64_t>(&header, tensors.size());
+  const FileImage image(tensors);
   const std::string tmp = path + ".tmp";
   ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return Errno("SaveTensors: cannot create", tmp);
-  ChecksummingWriter out(fd.get());
-  FileDigest written;
-  if (!WriteBody(out, header, tensors, &written) || ::fsync(fd.get()) != 0) {
+  if (!image.WriteTo(fd.get()) || ::fsync(fd.get()) != 0) {
     absl::Status s = Errno("SaveTensors: cannot write", tmp);
     ::unlink(tmp.c_str());
     return s;
@@ -190,7 +181,7 @@ absl::Status SaveTensors(const std::string& path, const NamedTensors& tensors, F
     return s;
   }
   if (absl::Status s = SyncDirectoryOf(path); !s.ok()) return s;
-  if (digest != nullptr) *digest = written;
+  if (digest != nullptr) *digest = image.digest();
   return absl::OkStatus();
 }
 

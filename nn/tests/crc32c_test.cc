@@ -12,17 +12,25 @@
 namespace gw::nn {
 namespace {
 
-using crc32c_internal::ExtendHardware;
 using crc32c_internal::ExtendPortable;
-using crc32c_internal::HasHardware;
+using Extend = uint32_t (*)(uint32_t, const void*, size_t);
 
 uint32_t Of(const std::string& s) { return Crc32c(s.data(), s.size()); }
 
+// The hardware implementations this CPU can run.
+std::vector<std::pair<std::string, Extend>> HardwareImplementations() {
+  std::vector<std::pair<std::string, Extend>> out;
+  if (crc32c_internal::HasSse42()) out.emplace_back("sse4.2", &crc32c_internal::ExtendSse42);
+  if (crc32c_internal::HasSse42() && crc32c_internal::HasAvx512Clmul()) {
+    out.emplace_back("avx512 vpclmulqdq", &crc32c_internal::ExtendAvx512Clmul);
+  }
+  return out;
+}
+
 // Every implementation this CPU can run, so the vectors check each of them.
-std::vector<std::pair<std::string, uint32_t (*)(uint32_t, const void*, size_t)>> Implementations() {
-  std::vector<std::pair<std::string, uint32_t (*)(uint32_t, const void*, size_t)>> out = {
-      {"dispatch", &Crc32cExtend}, {"portable", &ExtendPortable}};
-  if (HasHardware()) out.emplace_back("hardware", &ExtendHardware);
+std::vector<std::pair<std::string, Extend>> Implementations() {
+  std::vector<std::pair<std::string, Extend>> out = {{"dispatch", &Crc32cExtend}, {"portable", &ExtendPortable}};
+  for (const auto& hardware : HardwareImplementations()) out.push_back(hardware);
   return out;
 }
 
@@ -74,27 +82,32 @@ TEST(Crc32cTest, ExtendAndCombineEqualTheWholeBuffer) {
   EXPECT_EQ(crc, Crc32c(data.data(), 1000));
 }
 
-// Lengths around every boundary of the hardware path (8-byte words, 3 x 256-byte and
-// 3 x 8192-byte rounds) at every alignment: the same CRC as the portable loop.
+// Lengths around every boundary of the hardware paths (8-byte words; the 256-byte rounds
+// and 64-byte steps of folding; 3 x 256-byte and 3 x 8192-byte rounds of three streams)
+// at every alignment, and long buffers of random lengths: the same CRC as the portable
+// loop, from any starting CRC.
 TEST(Crc32cTest, HardwareEqualsPortableAtEveryLengthAndAlignment) {
-  if (!HasHardware()) GTEST_SKIP() << "no SSE4.2 on this CPU";
+  if (HardwareImplementations().empty()) GTEST_SKIP() << "no SSE4.2 on this CPU";
   const std::string data = RandomBytes(3 * 8192 * 3 + 64, 2);
   std::vector<size_t> lengths;
-  for (size_t n = 0; n <= 100; ++n) lengths.push_back(n);
+  for (size_t n = 0; n <= 600; ++n) lengths.push_back(n);
   for (size_t base : {size_t{768}, size_t{1536}, size_t{24576}, size_t{49152}, size_t{73728}}) {
-    for (size_t d = 0; d <= 17; ++d) {
+    for (size_t d = 0; d <= 70; ++d) {
       lengths.push_back(base + d);
       lengths.push_back(base - d);
     }
   }
   std::mt19937_64 gen(3);
   for (int i = 0; i < 200; ++i) lengths.push_back(gen() % (data.size() - 8));
-  for (size_t offset = 0; offset < 8; ++offset) {
-    for (size_t n : lengths) {
-      if (offset + n > data.size()) continue;
-      const char* p = data.data() + offset;
-      ASSERT_EQ(ExtendHardware(0, p, n), ExtendPortable(0, p, n)) << "offset " << offset << " length " << n;
-      ASSERT_EQ(ExtendHardware(0x12345678, p, n), ExtendPortable(0x12345678, p, n)) << offset << " " << n;
+  for (const auto& [name, extend] : HardwareImplementations()) {
+    SCOPED_TRACE(name);
+    for (size_t offset = 0; offset < 8; ++offset) {
+      for (size_t n : lengths) {
+        if (offset + n > data.size()) continue;
+        const char* p = data.data() + offset;
+        ASSERT_EQ(extend(0, p, n), ExtendPortable(0, p, n)) << "offset " << offset << " length " << n;
+        ASSERT_EQ(extend(0x12345678, p, n), ExtendPortable(0x12345678, p, n)) << offset << " " << n;
+      }
     }
   }
 }

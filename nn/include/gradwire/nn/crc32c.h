@@ -9,12 +9,14 @@
 //     Crc32cExtend(Crc32c(a), b), and Crc32cExtend(0, data, n) == Crc32c(data, n).
 //   - Crc32cCombine(crc_a, crc_b, len_b) == Crc32c(a + b) given only Crc32c(a), Crc32c(b)
 //     and b's length, in O(log len_b) without reading the bytes (zlib's crc32_combine).
-//   - Dispatch: on x86-64 CPUs with SSE4.2 (checked at every call with
-//     __builtin_cpu_supports, a load of a flag libgcc sets at start-up) the CRC32
+//   - Dispatch, at every call (__builtin_cpu_supports reads flags libgcc sets at start-up):
+//     on x86-64 with AVX-512 and VPCLMULQDQ, buffers of 256 bytes and more are folded 256
+//     bytes a round with carry-less multiplications (Intel's PCLMULQDQ method, as ISA-L
+//     and Linux do), about 2x the CRC32 instruction's rate; with SSE4.2, the CRC32
 //     instruction runs three interleaved streams over large buffers, combined by shifting
-//     with precomputed tables (as Google's crc32c and Linux do): about 3x one stream's
-//     rate, bound by the instruction's throughput. Elsewhere a portable slicing-by-8 table
-//     loop computes the same values. Both are exposed in crc32c_internal for the tests.
+//     with precomputed tables (as Google's crc32c and Linux do), about 3x one stream's
+//     rate; elsewhere a portable slicing-by-8 table loop. All compute the same values; each
+//     is exposed in crc32c_internal for the tests and the benchmark.
 //   - Pure functions of their arguments; safe from any thread; no state, no allocation.
 #ifndef GRADWIRE_NN_CRC32C_H_
 #define GRADWIRE_NN_CRC32C_H_
@@ -32,10 +34,13 @@ namespace crc32c_internal {
 
 // The table-driven loop every CPU can run.
 uint32_t ExtendPortable(uint32_t crc, const void* data, size_t n);
-// True when ExtendHardware can run on this CPU (x86-64 with SSE4.2).
-bool HasHardware();
-// REQUIRES: HasHardware().
-uint32_t ExtendHardware(uint32_t crc, const void* data, size_t n);
+// True when the function below it can run on this CPU (never off x86-64).
+bool HasSse42();
+uint32_t ExtendSse42(uint32_t crc, const void* data, size_t n);
+// REQUIRES for ExtendAvx512Clmul: HasAvx512Clmul() and HasSse42() (it ends with the CRC32
+// instruction).
+bool HasAvx512Clmul();
+uint32_t ExtendAvx512Clmul(uint32_t crc, const void* data, size_t n);
 
 }  // namespace crc32c_internal
 }  // namespace gw::nn

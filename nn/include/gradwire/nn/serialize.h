@@ -11,8 +11,10 @@
 // Contract
 //   - SaveTensors always writes version 2. It writes to "<path>.tmp", fsyncs, renames over
 //     `path` and fsyncs the directory, so a reader sees either the old file or the complete
-//     new one, never a torn write, and the rename survives a crash once it returns OK. The
-//     checksums are computed while the bytes are written (one pass over the data).
+//     new one, never a torn write, and the rename survives a crash once it returns OK. It
+//     reads each payload once, for its entry's CRC (the whole-file CRC is combined from the
+//     entries' CRCs, not computed over the bytes again), and hands the payloads to writev
+//     from the tensors' memory, uncopied.
 //   - LoadTensors validates every length against the bytes that remain and against
 //     limits (name <= 4096 bytes, ndim <= 16, nbytes == numel * element size) before
 //     allocating. In a version 2 file it checks every entry's CRC and the trailer (its
