@@ -121,22 +121,24 @@ TEST_F(SerializeFormatTest, RoundTripWritesVersionTwoWithATrailer) {
 }
 
 TEST_F(SerializeFormatTest, VersionOneFilesStillLoadUnchecked) {
+  // An entry's metadata: name_len | name | dtype | ndim | sizes | nbytes.
+  auto meta = [](std::string* out, const std::string& name, DType dtype, const std::vector<int64_t>& sizes,
+                 uint64_t nbytes) {
+    Append<uint32_t>(out, static_cast<uint32_t>(name.size()));
+    *out += name;
+    Append<uint8_t>(out, static_cast<uint8_t>(dtype));
+    Append<uint8_t>(out, static_cast<uint8_t>(sizes.size()));
+    for (int64_t d : sizes) Append<int64_t>(out, d);
+    Append<uint64_t>(out, nbytes);
+  };
   std::string v1 = "GWTF";
-  Append<uint32_t>(&v1, 1);
-  Append<uint64_t>(&v1, 2);
-  Append<uint32_t>(&v1, 1);
-  v1 += "w";
-  Append<uint8_t>(&v1, static_cast<uint8_t>(DType::kFloat64));
-  Append<uint8_t>(&v1, 1);
-  Append<int64_t>(&v1, 2);
-  Append<uint64_t>(&v1, 16);
+  Append<uint32_t>(&v1, 1);  // version
+  Append<uint64_t>(&v1, 2);  // count
+  meta(&v1, "w", DType::kFloat64, {2}, 16);
   Append<double>(&v1, 1.5);
+  const size_t second_value = v1.size();
   Append<double>(&v1, -3);
-  Append<uint32_t>(&v1, 5);
-  v1 += "steps";
-  Append<uint8_t>(&v1, static_cast<uint8_t>(DType::kInt64));
-  Append<uint8_t>(&v1, 0);
-  Append<uint64_t>(&v1, 8);
+  meta(&v1, "steps", DType::kInt64, {}, 8);
   Append<int64_t>(&v1, 42);
   WriteBytes(bad_path_, v1);
   absl::StatusOr<NamedTensors> out = LoadTensors(bad_path_);
@@ -150,7 +152,7 @@ TEST_F(SerializeFormatTest, VersionOneFilesStillLoadUnchecked) {
   EXPECT_EQ(LoadBytes(v1 + "x").code(), absl::StatusCode::kDataLoss);
   std::string nan = v1;
   const double q = std::numeric_limits<double>::quiet_NaN();
-  std::memcpy(nan.data() + 16 + 4 + 1 + 2 + 8 + 8 + 8, &q, 8);
+  std::memcpy(nan.data() + second_value, &q, 8);
   absl::Status s = LoadBytes(nan);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_TRUE(Contains(s, "entry 'w' holds NaN at index 1")) << s;
