@@ -140,10 +140,12 @@ absl::StatusOr<UsableVersion> NewestUsable(const std::string& dir, const std::st
   if (versions.empty()) return absl::NotFoundError(absl::StrCat("no checkpoint version in '", dir, "'"));
   std::vector<std::string> why;
   bool newer_complete = false;  // an incomplete version older than a complete one is not worth a word
+  bool any_manifest = false;    // versions that are all cut short hold nothing to restore
   for (int64_t v : versions) {
     const std::string path = VersionPath(dir, v);
     absl::StatusOr<Manifest> manifest = ReadManifest(path);
     absl::Status s = manifest.status();
+    any_manifest = any_manifest || !absl::IsNotFound(s);
     if (s.ok() && manifest->version != v) {
       s = absl::DataLossError(absl::StrCat(path, "'s manifest is of version ", manifest->version));
     }
@@ -158,6 +160,10 @@ absl::StatusOr<UsableVersion> NewestUsable(const std::string& dir, const std::st
       why.push_back(absl::StrCat(path, ": ", s.message()));
     }
     newer_complete = newer_complete || manifest.ok();
+  }
+  if (!any_manifest) {
+    return absl::NotFoundError(absl::StrCat("no complete checkpoint version in '", dir, "' (",
+                                            versions.size(), " cut short: ", absl::StrJoin(why, "; "), ")"));
   }
   return absl::FailedPreconditionError(absl::StrCat("no usable checkpoint version in '", dir,
                                                     "': ", absl::StrJoin(why, "; ")));

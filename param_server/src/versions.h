@@ -24,7 +24,9 @@
 //     is intact, lists `server`, passes CheckVersion(kPresent) and which load(version)
 //     accepts; every newer version passed over is reported to on_skip(version_dir, why)
 //     (an incomplete version older than a complete one is passed over silently). NOT_FOUND when the directory holds no
-//     version at all; FAILED_PRECONDITION listing why each failed when none is usable.
+//     version at all, or only incomplete ones (a write cut short before any version was
+//     complete: nothing to restore); FAILED_PRECONDITION listing why each failed when none
+//     is usable.
 //   - NewestComplete(dir): the newest intact version whose files all pass CheckVersion
 //     (kAll): for readers.
 //   - Prune(dir, keep): removes all but the newest `keep` complete versions, and the

@@ -602,6 +602,39 @@ TEST(CheckpointVersionsTest, SigkillAtRandomPointsOfWritesLeavesWholeVersionsAnd
   EXPECT_GE(seen_complete.size(), 3u) << "the kills must come while versions are written";
 }
 
+// A job killed while it wrote its first version leaves only a version without a
+// manifest: the restarted servers start empty (naming it) instead of refusing to start,
+// number their versions after it, and the first version they commit removes it.
+TEST(CheckpointVersionsTest, AJobKilledWritingItsFirstVersionRestartsEmpty) {
+  const ScopedTempDir scoped("ckv_first");
+  ASSERT_TRUE(scoped.ok());
+  const std::string dir = scoped.path();
+  const std::string v1 = VersionPath(dir, 1);
+  ASSERT_TRUE(fs::create_directories(v1));
+  WriteAll(v1 + "/worker0.gwps", "a whole file of worker0");
+  WriteAll(v1 + "/worker1.gwps.tmp", "half a file of worker1");
+  Deployment d = Deployment::Start(2, 1, {.checkpoint_dir = dir});
+  ASSERT_NE(d.group, nullptr) << "the servers refused to start";
+  for (const auto& server : d.servers) {
+    const RestoredCheckpoint& r = server->restored();
+    EXPECT_EQ(r.version, 0);
+    ASSERT_EQ(r.skipped.size(), 1u) << absl::StrJoin(r.skipped, "; ");
+    EXPECT_EQ(r.skipped[0], absl::StrCat(v1, ": '", v1, "/MANIFEST' does not exist (an incomplete version)"));
+  }
+  Client c(d[2], kTwoServers, 0, 1);
+  ASSERT_TRUE(c.CreateDense("w", Tensor::Ones({4}), optim::Sgd{.lr = 1}, Consistency::kSync).ok());
+  absl::StatusOr<ResumePoint> resume = c.Resume();
+  ASSERT_TRUE(resume.ok()) << resume.status();
+  EXPECT_EQ(resume->version, 0);
+  ASSERT_TRUE(c.Push("w", 0, Tensor::Ones({4})).Get().ok());
+  absl::StatusOr<CheckpointInfo> cut = c.Checkpoint().Get();
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->version, 2);
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"v00000002/", "v00000002/MANIFEST", "v00000002/worker0.gwps",
+                                                    "v00000002/worker1.gwps"}));
+  EXPECT_TRUE(d.group->ShutdownAll().ok());
+}
+
 // ------------------------------------------------------------------------------------
 // 4. Every kind of damage to a version is detected and named, by the servers at start
 //    (they pass over it to the version before) and by Reader::LoadCheckpoint.

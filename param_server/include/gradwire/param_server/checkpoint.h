@@ -25,7 +25,9 @@
 //   - What a server restores: at start, the newest version whose manifest and files are
 //     intact (versions passed over are named on stderr and in RestoredCheckpoint::skipped);
 //     if versions exist and none is usable, the server does not start (the error lists
-//     why each failed); ServerOptions::fresh starts empty instead. Values that are not
+//     why each failed); ServerOptions::fresh starts empty instead. Versions that were all
+//     cut short (no manifest: the job died writing its first one) hold nothing: the server
+//     starts empty (naming them in skipped) and numbers its versions after them. Values that are not
 //     finite are refused unless ServerOptions::allow_non_finite.
 //   - What a trainer does on a restored deployment: Client::Resume() says the step the
 //     servers restored (every server must have restored the same version), and the
