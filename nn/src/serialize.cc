@@ -63,8 +63,9 @@ class ScopedFd {
 // A version 2 file as the pieces to write, checksums computed: the tensors' payloads in
 // place, and between them the small parts in strings (header + first entry's metadata,
 // each entry's CRC + the next one's metadata, the last CRC + the trailer). Each payload is
-// read once, by its entry's CRC; the whole-file CRC is combined from the entries' CRCs
-// (Crc32cCombine), not computed again over the bytes.
+// read once, by its entry's CRC; the file's CRC (of the header and the entries' bytes, not
+// of the entry CRCs: serialize.h) is combined from the entries' CRCs (Crc32cCombine), not
+// computed again over the bytes.
 class FileImage {
  public:
   explicit FileImage(const NamedTensors& tensors) : small_(tensors.size() + 1) {
@@ -87,7 +88,6 @@ class FileImage {
       const size_t meta_bytes = s->size() - meta_start;
       const uint32_t entry_crc = Crc32cExtend(Crc32c(s->data() + meta_start, meta_bytes), c.raw_data(), c.nbytes());
       file_crc = Crc32cCombine(file_crc, entry_crc, meta_bytes + c.nbytes());
-      file_crc = Crc32cExtend(file_crc, &entry_crc, sizeof(entry_crc));
       file_bytes += meta_bytes + c.nbytes() + sizeof(entry_crc);
       s = &small_[i + 1];
       Put<uint32_t>(s, entry_crc);
@@ -95,7 +95,8 @@ class FileImage {
     const size_t trailer_start = s->size();
     Put<uint64_t>(s, file_bytes);
     Put<uint32_t>(s, file_crc);
-    digest_ = {file_bytes + kTrailerBytes, Crc32cExtend(file_crc, s->data() + trailer_start, kTrailerBytes)};
+    (void)trailer_start;
+    digest_ = {file_bytes + kTrailerBytes, file_crc};
   }
 
   const FileDigest& digest() const { return digest_; }
@@ -333,12 +334,10 @@ const char* NonFiniteName(DType dtype, const char* p) {
 // the check).
 constexpr uint64_t kLoadBlockBytes = 64 << 10;
 
-}  // namespace
-
-absl::StatusOr<NamedTensors> LoadTensors(const std::string& path, const LoadOptions& options) {
-  absl::StatusOr<std::string> file = ReadFile(path, "LoadTensors");
-  if (!file.ok()) return file.status();
-  const std::string& data = *file;
+// Checks a whole file in memory and, when `out` is given, makes its tensors; returns the
+// file's digest (serialize.h).
+absl::StatusOr<FileDigest> Parse(const std::string& data, const std::string& path, const LoadOptions& options,
+                                 NamedTensors* out) {
   Reader r(data, path);
   const char* magic;
   uint32_t version;
@@ -366,9 +365,8 @@ absl::StatusOr<NamedTensors> LoadTensors(const std::string& path, const LoadOpti
     }
     r.Limit(data.size() - kTrailerBytes);
   }
-  // The CRC of the bytes checked so far, combined from the entries' CRCs.
+  // The CRC of the header and the entries' bytes so far, combined from the entries' CRCs.
   uint32_t file_crc = Crc32c(data.data(), kHeaderBytes);
-  NamedTensors out;
   for (uint64_t i = 0; i < count; ++i) {
     const size_t entry_start = r.pos();
     uint32_t name_len;
@@ -402,16 +400,18 @@ absl::StatusOr<NamedTensors> LoadTensors(const std::string& path, const LoadOpti
     }
     // The payload is copied, checksummed and checked for non-finite values in one pass;
     // a bad checksum is reported before a non-finite value (a flipped bit can make one).
-    Tensor t = Tensor::Empty(sizes, dt);
-    char* const values = static_cast<char*>(t.raw_data());
+    // Without `out` (a digest) it is only checksummed, in place.
+    Tensor t = out != nullptr ? Tensor::Empty(sizes, dt) : Tensor();
+    char* const values = out != nullptr ? static_cast<char*>(t.raw_data()) : nullptr;
     const size_t meta_bytes = static_cast<size_t>(payload - (data.data() + entry_start));
     uint32_t computed = checked ? Crc32c(data.data() + entry_start, meta_bytes) : 0;
-    const bool check_values = !options.allow_non_finite && (dt == DType::kFloat32 || dt == DType::kFloat64);
+    const bool check_values =
+        out != nullptr && !options.allow_non_finite && (dt == DType::kFloat32 || dt == DType::kFloat64);
     uint64_t first_non_finite = numel;
     for (uint64_t off = 0; off < nbytes; off += kLoadBlockBytes) {
       const uint64_t len = std::min(kLoadBlockBytes, nbytes - off);
       if (checked) computed = Crc32cExtend(computed, payload + off, len);
-      std::memcpy(values + off, payload + off, len);
+      if (values != nullptr) std::memcpy(values + off, payload + off, len);
       if (check_values && first_non_finite == numel) {
         const uint64_t n = len / ElementSize(dt), at = FirstNonFinite(dt, values + off, n);
         if (at < n) first_non_finite = off / ElementSize(dt) + at;
@@ -426,7 +426,6 @@ absl::StatusOr<NamedTensors> LoadTensors(const std::string& path, const LoadOpti
                                                 Hex(computed), "): the file is damaged"));
       }
       file_crc = Crc32cCombine(file_crc, computed, meta_bytes + nbytes);
-      file_crc = Crc32cExtend(file_crc, &stored, sizeof(stored));
     }
     if (first_non_finite < numel) {
       return absl::DataLossError(absl::StrCat(
@@ -434,7 +433,7 @@ absl::StatusOr<NamedTensors> LoadTensors(const std::string& path, const LoadOpti
           NonFiniteName(dt, values + first_non_finite * ElementSize(dt)), " at index ", first_non_finite,
           "; load with allow_non_finite to accept it"));
     }
-    out.emplace_back(entry, std::move(t));
+    if (out != nullptr) out->emplace_back(entry, std::move(t));
   }
   if (r.remaining() != 0) return r.Corrupt("trailing bytes after the last entry");
   if (checked && file_crc != stored_file_crc) {
@@ -442,21 +441,24 @@ absl::StatusOr<NamedTensors> LoadTensors(const std::string& path, const LoadOpti
                                             Hex(stored_file_crc), ", computed ", Hex(file_crc),
                                             "): the file is damaged"));
   }
+  // A version 1 file has no checksums of its own: its digest is the CRC of its bytes.
+  return FileDigest{data.size(), checked ? file_crc : Crc32c(data.data(), data.size())};
+}
+
+}  // namespace
+
+absl::StatusOr<NamedTensors> LoadTensors(const std::string& path, const LoadOptions& options) {
+  absl::StatusOr<std::string> file = ReadFile(path, "LoadTensors");
+  if (!file.ok()) return file.status();
+  NamedTensors out;
+  if (absl::StatusOr<FileDigest> parsed = Parse(*file, path, options, &out); !parsed.ok()) return parsed.status();
   return out;
 }
 
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
-  absl::StatusOr<OpenFile> file = OpenForReading(path, "DigestFile");
+  absl::StatusOr<std::string> file = ReadFile(path, "DigestFile");
   if (!file.ok()) return file.status();
-  std::string buffer(1 << 20, '\0');
-  FileDigest digest;
-  for (;;) {
-    absl::StatusOr<size_t> got = ReadUpTo(*file, buffer.data(), buffer.size(), path, "DigestFile");
-    if (!got.ok()) return got.status();
-    digest.crc32c = Crc32cExtend(digest.crc32c, buffer.data(), *got);
-    digest.bytes += *got;
-    if (*got < buffer.size()) return digest;
-  }
+  return Parse(*file, path, LoadOptions{}, nullptr);
 }
 
 }  // namespace gw::nn

@@ -26,6 +26,29 @@ namespace {
 
 using rpc::testing::ScopedTempDir;
 
+// A version 2 file's contents as its CRC covers them: the header and every entry's bytes,
+// without the entry CRCs and the trailer (serialize.h).
+std::string Contents(const std::string& file) {
+  std::string out = file.substr(0, 16);
+  uint64_t count = 0;
+  std::memcpy(&count, file.data() + 8, 8);
+  size_t pos = 16;
+  for (uint64_t i = 0; i < count; ++i) {
+    const size_t start = pos;
+    uint32_t name_len = 0;
+    std::memcpy(&name_len, file.data() + pos, 4);
+    pos += 4 + name_len + 1;
+    const uint8_t ndim = static_cast<uint8_t>(file[pos]);
+    pos += 1 + 8 * ndim;
+    uint64_t nbytes = 0;
+    std::memcpy(&nbytes, file.data() + pos, 8);
+    pos += 8 + nbytes;
+    out += file.substr(start, pos - start);
+    pos += 4;  // the entry's CRC
+  }
+  return out;
+}
+
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -102,7 +125,9 @@ TEST_F(SerializeFormatTest, RoundTripWritesVersionTwoWithATrailer) {
   std::memcpy(&length, good_.data() + kTrailer, 8);
   std::memcpy(&crc, good_.data() + kTrailer + 8, 4);
   EXPECT_EQ(length, kTrailer);
-  EXPECT_EQ(crc, Crc32c(good_.data(), kTrailer));
+  const std::string contents = Contents(good_);
+  EXPECT_EQ(contents.size(), kTrailer - 8) << "two entry CRCs left out";
+  EXPECT_EQ(crc, Crc32c(contents.data(), contents.size()));
   uint32_t entry0_crc;
   std::memcpy(&entry0_crc, good_.data() + kEntry0Crc, 4);
   EXPECT_EQ(entry0_crc, Crc32c(good_.data() + kHeader, kEntry0Crc - kHeader));
@@ -209,7 +234,8 @@ TEST_F(SerializeFormatTest, DigestsAgreeWithTheFileOnDisk) {
   FileDigest saved;
   ASSERT_TRUE(SaveTensors(good_path_, Tables(), &saved).ok());
   EXPECT_EQ(saved.bytes, kFileBytes);
-  EXPECT_EQ(saved.crc32c, Crc32c(good_.data(), good_.size()));
+  const std::string contents = Contents(good_);
+  EXPECT_EQ(saved.crc32c, Crc32c(contents.data(), contents.size()));
   absl::StatusOr<FileDigest> on_disk = DigestFile(good_path_);
   ASSERT_TRUE(on_disk.ok()) << on_disk.status();
   EXPECT_EQ(*on_disk, saved);
@@ -218,10 +244,20 @@ TEST_F(SerializeFormatTest, DigestsAgreeWithTheFileOnDisk) {
   FileDigest big_saved;
   ASSERT_TRUE(SaveTensors(big, {{"x", Tensor::Zeros({1 << 19})}, {"y", Tensor::Ones({3})}}, &big_saved).ok());
   const std::string big_bytes = ReadBytes(big);
-  EXPECT_EQ(big_saved, (FileDigest{big_bytes.size(), Crc32c(big_bytes.data(), big_bytes.size())}));
+  const std::string big_contents = Contents(big_bytes);
+  EXPECT_EQ(big_saved, (FileDigest{big_bytes.size(), Crc32c(big_contents.data(), big_contents.size())}));
   EXPECT_EQ(*DigestFile(big), big_saved);
+  // Files of the same layout and different values have different digests (a CRC over all
+  // the bytes would not: each entry's CRC cancels the entry's bytes).
+  FileDigest other;
+  ASSERT_TRUE(SaveTensors(big, {{"x", Tensor::Ones({1 << 19})}, {"y", Tensor::Ones({3})}}, &other).ok());
+  EXPECT_EQ(other.bytes, big_saved.bytes);
+  EXPECT_NE(other.crc32c, big_saved.crc32c);
+  // DigestFile checks the file: an empty or damaged one is DATA_LOSS naming it.
   WriteBytes(bad_path_, "");
-  EXPECT_EQ(*DigestFile(bad_path_), FileDigest{});
+  EXPECT_EQ(DigestFile(bad_path_).status().code(), absl::StatusCode::kDataLoss);
+  WriteBytes(bad_path_, Flipped(kEntry0Payload + 3));
+  EXPECT_EQ(DigestFile(bad_path_).status().code(), absl::StatusCode::kDataLoss);
   // An empty state dict is a header and a trailer.
   ASSERT_TRUE(SaveTensors(bad_path_, {}, &saved).ok());
   EXPECT_EQ(saved.bytes, 16u + 12u);

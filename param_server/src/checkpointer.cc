@@ -114,6 +114,9 @@ void Checkpointer::Commit(const std::vector<std::string>& servers, const Registe
   m.step = cut.step;
   m.written_at = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   m.tables = std::move(tables);
+  m.shared_directory = !files.empty() && std::all_of(files.begin(), files.end(), [&](const CutFile& f) {
+    return !f.directory.empty() && f.directory == files[0].directory;
+  });
   CheckpointInfo info{cut.version, cut.step, cut.job, {}};
   for (size_t i = 0; i < servers.size(); ++i) {
     const CutFile& f = files[i];

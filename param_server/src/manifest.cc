@@ -50,8 +50,9 @@ std::string Encode(const Manifest& m) {
     tables.push_back({{"name", t.name}, {"kind", t.sparse ? "sparse" : "dense"}, {"shape", t.shape}, {"dim", t.dim},
                       {"epoch", t.epoch}, {"servers", t.servers}, {"begins", t.begins}, {"ends", t.ends}});
   }
-  const json doc = {{"format", kFormat}, {"job", m.job},         {"version", m.version}, {"step", m.step},
-                    {"written_at", m.written_at}, {"files", files}, {"tables", tables}};
+  const json doc = {{"format", kFormat},         {"job", m.job},     {"version", m.version},
+                    {"step", m.step},             {"written_at", m.written_at}, {"files", files},
+                    {"tables", tables},           {"shared_directory", m.shared_directory}};
   std::string text = doc.dump(1) + "\n";
   return absl::StrCat(text, kCrcLine, Hex(nn::Crc32c(text.data(), text.size())), "\n");
 }
@@ -77,6 +78,7 @@ absl::StatusOr<Manifest> Decode(const std::string& text, const std::string& path
     m.version = doc.at("version").get<int64_t>();
     m.step = doc.at("step").get<int64_t>();
     m.written_at = doc.at("written_at").get<std::string>();
+    m.shared_directory = doc.at("shared_directory").get<bool>();
     for (const json& f : doc.at("files")) {
       ManifestFile file;
       file.server = f.at("server").get<std::string>();

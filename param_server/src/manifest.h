@@ -62,6 +62,9 @@ struct Manifest {
   std::string written_at;  // RFC 3339, for people
   std::vector<ManifestFile> files;
   std::vector<ManifestTable> tables;
+  // Every server wrote into the same directory (one host, or a network file system): a
+  // version is usable only with every file (versions.h).
+  bool shared_directory = false;
 
   const ManifestFile* FileOf(const std::string& server) const;
   const ManifestTable* Table(const std::string& name) const;

@@ -299,9 +299,11 @@ struct CutFile {
   int64_t bytes = 0;
   int64_t crc32c = 0;
   std::vector<CutShard> shards;
+  std::string directory;  // which directory it is in: "<host>:<device>:<inode>" (shared or not)
   static constexpr auto Fields() {
     return std::make_tuple(Field("name", &CutFile::name), Field("bytes", &CutFile::bytes),
-                           Field("crc32c", &CutFile::crc32c), Field("shards", &CutFile::shards));
+                           Field("crc32c", &CutFile::crc32c), Field("shards", &CutFile::shards),
+                           Field("directory", &CutFile::directory));
   }
 };
 

@@ -5,6 +5,9 @@
 // versions.h and manifest.h (the checkpoint directory).
 #include "gradwire/param_server/server.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <deque>
 #include <filesystem>
@@ -422,7 +425,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                                 : nn::SaveTensors(absl::StrCat(dir, "/", name), all, &digest);
       std::vector<Promise<internal::CutFile>> answers;
       absl::StatusOr<internal::CutFile> file =
-          internal::CutFile{name, static_cast<int64_t>(digest.bytes), static_cast<int64_t>(digest.crc32c), cut->shards};
+          internal::CutFile{name, static_cast<int64_t>(digest.bytes), static_cast<int64_t>(digest.crc32c), cut->shards,
+                        DirectoryIdentity()};
       {
         absl::MutexLock lock(&cut_mu_);
         if (s.ok()) {
@@ -440,6 +444,15 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       }
       for (auto& p : answers) p.Set(file);
     }
+  }
+
+  // Which directory the checkpoints go to, so that the manifest can say whether every
+  // server wrote into the same one: "<host>:<device>:<inode>" ("" if unknown).
+  std::string DirectoryIdentity() const {
+    struct stat st {};
+    char host[256] = {};
+    if (::stat(options_.checkpoint_dir.c_str(), &st) != 0 || ::gethostname(host, sizeof host - 1) != 0) return "";
+    return absl::StrCat(host, ":", st.st_dev, ":", st.st_ino);
   }
 
   void CountFailure(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cut_mu_) {

@@ -149,7 +149,9 @@ absl::StatusOr<UsableVersion> NewestUsable(const std::string& dir, const std::st
     if (s.ok() && manifest->version != v) {
       s = absl::DataLossError(absl::StrCat(path, "'s manifest is of version ", manifest->version));
     }
-    if (s.ok()) s = CheckVersion(path, *manifest, CheckScope::kPresent, server);
+    // In a shared directory every file must be there: servers that each took the newest
+    // version whose files they see would restore different versions.
+    if (s.ok()) s = CheckVersion(path, *manifest, manifest->shared_directory ? CheckScope::kAll : CheckScope::kPresent, server);
     if (s.ok()) {
       UsableVersion usable{*manifest, path};
       s = load(usable);

@@ -21,7 +21,8 @@
 //     CRC32C of the whole file (nn::DigestFile). DATA_LOSS names the file and what
 //     differs; a missing file is NOT_FOUND naming it.
 //   - NewestUsable(dir, server, load, on_skip): the newest complete version whose manifest
-//     is intact, lists `server`, passes CheckVersion(kPresent) and which load(version)
+//     is intact, lists `server`, passes CheckVersion (kAll when the manifest says the
+//     servers shared the directory, else kPresent) and which load(version)
 //     accepts; every newer version passed over is reported to on_skip(version_dir, why)
 //     (an incomplete version older than a complete one is passed over silently). NOT_FOUND when the directory holds no
 //     version at all, or only incomplete ones (a write cut short before any version was

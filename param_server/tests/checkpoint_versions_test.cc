@@ -674,7 +674,6 @@ struct Damage {
   std::string named;  // the file the errors name, in version 2
   std::string why;    // and what they say of it
   std::string entry;  // nn::LoadTensors of the damaged file names this entry ("": no check)
-  bool own_file_only = false;  // worker0 sees its own file whole and takes version 2 (see below)
 };
 
 // A copy of `pristine` in `dir`, damaged: Reader::LoadCheckpoint of version 2 fails naming
@@ -706,11 +705,6 @@ void ExpectDetected(const Damage& damage, const std::string& pristine, const std
   ASSERT_NE(d.group, nullptr);
   for (size_t i = 0; i < 2; ++i) {
     const RestoredCheckpoint& r = d.servers[i]->restored();
-    if (damage.own_file_only && i == 0) {
-      EXPECT_EQ(r.version, 2);
-      EXPECT_TRUE(r.skipped.empty()) << absl::StrJoin(r.skipped, "; ");
-      continue;
-    }
     EXPECT_EQ(r.version, 1) << kTwoServers[i];
     EXPECT_EQ(r.step, 2) << kTwoServers[i];
     ASSERT_EQ(r.skipped.size(), 1u) << kTwoServers[i] << ": " << absl::StrJoin(r.skipped, "; ");
@@ -720,19 +714,12 @@ void ExpectDetected(const Damage& damage, const std::string& pristine, const std
   }
   Client c(d[2], kTwoServers, 0, 1);
   absl::StatusOr<ResumePoint> resume = c.Resume();
-  if (damage.own_file_only) {
-    // The servers restored different versions: the trainers are told, naming each.
-    EXPECT_EQ(resume.status().code(), absl::StatusCode::kFailedPrecondition) << resume.status();
-    EXPECT_TRUE(Contains(resume.status().message(), "worker0 version 2 (step 4), worker1 version 1 (step 2)"))
-        << resume.status();
-  } else {
-    ASSERT_TRUE(resume.ok()) << resume.status();
-    EXPECT_EQ(resume->version, 1);
-    EXPECT_EQ(resume->step, 2);
-    absl::StatusOr<TablesSnapshot> now = Reader(d[2], kTwoServers).Read({"w"}, {kDamaged}).Get();
-    ASSERT_TRUE(now.ok()) << now.status();
-    EXPECT_TRUE(BitEqual(now->values[0], at_v1));
-  }
+  ASSERT_TRUE(resume.ok()) << resume.status();
+  EXPECT_EQ(resume->version, 1);
+  EXPECT_EQ(resume->step, 2);
+  absl::StatusOr<TablesSnapshot> now = Reader(d[2], kTwoServers).Read({"w"}, {kDamaged}).Get();
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_TRUE(BitEqual(now->values[0], at_v1));
   EXPECT_TRUE(d.group->ShutdownAll().ok());
 }
 
@@ -748,13 +735,13 @@ TEST(CheckpointVersionsTest, EveryKindOfDamageIsDetectedNamedAndPassedOver) {
          const std::string f = v2 + "/worker0.gwps";
          FlipBit(f, EntryData(f, "w|values") + 4 * 2 + 1, 3);
        },
-       absl::StatusCode::kDataLoss, "/worker0.gwps", "is not the file its version's manifest lists", "w|values"},
+       absl::StatusCode::kDataLoss, "/worker0.gwps", "entry 'w|values' fails its checksum", "w|values"},
       {"a flipped bit in a table's step counter",
        [](const std::string&, const std::string& v2) {
          const std::string f = v2 + "/worker1.gwps";
          FlipBit(f, EntryData(f, "w|meta") + 8 * 6, 0);  // checkpoint.cc Meta kApplied: the steps applied
        },
-       absl::StatusCode::kDataLoss, "/worker1.gwps", "is not the file its version's manifest lists", "w|meta"},
+       absl::StatusCode::kDataLoss, "/worker1.gwps", "entry 'w|meta' fails its checksum", "w|meta"},
       {"a flipped bit in the manifest's JSON",
        [](const std::string&, const std::string& v2) {
          const std::string text = ReadAll(v2 + "/MANIFEST");
@@ -768,12 +755,9 @@ TEST(CheckpointVersionsTest, EveryKindOfDamageIsDetectedNamedAndPassedOver) {
          fs::resize_file(v2 + "/MANIFEST", fs::file_size(v2 + "/MANIFEST") / 2);
        },
        absl::StatusCode::kDataLoss, "/MANIFEST", "is damaged: no checksum line", ""},
-      // A server checks the files present and its own (a directory that is not shared
-      // holds only the server's own file), so worker0 cannot tell a missing file of
-      // worker1 from a directory it does not share: it restores version 2, worker1
-      // version 1, and Client::Resume refuses the mix.
+      // The manifest says the servers shared the directory: every file must be there.
       {"a missing file", [](const std::string&, const std::string& v2) { fs::remove(v2 + "/worker1.gwps"); },
-       absl::StatusCode::kNotFound, "/worker1.gwps", "", "", /*own_file_only=*/true},
+       absl::StatusCode::kNotFound, "/worker1.gwps", "", ""},
   };
   int n = 0;
   for (const Damage& damage : damages) {
@@ -837,17 +821,10 @@ TEST(CheckpointVersionsTest, EveryKindOfDamageIsDetectedNamedAndPassedOver) {
 }
 
 // A whole, valid file put in place of another (mixed versions, one server's file over
-// the other's) must be caught by its manifest's CRC32C (checkpoint.h, nn/serialize.h:
-// "a file swapped for another whole, valid one is caught too"). It is not: a version 2
-// tensor file stores each entry's CRC32C after the entry and its trailer the CRC32C of
-// what precedes it, and a CRC run over a message followed by a CRC of that message loses
-// the message (the residue property; CRC is affine, so a CRC of an entry alone,
-// following a prefix, still cancels it). FileDigest::crc32c of a valid file therefore
-// depends only on the header and the entries' lengths: two files of one layout (the same
-// table shards at two versions, or two servers' equal shares) have the same digest, pass
-// CheckVersion, and are restored as they are. Disabled until nn's digest depends on the
-// contents (--gtest_also_run_disabled_tests runs it).
-TEST(CheckpointVersionsTest, DISABLED_AWholeValidFileInPlaceOfAnotherIsDetected) {
+// the other's) is caught by its manifest's CRC32C (checkpoint.h, nn/serialize.h: the
+// digest is of the file's contents; a CRC over all its bytes, entry CRCs included, would
+// depend on the entries' lengths only, and two files of one layout would pass).
+TEST(CheckpointVersionsTest, AWholeValidFileInPlaceOfAnotherIsDetected) {
   const ScopedTempDir scoped("ckv_swap");
   ASSERT_TRUE(scoped.ok());
   const std::string pristine = scoped.File("pristine");

@@ -5,7 +5,10 @@
 //   count x  entry: u32 name_len | name bytes | u8 dtype (DType value) | u8 ndim |
 //                   i64 sizes[ndim] | u64 nbytes | nbytes of row-major element data
 //            u32 CRC of that entry's bytes (its metadata and payload, from name_len on)
-//   trailer: u64 length of everything before the trailer | u32 CRC of all those bytes
+//   trailer: u64 length of everything before the trailer | u32 the file's CRC: of the
+//            header and every entry's bytes, not of the entry CRCs between them (a CRC
+//            right after the bytes it covers cancels them: CRC(x | CRC(x)) is a constant,
+//            so a CRC over all the bytes would depend on the entries' lengths only)
 // Version 1 is the same without the entry CRCs and the trailer.
 //
 // Contract
@@ -26,11 +29,11 @@
 //     the path, the entry, the first such index and value) unless
 //     LoadOptions::allow_non_finite: a state dict of NaN weights is almost always the
 //     product of a diverged run, not something to serve or resume from.
-//   - FileDigest is a file's size and the CRC32C of all its bytes (for a version 2 file,
-//     trailer included). SaveTensors reports it for the file it wrote at no extra pass;
-//     DigestFile computes it from any file on disk, reading it in chunks. Checkpoint
-//     manifests record digests so that a file swapped for another whole, valid one is
-//     caught too.
+//   - FileDigest is a file's size and its CRC: for a version 2 file the trailer's (of its
+//     contents), for a version 1 file the CRC32C of all its bytes. SaveTensors reports it
+//     for the file it wrote at no extra pass; DigestFile reads a file, checks it as
+//     LoadTensors does (but for non-finite values) and returns it. Checkpoint manifests
+//     record digests so that a file swapped for another whole, valid one is caught too.
 //   - Every failure is a Status naming the path, never an exception. A file that cannot be
 //     read has the system's reason as its code (NOT_FOUND, PERMISSION_DENIED, ...; a
 //     directory: FAILED_PRECONDITION); so does a file that cannot be written.
@@ -47,7 +50,7 @@ namespace gw::nn {
 
 struct FileDigest {
   uint64_t bytes = 0;
-  uint32_t crc32c = 0;  // CRC32C of the complete file's bytes
+  uint32_t crc32c = 0;  // the file's CRC32C (of its contents: see above)
   friend bool operator==(const FileDigest&, const FileDigest&) = default;
 };
 
