@@ -43,6 +43,11 @@ absl::StatusOr<Checkpointer::Registered> Checkpointer::Register(const std::vecto
       cut.job = p.job;
       jobs_seen = servers[i];
     }
+    // Planned again, a cut aims further ahead each time: trainers running at full speed
+    // pass the furthest step between the plan and the cut (a cut from a client that does
+    // not push itself); the first plan is the step where every shard may already be (an
+    // idle job is cut at once).
+    cut.step += attempt;
     if (cut.job.empty()) {
       cut.job = absl::StrCat(agent_.options().run_id, "@", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
                                                                                absl::UTCTimeZone()));

@@ -8,7 +8,8 @@
 //          one past the newest in any server's directory (and past this Checkpointer's
 //          last), its job the one the servers restored (they must agree) or a new one;
 //       2. register (CutMessage) on every server; a server already past the step refuses
-//          (ABORTED): the cut is abandoned everywhere and planned again (at most 5 times);
+//          (ABORTED): the cut is abandoned everywhere and planned again, the k-th time k
+//          steps past the furthest (at most 5 times);
 //     Cut returns once every server registered it, so a trainer that calls it before
 //     pushing its next step cannot make any shard pass the cut. In the background:
 //       3. every server copies its shards when they reach the step, writes its file and

@@ -198,6 +198,9 @@ void Prune(const std::string& dir, int keep) {
       continue;
     }
     if (!has_manifest && complete == 0) continue;  // newer than every complete one: maybe being written
+    // The manifest first: a removal cut short leaves an incomplete version, never a
+    // manifest whose files are gone.
+    fs::remove(absl::StrCat(path, "/", kManifestName), ec);
     fs::remove_all(path, ec);
   }
 }

@@ -964,3 +964,48 @@ TEST(CheckpointVersionsTest, AFullDiskFailsCutsNamingTheFileStopsTheJobAtTheLimi
 
 }  // namespace
 }  // namespace gw::param_server
+
+namespace gw::param_server {
+namespace {
+
+// A client that does not push (an operator's) cuts while two trainers run synchronous
+// steps as fast as they can: each cut is planned further ahead when the trainers passed
+// the step it aimed at, so every one completes, each one step of the table.
+TEST(CheckpointVersionsTest, ACutFromAClientThatDoesNotPushCompletesWhileTrainersRunAtFullSpeed) {
+  const ScopedTempDir scoped("ckv_operator");
+  ASSERT_TRUE(scoped.ok());
+  Deployment d = Deployment::Start(2, 3, {.checkpoint_dir = scoped.path(), .checkpoint_keep = 10});
+  ASSERT_NE(d.group, nullptr);
+  Client t0(d[2], kTwoServers, 0, 2), t1(d[3], kTwoServers, 1, 2), op(d[4], kTwoServers, -1, 2);
+  for (Client* c : {&t0, &t1, &op}) {
+    ASSERT_TRUE(c->CreateDense("w", Tensor::Zeros({64}), optim::Sgd{.lr = 0.01}, Consistency::kSync).ok());
+  }
+  // Both trainers stop at one step (a synchronous step waits for both): a few past where
+  // trainer 0 is when the cuts are done.
+  std::atomic<int64_t> done{0}, stop_at{std::numeric_limits<int64_t>::max()};
+  auto train = [&](Client& c) {
+    for (int64_t step = 0; step < stop_at.load(); ++step) {
+      if (!c.PushPull("w", step, Tensor::Ones({64})).Get().ok()) return;
+      if (c.trainer() == 0) done = step + 1;
+    }
+  };
+  int64_t last_step = -1;
+  {
+    std::thread a([&] { train(t0); }), b([&] { train(t1); });
+    for (int i = 0; i < 8; ++i) {
+      absl::StatusOr<CheckpointInfo> cut = op.Checkpoint().Get();
+      EXPECT_TRUE(cut.ok()) << "cut " << i << ": " << cut.status();
+      if (!cut.ok()) break;
+      EXPECT_GT(cut->step, last_step);
+      last_step = cut->step;
+    }
+    stop_at = done.load() + 3;
+    a.join();
+    b.join();
+  }
+  EXPECT_GT(last_step, 0);
+  EXPECT_TRUE(d.group->ShutdownAll().ok());
+}
+
+}  // namespace
+}  // namespace gw::param_server

@@ -283,8 +283,15 @@ absl::StatusOr<std::vector<WorkerInfo>> Rendezvous::AwaitAll(absl::Time deadline
   return workers;
 }
 
+std::shared_ptr<Store> Rendezvous::Current() const {
+  absl::MutexLock lock(&mu_);
+  return store_;
+}
+
 absl::StatusOr<WorkerInfo> Rendezvous::Lookup(int rank, absl::Duration timeout) {
-  auto record = store_->Get(Key("worker/", rank), timeout);
+  std::shared_ptr<Store> store = Current();
+  if (store == nullptr) return absl::UnavailableError("the rendezvous store is closed (this agent is shutting down)");
+  auto record = store->Get(Key("worker/", rank), timeout);
   if (!record.ok()) return record.status();
   return Parse(rank, *record);
 }
@@ -341,7 +348,10 @@ absl::StatusOr<int> Rendezvous::Ranks(int world_size, int capacity) {
 
 absl::Status Rendezvous::MarkLeft(int rank) { return store_->Set(Key("left/", rank), "1"); }
 
-bool Rendezvous::HasLeft(int rank) { return store_->Get(Key("left/", rank), absl::Milliseconds(1)).ok(); }
+bool Rendezvous::HasLeft(int rank) {
+  std::shared_ptr<Store> store = Current();
+  return store != nullptr && store->Get(Key("left/", rank), absl::Milliseconds(1)).ok();
+}
 
 absl::StatusOr<Rendezvous::Found> Rendezvous::FindMembers(int world_size, int capacity, int self, absl::Time deadline) {
   absl::StatusOr<int> ranks = Ranks(world_size, capacity);
@@ -369,7 +379,12 @@ absl::Status Rendezvous::ForgetRun() {
 
 void Rendezvous::Close() {
   etcd_ = nullptr;
-  store_.reset();
+  std::shared_ptr<Store> closing;
+  {
+    absl::MutexLock lock(&mu_);
+    closing.swap(store_);
+  }
+  closing.reset();  // unless a Lookup under way holds it: then when that ends
   if (server_) server_->Shutdown();
 }
 

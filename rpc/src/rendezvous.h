@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "etcd_store.h"
@@ -123,7 +124,11 @@ class Rendezvous {
   const RendezvousProgress progress_;
   std::string store_address_;
   std::unique_ptr<StoreServer> server_;
-  std::unique_ptr<Store> store_;
+  // Shared, so that a Lookup racing Close (a call to a dead peer while the agent shuts
+  // down) holds the store it reads; Close drops it under `mu_`.
+  std::shared_ptr<Store> Current() const;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<Store> store_;
   EtcdStore* etcd_ = nullptr;  // store_, when it is etcd
 };
 
