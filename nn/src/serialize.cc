@@ -334,6 +334,10 @@ const char* NonFiniteName(DType dtype, const char* p) {
 // the check).
 constexpr uint64_t kLoadBlockBytes = 64 << 10;
 
+// The most elements the sizes of a tensor with none may describe (their product without
+// the zeros): far above any real shape, far below what strides could overflow at.
+constexpr uint64_t kMaxEmptyExtent = uint64_t{1} << 40;
+
 // Checks a whole file in memory and, when `out` is given, makes its tensors; returns the
 // file's digest (serialize.h).
 absl::StatusOr<FileDigest> Parse(const std::string& data, const std::string& path, const LoadOptions& options,
@@ -382,15 +386,18 @@ absl::StatusOr<FileDigest> Parse(const std::string& data, const std::string& pat
     if (!r.Get(&ndim) || ndim > kMaxDims) return r.Corrupt(absl::StrCat("entry '", entry, "': bad rank"));
     Shape sizes(ndim);
     uint64_t numel = 1;
+    // The product of the sizes that are not 0 is bounded (by the bytes left when the
+    // tensor has elements, by kMaxEmptyExtent when it has none: an empty [0, 4096] is
+    // valid at the end of any file), so no stride or product can overflow.
+    uint64_t extent = 1;
     for (auto& d : sizes) {
-      // Every size is bounded by the bytes left in the file (even when another size is 0),
-      // so no later stride or product can overflow.
-      if (!r.Get(&d) || d < 0 || static_cast<uint64_t>(d) > r.remaining() ||
-          (d > 0 && numel > r.remaining() / static_cast<uint64_t>(d))) {
-        return r.Corrupt(absl::StrCat("entry '", entry, "': bad size"));
-      }
-      numel *= static_cast<uint64_t>(d);
+      if (!r.Get(&d) || d < 0) return r.Corrupt(absl::StrCat("entry '", entry, "': bad size"));
+      const uint64_t u = static_cast<uint64_t>(d);
+      if (u > 0 && extent > kMaxEmptyExtent / u) return r.Corrupt(absl::StrCat("entry '", entry, "': bad size"));
+      if (u > 0) extent *= u;
+      numel *= u;
     }
+    if (numel > 0 && extent > r.remaining()) return r.Corrupt(absl::StrCat("entry '", entry, "': bad size"));
     uint64_t nbytes;
     const char* payload;
     const DType dt = static_cast<DType>(dtype);

@@ -402,5 +402,23 @@ TEST_F(SerializeFormatTest, UnreadablePathsAreStatusesNamingThem) {
   }
 }
 
+// An empty tensor whose other sizes exceed the bytes left (a sparse table's empty sum of
+// rows [0, 4096], the last entry of a checkpoint) loads; sizes no tensor could have are
+// refused all the same.
+TEST_F(SerializeFormatTest, EmptyTensorsWithWideShapesLoadAtTheEndOfAFile) {
+  const NamedTensors in = {{"rows", Tensor::Ones({2, 3})}, {"sum_rows", Tensor::Empty({0, 4096})},
+                           {"more", Tensor::Empty({4096, 0, 7})}};
+  ASSERT_TRUE(SaveTensors(good_path_, in).ok());
+  absl::StatusOr<NamedTensors> out = LoadTensors(good_path_);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 3u);
+  EXPECT_EQ((*out)[1].second.sizes(), Shape({0, 4096}));
+  EXPECT_EQ((*out)[2].second.sizes(), Shape({4096, 0, 7}));
+  ASSERT_TRUE(SaveTensors(good_path_, {{"huge", Tensor::Empty({0, int64_t{1} << 21, int64_t{1} << 21})}}).ok());
+  absl::StatusOr<NamedTensors> huge = LoadTensors(good_path_);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kDataLoss) << huge.status();
+  EXPECT_TRUE(Contains(huge.status(), "bad size")) << huge.status();
+}
+
 }  // namespace
 }  // namespace gw::nn
