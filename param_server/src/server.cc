@@ -321,8 +321,9 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                                                        " was superseded by version ", m.version)));
     }
     absl::Status late;
-    for (const auto& [table, shard] : shards) {
-      Shard& s = *shard;
+    for (const auto& entry : shards) {
+      const std::string& table = entry.first;  // a plain reference: lambdas may not capture bindings
+      Shard& s = *entry.second;
       nn::NamedTensors copy;
       internal::CutShard info;
       const absl::Time start = absl::Now();
@@ -342,13 +343,16 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
         }
       } else {
         // An asynchronous sparse shard's pushes take only the gate and the rows' locks.
-        const bool gated = s.config.sparse && s.config.consistency == Consistency::kAsync;
-        if (gated) s.gate.Lock();
-        {
+        auto copy_now = [&] {
           absl::MutexLock lock(&s.mu);
           CopyForCut(table, s, copy, info);
+        };
+        if (s.config.sparse && s.config.consistency == Consistency::kAsync) {
+          absl::MutexLock gate(&s.gate);  // no push is half-applied while the rows are copied
+          copy_now();
+        } else {
+          copy_now();
         }
-        if (gated) s.gate.Unlock();
         copied = true;
       }
       if (copied) AddCopy(cut, std::move(copy), std::move(info), absl::Now() - start);
