@@ -150,8 +150,13 @@ std::vector<gw::Tensor> Gradients(const std::vector<gw::Tensor>& params, const g
 
 // Runs warm-up + timed steps as trainer `trainer`; returns the timed steps' wall seconds
 // and the parameter bytes of the model.
+// The timed steps' durations of the last Train in this process (ms), for the checkpoint
+// comparison's percentiles.
+std::vector<double> g_step_ms;
+
 std::pair<double, int64_t> Train(int port, int trainer, int warmup, int steps,
                                  absl::Duration checkpoint_every = absl::ZeroDuration()) {
+  g_step_ms.clear();
   auto agent = gw::rpc::Agent::Start(Options(1 + trainer, port));
   if (!agent.ok()) Fail("trainer start", agent.status());
   ps::Client client(**agent, {"worker0"}, trainer, 2, ps::ClientOptions{.checkpoint_every = checkpoint_every});
@@ -195,6 +200,7 @@ std::pair<double, int64_t> Train(int port, int trainer, int warmup, int steps,
     absl::StatusOr<std::vector<gw::Tensor>> next = client.PushPullMany(names, step, grads).Get();
     if (!next.ok()) Fail("push/pull", next.status());
     values = *std::move(next);
+    if (step >= warmup) g_step_ms.push_back(1e3 * (gw::bench::NowSeconds() - c0));
   }
   const double secs = gw::bench::NowSeconds() - t0;
   // For the profile: the trainer's own forward/backward, with the other trainer and the
@@ -207,8 +213,15 @@ std::pair<double, int64_t> Train(int port, int trainer, int warmup, int steps,
 
 }  // namespace
 
+// The q-quantile of `v` (sorted copy).
+double Quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
 // One W6 run with fresh processes: steps/s summed over both trainers, and the server's
-// "checkpoints ..." line (empty without `checkpoint_dir`).
+// "checkpoints ..." line (empty without `checkpoint_dir`); trainer 0's step times in
+// g_step_ms.
 std::pair<double, std::string> DenseRun(int warmup, int steps, const std::string& checkpoint_dir) {
   absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
   if (!port.ok()) Fail("port", port.status());
@@ -245,16 +258,20 @@ int CheckpointCost(bool quick) {
   const int warmup = 5, steps = quick ? 300 : 2000;
   std::fprintf(stderr, "param_server_checkpoint: W6, %d timed steps, no checkpoints vs one a second, 3 runs each\n",
                steps);
-  std::vector<double> none, every;
+  std::vector<double> none, every, p99_none, p99_every, max_none, max_every;
   std::string last;
   for (int round = 0; round < 3; ++round) {
     none.push_back(DenseRun(warmup, steps, "").first);
+    p99_none.push_back(Quantile(g_step_ms, 0.99));
+    max_none.push_back(Quantile(g_step_ms, 1.0));
     char dir_template[] = "/tmp/gw_bench_ckpt_XXXXXX";
     if (::mkdtemp(dir_template) == nullptr) Fail("mkdtemp", absl::ErrnoToStatus(errno, "mkdtemp"));
     auto [rate, line] = DenseRun(warmup, steps, dir_template);
     std::error_code ec;
     std::filesystem::remove_all(dir_template, ec);
     every.push_back(rate);
+    p99_every.push_back(Quantile(g_step_ms, 0.99));
+    max_every.push_back(Quantile(g_step_ms, 1.0));
     last = line;
     std::fprintf(stderr, "param_server_checkpoint: round %d: %.1f steps/s without, %.1f with (server: %s)\n", round,
                  none.back(), every.back(), line.empty() ? "no line" : line.substr(0, line.size() - 1).c_str());
@@ -266,6 +283,12 @@ int CheckpointCost(bool quick) {
   gw::bench::Report("param_server_checkpoint", "steps_per_s_none", median(none), "steps/s");
   gw::bench::Report("param_server_checkpoint", "steps_per_s_every_1s", median(every), "steps/s");
   gw::bench::Report("param_server_checkpoint", "steps_ratio", median(every) / median(none), "fraction");
+  // Trainer 0's step times: a cut's stall (its plan, registration and the copy) would
+  // show in the slowest steps.
+  gw::bench::Report("param_server_checkpoint", "step_ms_p99_none", median(p99_none), "ms");
+  gw::bench::Report("param_server_checkpoint", "step_ms_p99_every_1s", median(p99_every), "ms");
+  gw::bench::Report("param_server_checkpoint", "step_ms_max_none", median(max_none), "ms");
+  gw::bench::Report("param_server_checkpoint", "step_ms_max_every_1s", median(max_every), "ms");
   long long written = 0, failed = 0, bytes = 0;
   double copy_ms = 0, write_ms = 0;
   if (std::sscanf(last.c_str(), "checkpoints %lld %lld %lf %lf %lld", &written, &failed, &copy_ms, &write_ms, &bytes) ==
