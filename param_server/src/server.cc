@@ -134,7 +134,25 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       if (!s.ok()) return s;
     }
     watchdog_ = std::thread([this] { Watch(); });
-    if (!options_.checkpoint_dir.empty()) writer_ = std::thread([this] { WriteCuts(); });
+    if (!options_.checkpoint_dir.empty()) {
+      writer_ = std::thread([this] { WriteCuts(); });
+      // The checkpoints in the agent's statistics (what a metrics endpoint exports).
+      statistics_ = agent_.statistics().Add("ps_checkpoints", [this](std::vector<rpc::Sample>& out) {
+        const CheckpointStats c = checkpoint_stats();
+        auto add = [&](const char* name, double value) {
+          out.push_back({absl::StrCat("gradwire_ps_checkpoint_", name), {}, value});
+        };
+        add("versions_written_total", static_cast<double>(c.written));
+        add("failures_total", static_cast<double>(c.failed));
+        add("failures_in_a_row", static_cast<double>(c.failures_in_a_row));
+        add("last_version", static_cast<double>(c.last_version));
+        add("last_step", static_cast<double>(c.last_step));
+        add("last_bytes", static_cast<double>(c.last_bytes));
+        add("last_copy_seconds", absl::ToDoubleSeconds(c.last_copy));
+        add("last_write_seconds", absl::ToDoubleSeconds(c.last_write));
+        add("restored_version", static_cast<double>(restored_.version));
+      });
+    }
     // A trainer declared dead fails the steps waiting for its push at once.
     peer_watch_ = agent_.WatchPeers([weak = weak_from_this()](int rank) {
       if (std::shared_ptr<Impl> self = weak.lock()) self->OnWorkerGone(rank);
@@ -1278,6 +1296,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   CheckpointStats stats_ ABSL_GUARDED_BY(cut_mu_);
   absl::Time last_logged_ ABSL_GUARDED_BY(cut_mu_) = absl::InfinitePast();
   std::thread writer_;
+  rpc::Statistics::Source statistics_;  // last: dropped first
 };
 
 absl::StatusOr<std::shared_ptr<ParameterServer>> ParameterServer::Install(rpc::Agent& agent, ServerOptions options) {

@@ -205,6 +205,15 @@ TEST(CheckpointTest, PeriodicVersionsAreKeptAndADamagedOneIsPassedOver) {
     EXPECT_GE(stats.written, 4);
     EXPECT_EQ(stats.failed, 0);
     EXPECT_GT(stats.last_bytes, 0);
+    // The same in the agent's statistics.
+    bool seen = false;
+    for (const rpc::Sample& s : (*g)[0].statistics().Collect()) {
+      if (s.name == "gradwire_ps_checkpoint_versions_written_total") {
+        seen = true;
+        EXPECT_GE(s.value, 4.0);
+      }
+    }
+    EXPECT_TRUE(seen) << rpc::ToText((*g)[0].statistics().Collect());
     absl::SleepFor(absl::Milliseconds(100));  // a cut under way completes
   }
   std::vector<int64_t> complete;

@@ -73,8 +73,11 @@
 //     trainers' next push move it to their step when they are ahead (a single server
 //     that restarted: the steps in between are lost for its shards, said on stderr
 //     once), and refuses pushes of steps it has long passed (consistency_clock.h).
-//     Failures to write are counted (checkpoint_stats) and written to stderr (the first
-//     of a series, then at most a line a minute); the client fails the cut.
+//     Failures to write are counted (checkpoint_stats, and the agent's statistics:
+//     gradwire_ps_checkpoint_versions_written_total, _failures_total, _failures_in_a_row,
+//     _last_version, _last_step, _last_bytes, _last_copy_seconds, _last_write_seconds,
+//     _restored_version) and written to stderr (the first of a series, then at most a
+//     line a minute); the client fails the cut.
 //   - Thread-safe; pulls and pushes of different tables never wait for each other.
 #ifndef GRADWIRE_PARAM_SERVER_SERVER_H_
 #define GRADWIRE_PARAM_SERVER_SERVER_H_
