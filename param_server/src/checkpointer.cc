@@ -77,8 +77,7 @@ void Checkpointer::Abandon(const std::vector<std::string>& servers, int64_t vers
   }
 }
 
-Future<CheckpointInfo> Checkpointer::Cut(const std::vector<std::string>& servers, std::vector<ManifestTable> tables,
-                                         bool if_kept) {
+Future<CheckpointInfo> Checkpointer::Cut(const std::vector<std::string>& servers, std::vector<ManifestTable> tables) {
   Promise<CheckpointInfo> done(agent_.executor());
   {
     absl::MutexLock lock(&mu_);
@@ -86,7 +85,7 @@ Future<CheckpointInfo> Checkpointer::Cut(const std::vector<std::string>& servers
   }
   absl::StatusOr<Registered> cut = Register(servers);
   if (!cut.ok()) {
-    Finished(cut.status(), /*count=*/!(if_kept && absl::IsFailedPrecondition(cut.status())));
+    Finished(cut.status());
     done.Set(cut.status());
     return done.future();
   }
@@ -132,7 +131,7 @@ void Checkpointer::Commit(const std::vector<std::string>& servers, const Registe
     m.files.push_back(std::move(file));
     info.files.push_back(f.name);
   }
-  const std::string manifest = Encode(m);
+  const std::string manifest = Encode(m);  // never throws (names that are not UTF-8 are replaced)
   std::vector<Future<rpc::Ack>> committed;
   for (const std::string& server : servers) {
     committed.push_back(agent_.Send(server, CutCommitMessage{cut.version, manifest}, rpc::CallOptions{timeout_}));
@@ -152,10 +151,9 @@ void Checkpointer::Commit(const std::vector<std::string>& servers, const Registe
       });
 }
 
-void Checkpointer::Finished(const absl::Status& status, bool count) {
+void Checkpointer::Finished(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   --in_flight_;
-  if (!count) return;
   if (status.ok()) {
     failures_in_a_row_ = 0;
     last_failure_ = absl::OkStatus();

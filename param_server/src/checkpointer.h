@@ -45,10 +45,7 @@ class Checkpointer : public std::enable_shared_from_this<Checkpointer> {
   Checkpointer(rpc::Agent& agent, int max_failures, absl::Duration timeout)
       : agent_(agent), max_failures_(max_failures), timeout_(timeout) {}
 
-  // `if_kept`: servers without a checkpoint directory are not a failure (FAILED_PRECONDITION
-  // is returned, nothing counted or logged).
-  Future<CheckpointInfo> Cut(const std::vector<std::string>& servers, std::vector<ManifestTable> tables,
-                             bool if_kept = false);
+  Future<CheckpointInfo> Cut(const std::vector<std::string>& servers, std::vector<ManifestTable> tables);
 
   absl::Status Health() const;
   bool in_flight() const;
@@ -63,7 +60,7 @@ class Checkpointer : public std::enable_shared_from_this<Checkpointer> {
   void Abandon(const std::vector<std::string>& servers, int64_t version);
   void Commit(const std::vector<std::string>& servers, const Registered& cut, std::vector<ManifestTable> tables,
               const std::vector<CutFile>& files, Promise<CheckpointInfo> done);
-  void Finished(const absl::Status& status, bool count = true);
+  void Finished(const absl::Status& status);
 
   rpc::Agent& agent_;
   const int max_failures_;

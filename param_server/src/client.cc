@@ -675,9 +675,6 @@ absl::Status Client::Reshard(const std::string& name, const std::vector<std::str
     return absl::Status(ended.code(), absl::StrCat("table '", name, "' was re-sharded, but a server did not hear so (",
                                                    ended.message(), "); its new shard takes over at the first request"));
   }
-  // Servers that keep checkpoints: a version of the new layout (the cut completes in the
-  // background).
-  CheckpointIfKept();
   return absl::OkStatus();
 }
 
@@ -690,10 +687,17 @@ std::vector<std::string> Client::AllServers() const {
   return std::vector<std::string>(servers.begin(), servers.end());
 }
 
-Future<CheckpointInfo> Client::Checkpoint() { return Cut(/*if_kept=*/false); }
-Future<CheckpointInfo> Client::CheckpointIfKept() { return Cut(/*if_kept=*/true); }
-
-Future<CheckpointInfo> Client::Cut(bool if_kept) {
+Future<CheckpointInfo> Client::Checkpoint() {
+  // The layouts as the store has them now: a table re-sharded since this client last
+  // heard of it has its shards on other servers (the version must hold them all).
+  std::vector<std::string> names;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, _] : tables_) names.push_back(name);
+  }
+  for (const std::string& name : names) {
+    if (absl::StatusOr<Table> now = Refreshed(name); !now.ok()) return MakeReadyFuture<CheckpointInfo>(agent_.executor(), now.status());
+  }
   const std::vector<std::string> servers = AllServers();
   std::vector<internal::ManifestTable> layouts;
   {
@@ -710,7 +714,7 @@ Future<CheckpointInfo> Client::Cut(bool if_kept) {
       layouts.push_back(std::move(m));
     }
   }
-  return checkpointer_->Cut(servers, std::move(layouts), if_kept);
+  return checkpointer_->Cut(servers, std::move(layouts));
 }
 
 absl::Status Client::BeforePush() {

@@ -55,6 +55,9 @@ absl::Status ConsistencyClock::Push(int64_t clock, int64_t trainer, const Ops& o
   }
   if (mode_ == Consistency::kSync) return AddToStep(clock, static_cast<int>(trainer), ops);
   Trainer& t = it->second;
+  // A trainer's first push after a restore is where it is now (a resumed job, or a server
+  // restarted alone): applied, whatever the restored clock.
+  if (unheard_.erase(static_cast<int>(trainer)) > 0) t.next = clock;
   if (clock + 1 == t.next) return absl::OkStatus();  // a retried push already applied
   if (clock < t.next) return Passed(clock, trainer, t.next);
   if (clock > t.until) {
@@ -170,6 +173,10 @@ void ConsistencyClock::Restore(int64_t applied, std::map<int, Trainer> trainers,
   trainers_ = std::move(trainers);
   pushed_ = std::move(pushed);
   restored_ = true;
+  unheard_.clear();
+  if (mode_ == Consistency::kBoundedStaleness) {
+    for (const auto& [t, _] : trainers_) unheard_.insert(t);
+  }
 }
 
 }  // namespace gw::param_server::internal

@@ -15,7 +15,9 @@
 //                         trainer has pushed, ops.apply_step and the step advances.
 //       kAsync            ops.apply_now (no identity: a retried push applies again).
 //       kBoundedStaleness clock one below the trainer's next clock: a retry; further
-//                         below: FAILED_PRECONDITION, as kSync; otherwise
+//                         below: FAILED_PRECONDITION, as kSync (but a trainer's first
+//                         push after Restore, which is applied at whatever clock: a
+//                         resumed trainer, or one whose server restarted); otherwise
 //                         ops.apply_now and the trainer's next clock is clock + 1.
 //     kSync and kBoundedStaleness check the trainer: INVALID_ARGUMENT when it is not one
 //     of the table's (also once it left: a bounded-staleness trainer at once, a
@@ -120,6 +122,7 @@ class ConsistencyClock {
   std::set<int> pushed_;
   std::map<int, Trainer> trainers_;
   bool restored_ = false;
+  std::set<int> unheard_;  // kBoundedStaleness: restored trainers that have not pushed since
 };
 
 }  // namespace gw::param_server::internal

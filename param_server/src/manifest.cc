@@ -53,7 +53,8 @@ std::string Encode(const Manifest& m) {
   const json doc = {{"format", kFormat},         {"job", m.job},     {"version", m.version},
                     {"step", m.step},             {"written_at", m.written_at}, {"files", files},
                     {"tables", tables},           {"shared_directory", m.shared_directory}};
-  std::string text = doc.dump(1) + "\n";
+  // Names that are not UTF-8 are replaced, not thrown on (dump's default).
+  std::string text = doc.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
   return absl::StrCat(text, kCrcLine, Hex(nn::Crc32c(text.data(), text.size())), "\n");
 }
 

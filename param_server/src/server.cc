@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -269,6 +270,10 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     plan.latest_version = versions.empty() ? 0 : versions.front();
     absl::MutexLock lock(&cut_mu_);
     plan.job = job_;
+    // A cut registered or committed here whose directory is not there (yet, or any more)
+    // still takes its number.
+    if (pending_) plan.latest_version = std::max(plan.latest_version, pending_->version);
+    if (committed_) plan.latest_version = std::max(plan.latest_version, committed_->version);
     return plan;
   }
 
@@ -278,6 +283,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     std::string job;
     int64_t step = 0;
     bool registering = true;
+    absl::Time registered = absl::Now();  // a cut pending past kCutLifetime is dropped (its client is gone)
     std::set<std::string> waiting;  // synchronous tables not copied yet
     std::map<std::string, nn::NamedTensors> copies;
     std::vector<internal::CutShard> shards;
@@ -326,7 +332,12 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     std::shared_ptr<PendingCut> superseded;
     {
       absl::MutexLock lock(&cut_mu_);
-      if (pending_ && pending_->version == m.version) return absl::OkStatus();  // a retry
+      if (pending_ && pending_->version == m.version) {
+        if (pending_->job == m.job && pending_->step == m.step) return absl::OkStatus();  // a retry
+        return absl::FailedPreconditionError(absl::StrCat(name_, " is cutting checkpoint version ", m.version,
+                                                          " at step ", pending_->step, " already (two clients cut "
+                                                          "checkpoints?)"));
+      }
       if (pending_ && pending_->version > m.version) {
         return absl::FailedPreconditionError(absl::StrCat(name_, " is cutting checkpoint version ", pending_->version,
                                                           ", newer than ", m.version, " (two clients cut checkpoints?)"));
@@ -429,9 +440,10 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
         absl::MutexLock lock(&cut_mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cut_mu_) { return writer_stopping_ || !writes_.empty(); };
         cut_mu_.Await(absl::Condition(&ready));
-        if (writes_.empty()) return;
+        if (writer_stopping_ || writes_.empty()) return;  // queued writes are dropped: nobody waits for them
         cut = writes_.front();
         writes_.pop_front();
+        if (pending_ != cut) continue;  // superseded or abandoned while queued: not worth a write
       }
       nn::NamedTensors all;
       for (auto& [table, copy] : cut->copies) {  // by table name
@@ -443,8 +455,13 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       std::error_code ec;
       std::filesystem::create_directories(dir, ec);
       nn::FileDigest digest;
-      const absl::Status s = ec ? absl::ErrnoToStatus(ec.value(), absl::StrCat("cannot create '", dir, "'"))
-                                : nn::SaveTensors(absl::StrCat(dir, "/", name), all, &digest);
+      // A version never holds what a restore would refuse: values that are not finite (a
+      // diverged table) fail the cut instead.
+      absl::Status s = options_.allow_non_finite ? absl::OkStatus() : FiniteOrWhy(all);
+      if (s.ok()) {
+        s = ec ? absl::ErrnoToStatus(ec.value(), absl::StrCat("cannot create '", dir, "'"))
+               : nn::SaveTensors(absl::StrCat(dir, "/", name), all, &digest);
+      }
       std::vector<Promise<internal::CutFile>> answers;
       absl::StatusOr<internal::CutFile> file =
           internal::CutFile{name, static_cast<int64_t>(digest.bytes), static_cast<int64_t>(digest.crc32c), cut->shards,
@@ -475,6 +492,22 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     char host[256] = {};
     if (::stat(options_.checkpoint_dir.c_str(), &st) != 0 || ::gethostname(host, sizeof host - 1) != 0) return "";
     return absl::StrCat(host, ":", st.st_dev, ":", st.st_ino);
+  }
+
+  // OK, or which entry of a cut's copies holds a value that is not finite.
+  static absl::Status FiniteOrWhy(const nn::NamedTensors& tensors) {
+    for (const auto& [entry, t] : tensors) {
+      if (t.dtype() != DType::kFloat32) continue;
+      const float* v = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        if (!std::isfinite(v[i])) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "'", entry, "' holds ", v[i], " at index ", i,
+              ": the table diverged; no version is written (ServerOptions::allow_non_finite writes it anyway)"));
+        }
+      }
+    }
+    return absl::OkStatus();
   }
 
   void CountFailure(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cut_mu_) {
@@ -519,13 +552,14 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     const std::string dir = internal::VersionPath(options_.checkpoint_dir, m.version);
     absl::StatusOr<internal::Manifest> manifest = internal::Decode(m.manifest, "the manifest sent");
     absl::Status s = manifest.status();
-    if (s.ok() && (manifest->FileOf(name_) == nullptr ||
+    if (s.ok() && (manifest->version != m.version || manifest->step != cut->step || manifest->job != cut->job ||
+                   manifest->FileOf(name_) == nullptr ||
                    manifest->FileOf(name_)->crc32c != static_cast<uint32_t>(cut->file->crc32c))) {
-      s = absl::InvalidArgumentError(
-          absl::StrCat("the manifest of version ", m.version, " does not list ", name_, "'s file as written"));
+      s = absl::InvalidArgumentError(absl::StrCat("the manifest of version ", m.version, " is not of the cut ", name_,
+                                                  " wrote (version, step, job or its file differ)"));
     }
     if (s.ok()) s = internal::WriteFileAtomically(absl::StrCat(dir, "/", internal::kManifestName), m.manifest, name_);
-    absl::MutexLock lock(&cut_mu_);
+    absl::ReleasableMutexLock lock(&cut_mu_);
     if (pending_ == cut) pending_ = nullptr;
     if (!s.ok()) {
       const absl::Status failed(s.code(), absl::StrCat(name_, " could not commit checkpoint version ", m.version, ": ",
@@ -540,6 +574,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     stats_.last_version = cut->version;
     stats_.last_step = cut->step;
     cut->copies.clear();  // their memory goes now
+    lock.Release();
+    // Outside the lock: a push that completes a step takes it (CopyIfCut).
     internal::Prune(options_.checkpoint_dir, std::max(1, options_.checkpoint_keep));
     return absl::OkStatus();
   }
@@ -551,6 +587,23 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       if (pending_ && pending_->version == version) cut = pending_;
     }
     if (cut) Drop(cut, absl::AbortedError(absl::StrCat("checkpoint version ", version, " was abandoned")));
+  }
+
+  // A cut pending for longer than kCutLifetime is dropped: its client died (it would have
+  // abandoned it), or a shard it waits for never got to its step (frozen, retired, its
+  // trainers gone). Its copies would stay in memory otherwise.
+  static constexpr absl::Duration kCutLifetime = absl::Minutes(10);
+  void DropIfStale() {
+    std::shared_ptr<PendingCut> stale;
+    {
+      absl::MutexLock lock(&cut_mu_);
+      if (pending_ && absl::Now() - pending_->registered > kCutLifetime) stale = pending_;
+    }
+    if (stale) {
+      Drop(stale, absl::DeadlineExceededError(absl::StrCat("checkpoint version ", stale->version, " on ", name_,
+                                                           " was pending for ", absl::FormatDuration(kCutLifetime),
+                                                           ": dropped")));
+    }
   }
 
   // Ends `cut` if it is still pending: the shards stop waiting for it, and the answers
@@ -1200,6 +1253,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
         for (auto& [name, s] : shards_) shards.emplace_back(name, s);
       }
       for (auto& [table, s] : shards) FailIfLate(table, *s);
+      DropIfStale();
     }
   }
 

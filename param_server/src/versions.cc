@@ -28,8 +28,11 @@ std::vector<int64_t> ListVersions(const std::string& dir) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     int64_t v = 0;
-    if (name.size() >= 2 && name[0] == 'v' && absl::SimpleAtoi(name.substr(1), &v) && v >= 0 &&
-        it->is_directory(ec)) {
+    // Only names VersionPath makes ("v" and 8 or more digits): "v12" or "v+12" would list
+    // a version twice.
+    if (name.size() >= 9 && name[0] == 'v' &&
+        std::all_of(name.begin() + 1, name.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+        absl::SimpleAtoi(name.substr(1), &v) && absl::StrFormat("v%08d", v) == name && it->is_directory(ec)) {
       out.push_back(v);
     }
   }
@@ -109,7 +112,7 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& version_dir) {
 
 absl::Status CheckVersion(const std::string& version_dir, const Manifest& manifest, CheckScope scope,
                           const std::string& server) {
-  if (scope == CheckScope::kPresent && manifest.FileOf(server) == nullptr) {
+  if (!server.empty() && manifest.FileOf(server) == nullptr) {
     std::vector<std::string> servers;
     for (const ManifestFile& f : manifest.files) servers.push_back(f.server);
     return absl::FailedPreconditionError(absl::StrCat(
@@ -157,7 +160,7 @@ absl::StatusOr<UsableVersion> NewestUsable(const std::string& dir, const std::st
       s = load(usable);
       if (s.ok()) return usable;
     }
-    if (!(newer_complete && absl::IsNotFound(s))) {
+    if (!(newer_complete && absl::IsNotFound(manifest.status()))) {
       on_skip(path, s);
       why.push_back(absl::StrCat(path, ": ", s.message()));
     }

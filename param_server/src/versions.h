@@ -15,10 +15,11 @@
 //     Errors name the path.
 //   - ReadManifest(version_dir): the checked manifest (manifest.h); NOT_FOUND when the
 //     version has none (incomplete), DATA_LOSS when it is damaged, naming the path.
-//   - CheckVersion(version_dir, manifest, scope): every file of the manifest (kAll), or
-//     only those present but the named server's, which must be (kPresent: a server whose
+//   - CheckVersion(version_dir, manifest, scope, server): every file of the manifest (kAll),
+//     or only those present but the named server's, which must be (kPresent: a server whose
 //     directory is not shared sees only its own), compared with the manifest: size and
-//     CRC32C of the whole file (nn::DigestFile). DATA_LOSS names the file and what
+//     CRC32C (nn::DigestFile, which also checks the file). A named server the manifest does
+//     not list is FAILED_PRECONDITION saying which servers wrote the version. DATA_LOSS names the file and what
 //     differs; a missing file is NOT_FOUND naming it.
 //   - NewestUsable(dir, server, load, on_skip): the newest complete version whose manifest
 //     is intact, lists `server`, passes CheckVersion (kAll when the manifest says the

@@ -764,12 +764,28 @@ TEST(CheckpointVersionsTest, EveryKindOfDamageIsDetectedNamedAndPassedOver) {
     ExpectDetected(damage, pristine, scoped.File(absl::StrCat("case", n++)), at_v1);
   }
 
-  // NaN values in a version whose checksums are right: a NaN gradient pushed to an
-  // asynchronous table before the cut.
+  // A table that diverged (a NaN gradient pushed to an asynchronous table) is not cut: the
+  // version fails naming the entry, and the servers count it.
+  {
+    Deployment d = Deployment::Start(2, 1, {.checkpoint_dir = scoped.File("diverged")});
+    ASSERT_NE(d.group, nullptr);
+    Client c(d[2], kTwoServers, 0, 1);
+    ASSERT_TRUE(c.CreateDense("a", Tensor::Ones({8}), optim::Sgd{.lr = 0.5}, Consistency::kAsync).ok());
+    ASSERT_TRUE(c.Push("a", 0, Tensor::Full({8}, std::numeric_limits<double>::quiet_NaN())).Get().ok());
+    absl::StatusOr<CheckpointInfo> cut = c.Checkpoint().Get();
+    EXPECT_EQ(cut.status().code(), absl::StatusCode::kFailedPrecondition) << cut.status();
+    EXPECT_TRUE(Contains(cut.status().message(), "'a|values' holds nan at index 0")) << cut.status();
+    EXPECT_TRUE(Contains(cut.status().message(), "diverged")) << cut.status();
+    EXPECT_EQ(d.servers[0]->checkpoint_stats().failed + d.servers[1]->checkpoint_stats().failed, 2);
+    EXPECT_TRUE(d.group->ShutdownAll().ok());
+  }
+
+  // NaN values in a version whose checksums are right (servers that allow them wrote it):
+  // a NaN gradient pushed to an asynchronous table before the cut.
   const std::string nan_dir = scoped.File("nan");
   Tensor a_at_v1;
   {
-    Deployment d = Deployment::Start(2, 1, {.checkpoint_dir = nan_dir});
+    Deployment d = Deployment::Start(2, 1, {.checkpoint_dir = nan_dir, .allow_non_finite = true});
     ASSERT_NE(d.group, nullptr);
     Client c(d[2], kTwoServers, 0, 1);
     ASSERT_TRUE(c.CreateDense("a", Tensor::Ones({8}), optim::Sgd{.lr = 0.5}, Consistency::kAsync).ok());

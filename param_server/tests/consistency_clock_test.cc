@@ -162,5 +162,22 @@ TEST(ConsistencyClockTest, BoundedStalenessTrainersJoinAtTheFrontAndStopHoldingO
   EXPECT_EQ(clock.Push(1, 1, r.Ops()).code(), absl::StatusCode::kInvalidArgument);  // it left
 }
 
+// A restored bounded-staleness table takes each trainer's first push at whatever clock it
+// is (a resumed job starts at the checkpoint's step, possibly behind the restored
+// clocks); after it, a push long passed is refused again.
+TEST(ConsistencyClockTest, ARestoredBoundedStalenessTableTakesEachTrainersFirstPushWhereItIs) {
+  ConsistencyClock clock(Consistency::kBoundedStaleness, 2, 2);
+  Recorder r;
+  clock.Restore(0, {{0, {0, ConsistencyClock::kForever, 10}}, {1, {0, ConsistencyClock::kForever, 9}}}, {});
+  ASSERT_TRUE(clock.Push(4, 0, r.Ops()).ok());
+  ASSERT_TRUE(clock.Push(4, 1, r.Ops()).ok());
+  EXPECT_EQ(r.log, "nn") << "both applied, though behind the restored clocks";
+  ASSERT_TRUE(clock.Push(4, 0, r.Ops()).ok());  // a retry of it: not applied again
+  EXPECT_EQ(r.log, "nn");
+  EXPECT_EQ(clock.Push(1, 0, r.Ops()).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(clock.Push(5, 0, r.Ops()).ok());
+  EXPECT_EQ(r.log, "nnn");
+}
+
 }  // namespace
 }  // namespace gw::param_server::internal

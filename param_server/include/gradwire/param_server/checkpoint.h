@@ -1,9 +1,10 @@
 // Checkpoints of a parameter-server deployment: what a user sees of them.
 //
 // A checkpoint is a numbered version in the servers' checkpoint directory
-// (ServerOptions::checkpoint_dir: shared by the servers, on one host or a network file
-// system; or one per host, where each server checks only the files it has, and a reader
-// needs every server's file):
+// (ServerOptions::checkpoint_dir: shared by the servers of one host, when a version is
+// usable only with every server's file; or one per host, or a network file system across
+// hosts, where each server checks the files it sees, its own first, and a reader needs
+// every server's file):
 //
 //   <dir>/v00000012/worker0.gwps   each server's tables (nn/serialize.h: every entry and
 //   <dir>/v00000012/worker1.gwps   the whole file checksummed with CRC32C)
@@ -21,7 +22,9 @@
 //   - Who cuts: Client::Checkpoint() (now), or the one client of a job with
 //     ClientOptions::checkpoint_every (cut at the step it is about to push, once a period).
 //     A job's last trainer step followed by Client::Checkpoint() is its final checkpoint.
-//   - What a server keeps: the newest ServerOptions::checkpoint_keep complete versions.
+//   - What a server keeps: the newest ServerOptions::checkpoint_keep complete versions. A
+//     cut of tables holding NaN or infinities (a diverged run) fails instead of writing a
+//     version no server would restore (unless ServerOptions::allow_non_finite).
 //   - What a server restores: at start, the newest version whose manifest and files are
 //     intact (versions passed over are named on stderr and in RestoredCheckpoint::skipped);
 //     if versions exist and none is usable, the server does not start (the error lists
@@ -34,7 +37,9 @@
 //     trainer continues from that step. A synchronous or bounded-staleness push of a step
 //     the table has long passed is refused (FAILED_PRECONDITION naming the steps) instead
 //     of being dropped as a retry: a trainer that does not resume cannot train into the
-//     void.
+//     void. (A restored bounded-staleness table takes each trainer's first push at its
+//     clock, so a step of it may count twice or not at all across a restore: its cut is
+//     not one step. A job of bounded-staleness tables only resumes at step 0.)
 //   - Readers (Reader::LoadCheckpoint, serve's ServeCheckpoint) take a directory or one
 //     version's directory and read through its manifest: the files in shard order, each
 //     checked against its size and CRC32C; a file that is missing, damaged, or from another
@@ -56,7 +61,7 @@ struct CheckpointInfo {
   int64_t version = 0;
   int64_t step = 0;  // the synchronous tables' step (0 when none is synchronous)
   std::string job;
-  std::vector<std::string> files;  // every server's file, in the order of the servers
+  std::vector<std::string> files;  // every server's file, in the order of the servers' names
 };
 
 // What the servers of a deployment restored (Client::Resume): version 0 when none.

@@ -53,7 +53,7 @@
 //     concurrent Reshards of one table are not supported; a coordinator that dies midway
 //     leaves the table frozen (its trainers' requests fail after sync_timeout): running
 //     Reshard again completes it (a frozen shard may be frozen again, an imported one
-//     replaced). Servers that keep checkpoints write one when the layout changes. Run it from a worker that is
+//     replaced). The next checkpoint holds the new layout (see Checkpoints). Run it from a worker that is
 //     not blocked on the table's steps (not from a synchronous trainer between its own
 //     push and pull). CreateDense/CreateSparse of a table that was re-sharded finds it
 //     in its current layout.
@@ -69,8 +69,10 @@
 //     client of a job should cut (trainer 0's in the examples); a job's final checkpoint
 //     is Checkpoint() after its last step. Resume() says which version the servers
 //     restored (version 0: none; FAILED_PRECONDITION naming them when they differ): a
-//     trainer continues from its step. A re-sharding ends with a checkpoint when the
-//     servers keep them, so a restart does not bring back the layout before it.
+//     trainer continues from its step. Each cut first reads the tables' layouts from the
+//     store, so a version after a re-sharding holds the tables where they are (until the
+//     next cut, a restart brings back the layout of the version before it). The files of
+//     CheckpointInfo are in the order of the servers' names.
 //   - The same tables through distributed autograd: ShardRRefs(name) returns a dense
 //     table's shards as RRefs owned by the servers (one per server, in server order; the
 //     owned tensor shares the shard's storage and requires grad). FetchDense(name,
@@ -164,8 +166,6 @@ class Client {
   absl::StatusOr<int64_t> Join(const std::vector<std::string>& names);
 
   Future<CheckpointInfo> Checkpoint();
-  // Checkpoint(), unless the servers keep none (then FAILED_PRECONDITION, and no failure counted).
-  Future<CheckpointInfo> CheckpointIfKept();
   absl::StatusOr<ResumePoint> Resume();
 
   absl::StatusOr<std::vector<rpc::RRef<Tensor>>> ShardRRefs(const std::string& name);
@@ -234,7 +234,6 @@ class Client {
   Future<Tensor> Assemble(const Table& table, std::vector<Future<Tensor>> shards) const;
   // Every server this client knows: those it was given and those of its tables.
   std::vector<std::string> AllServers() const;
-  Future<CheckpointInfo> Cut(bool if_kept);
   // Before a push: a periodic checkpoint when one is due, or the error that stops pushes.
   absl::Status BeforePush();
 

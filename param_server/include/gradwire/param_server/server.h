@@ -98,7 +98,7 @@ struct ServerOptions {
   std::string checkpoint_dir;  // empty: no checkpoints (shared by the job's servers)
   int checkpoint_keep = 3;     // complete versions kept (at least 1)
   bool fresh = false;          // start empty even if checkpoint_dir holds versions (kept; new ones number after them)
-  bool allow_non_finite = false;  // restore NaN / infinite values instead of refusing the version
+  bool allow_non_finite = false;  // write and restore NaN / infinite values instead of refusing the version
 };
 
 // A sparse table's shard, for tests and metrics.
