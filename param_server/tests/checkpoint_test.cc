@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <tuple>
+#include <fstream>
 
 #include "absl/strings/str_format.h"
 #include "agent_group.h"
 #include "scoped_temp_dir.h"
 #include "gradwire/optim/functional.h"
 #include "gradwire/param_server/client.h"
+#include "gradwire/param_server/reader.h"
 #include "gradwire/param_server/server.h"
 #include "gradwire/tensor/kernels.h"
 
@@ -250,6 +253,67 @@ TEST(CheckpointTest, PeriodicVersionsAreKeptAndADamagedOneIsPassedOver) {
   EXPECT_NE(installed.message().find(file_of(complete[0])), std::string::npos) << installed;
   EXPECT_NE(installed.message().find(file_of(complete[1])), std::string::npos) << installed;
   EXPECT_NE(installed.message().find("start fresh"), std::string::npos) << installed;
+}
+
+// Servers with a directory each (one per host): each writes its own file and the manifest
+// into its own directory, which says the directory was not shared; each restores the
+// version from its own file; a reader of one directory misses the other server's file.
+TEST(CheckpointTest, ServersWithADirectoryEachRestoreOneVersionFromTheirOwnFiles) {
+  const ScopedTempDir dir0("ckpt_host0"), dir1("ckpt_host1");
+  auto deploy = [&](std::vector<std::shared_ptr<ParameterServer>>& servers) {
+    servers.assign(2, nullptr);
+    return rpc::testing::AgentGroup::Start(3, [&](rpc::Agent& a) {
+      const int rank = a.self().rank;
+      if (rank < 2) {
+        servers[static_cast<size_t>(rank)] =
+            *ParameterServer::Install(a, {.checkpoint_dir = rank == 0 ? dir0.path() : dir1.path()});
+      }
+    });
+  };
+  Tensor saved;
+  {
+    std::vector<std::shared_ptr<ParameterServer>> servers;
+    auto g = deploy(servers);
+    ASSERT_NE(g, nullptr);
+    Client c((*g)[2], {"worker0", "worker1"}, 0, 1);
+    ASSERT_TRUE(c.CreateDense("w", Tensor::Ones({6}), optim::Sgd{.lr = 0.5, .momentum = 0.9}, Consistency::kSync).ok());
+    for (int64_t step = 0; step < 3; ++step) {
+      ASSERT_TRUE(c.Push("w", step, Tensor::Full({6}, static_cast<double>(step + 1))).Get().ok());
+      if (step == 1) {
+        ASSERT_TRUE(c.Checkpoint().Get().ok());
+      }
+    }
+    absl::StatusOr<CheckpointInfo> v2 = c.Checkpoint().Get();
+    ASSERT_TRUE(v2.ok()) << v2.status();
+    EXPECT_EQ(v2->version, 2);
+    EXPECT_EQ(v2->step, 3);
+    saved = *c.Pull("w", 3).Get();
+  }
+  for (const auto& [dir, own, other] : {std::tuple{dir0.path(), "worker0.gwps", "worker1.gwps"},
+                                        std::tuple{dir1.path(), "worker1.gwps", "worker0.gwps"}}) {
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat(dir, "/v00000002/", own))) << dir;
+    EXPECT_FALSE(std::filesystem::exists(absl::StrCat(dir, "/v00000002/", other))) << dir;
+    std::ifstream manifest(absl::StrCat(dir, "/v00000002/MANIFEST"));
+    const std::string text((std::istreambuf_iterator<char>(manifest)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\"shared_directory\": false"), std::string::npos) << text;
+  }
+  absl::StatusOr<TablesSnapshot> read = Reader::LoadCheckpoint(dir0.path(), {"w"}, {{6}});
+  EXPECT_FALSE(read.ok());
+  EXPECT_NE(read.status().message().find("worker1.gwps"), std::string::npos) << read.status();
+  std::vector<std::shared_ptr<ParameterServer>> servers;
+  auto g = deploy(servers);
+  ASSERT_NE(g, nullptr);
+  for (const auto& server : servers) {
+    EXPECT_EQ(server->restored().version, 2);
+    EXPECT_EQ(server->restored().step, 3);
+  }
+  Client c((*g)[2], {"worker0", "worker1"}, 0, 1);
+  ASSERT_TRUE(c.CreateDense("w", Tensor::Ones({6}), optim::Sgd{.lr = 0.5, .momentum = 0.9}, Consistency::kSync).ok());
+  absl::StatusOr<ResumePoint> resume = c.Resume();
+  ASSERT_TRUE(resume.ok()) << resume.status();
+  EXPECT_EQ(resume->version, 2);
+  EXPECT_EQ(resume->step, 3);
+  ExpectEqual(*c.Pull("w", 3).Get(), saved, "restored from each server's own directory");
 }
 
 // This process is rank 0 (store, both trainers' clients); ranks 1 and 2 are server
