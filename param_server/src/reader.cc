@@ -107,7 +107,8 @@ absl::StatusOr<TablesSnapshot> Reader::LoadCheckpoint(const std::string& path, c
   }
   // One version's directory (it has a manifest), or a checkpoint directory: its newest complete version.
   absl::StatusOr<internal::UsableVersion> version;
-  if (std::filesystem::exists(absl::StrCat(path, "/", internal::kManifestName))) {
+  std::error_code ec;  // (a path that cannot be looked at is read as a directory: its error names it)
+  if (std::filesystem::exists(absl::StrCat(path, "/", internal::kManifestName), ec)) {
     absl::StatusOr<internal::Manifest> manifest = internal::ReadManifest(path);
     if (!manifest.ok()) return manifest.status();
     if (absl::Status s = internal::CheckVersion(path, *manifest, internal::CheckScope::kAll); !s.ok()) return s;

@@ -216,7 +216,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                        std::string(why.message()).c_str());
         });
     if (absl::IsNotFound(usable.status())) {
-      if (const std::string old = absl::StrCat(dir, "/", name_, ".gwps"); std::filesystem::exists(old)) {
+      std::error_code ec;
+      if (const std::string old = absl::StrCat(dir, "/", name_, ".gwps"); std::filesystem::exists(old, ec)) {
         return absl::FailedPreconditionError(absl::StrCat(
             old, " is an unversioned checkpoint of an older gradwire, which this one does not read: move it away"));
       }
