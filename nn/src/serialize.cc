@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "gradwire/nn/crc32c.h"
+#include "gradwire/nn/file_io.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::nn {
@@ -37,28 +38,6 @@ template <typename T>
 void Put(std::string* out, T v) {
   out->append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
-
-// A Status for the errno of a failed system call on `path`, its code from the errno.
-absl::Status Errno(absl::string_view what, const std::string& path) {
-  const int e = errno;
-  return absl::ErrnoToStatus(e, absl::StrCat(what, " '", path, "'"));
-}
-
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ScopedFd(ScopedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  ScopedFd& operator=(ScopedFd&&) = delete;
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now, returning close()'s result (errno set on failure).
-  int Close() { return ::close(std::exchange(fd_, -1)); }
-
- private:
-  int fd_;
-};
 
 // A version 2 file as the pieces to write, checksums computed: the tensors' payloads in
 // place, and between them the small parts in strings (header + first entry's metadata,
@@ -101,39 +80,16 @@ class FileImage {
 
   const FileDigest& digest() const { return digest_; }
 
-  // Writes every piece to fd (writev, as few calls as IOV_MAX allows). False on an error
-  // (errno set).
-  bool WriteTo(int fd) const {
-    std::vector<iovec> pieces;
+  // The file's bytes in order: the small parts and the payloads, from their memory.
+  std::vector<absl::string_view> Pieces() const {
+    std::vector<absl::string_view> pieces;
     for (size_t i = 0; i < small_.size(); ++i) {
-      pieces.push_back({const_cast<char*>(small_[i].data()), small_[i].size()});
-      if (i < payloads_.size() && payloads_[i].nbytes() > 0) {
-        pieces.push_back({const_cast<void*>(payloads_[i].raw_data()), payloads_[i].nbytes()});
+      pieces.push_back(small_[i]);
+      if (i < payloads_.size()) {
+        pieces.emplace_back(static_cast<const char*>(payloads_[i].raw_data()), payloads_[i].nbytes());
       }
     }
-    for (size_t next = 0; next < pieces.size();) {
-      const int count = static_cast<int>(std::min<size_t>(pieces.size() - next, IOV_MAX));
-      const ssize_t w = ::writev(fd, &pieces[next], count);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return false;
-      }
-      if (w == 0) {  // nothing written with bytes left: not a regular file's behaviour
-        errno = EIO;
-        return false;
-      }
-      // Skip what was written; a piece written in part is advanced.
-      for (size_t left = static_cast<size_t>(w); left > 0;) {
-        iovec& piece = pieces[next];
-        const size_t step = std::min(left, piece.iov_len);
-        piece.iov_base = static_cast<char*>(piece.iov_base) + step;
-        piece.iov_len -= step;
-        left -= step;
-        if (piece.iov_len == 0) ++next;
-      }
-      while (next < pieces.size() && pieces[next].iov_len == 0) ++next;
-    }
-    return true;
+    return pieces;
   }
 
  private:
@@ -141,16 +97,6 @@ class FileImage {
   std::vector<Tensor> payloads_;  // contiguous (copies of the strided ones)
   FileDigest digest_;
 };
-
-// fsync of the directory holding `path`, so that a rename into it is durable.
-absl::Status SyncDirectoryOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return Errno(absl::StrCat("SaveTensors: '", path, "' is in place, but cannot open its directory"), dir);
-  if (::fsync(fd.get()) != 0) return Errno(absl::StrCat("SaveTensors: '", path, "' is in place, but cannot sync its directory"), dir);
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -163,79 +109,12 @@ absl::Status SaveTensors(const std::string& path, const NamedTensors& tensors, F
     }
   }
   const FileImage image(tensors);
-  const std::string tmp = path + ".tmp";
-  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return Errno("SaveTensors: cannot create", tmp);
-  if (!image.WriteTo(fd.get()) || ::fsync(fd.get()) != 0) {
-    absl::Status s = Errno("SaveTensors: cannot write", tmp);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (fd.Close() != 0) {
-    absl::Status s = Errno("SaveTensors: cannot close", tmp);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = Errno(absl::StrCat("SaveTensors: cannot rename '", tmp, "' to"), path);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (absl::Status s = SyncDirectoryOf(path); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(path, image.Pieces(), "SaveTensors"); !s.ok()) return s;
   if (digest != nullptr) *digest = image.digest();
   return absl::OkStatus();
 }
 
 namespace {
-
-// A regular file opened for reading, and its size.
-struct OpenFile {
-  ScopedFd fd;
-  uint64_t size;
-};
-
-// open + fstat, so that every failure is a Status naming the path with the errno's code
-// (NOT_FOUND, PERMISSION_DENIED, ...), never an exception: a std::ifstream on a directory
-// opens, then throws from its first read. `who` starts the messages.
-absl::StatusOr<OpenFile> OpenForReading(const std::string& path, absl::string_view who) {
-  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return Errno(absl::StrCat(who, ": cannot open"), path);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Errno(absl::StrCat(who, ": cannot stat"), path);
-  if (S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(who, ": '", path, "' is a directory, not a file"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(who, ": '", path, "' is not a regular file"));
-  }
-  return OpenFile{std::move(fd), static_cast<uint64_t>(st.st_size)};
-}
-
-// Reads up to n bytes (fewer only at the end of the file).
-absl::StatusOr<size_t> ReadUpTo(const OpenFile& file, char* p, size_t n, const std::string& path,
-                                absl::string_view who) {
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::read(file.fd.get(), p + got, n - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Errno(absl::StrCat(who, ": cannot read"), path);
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
-  }
-  return got;
-}
-
-// The whole file.
-absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view who) {
-  absl::StatusOr<OpenFile> file = OpenForReading(path, who);
-  if (!file.ok()) return file.status();
-  std::string data;
-  data.resize(file->size);
-  absl::StatusOr<size_t> got = ReadUpTo(*file, data.data(), data.size(), path, who);
-  if (!got.ok()) return got.status();
-  data.resize(*got);  // shorter than fstat said (it shrank): the parse names what is missing
-  return data;
-}
 
 // Reads fixed-size values from a byte range, failing instead of reading past the end.
 class Reader {
@@ -455,7 +334,7 @@ absl::StatusOr<FileDigest> Parse(const std::string& data, const std::string& pat
 }  // namespace
 
 absl::StatusOr<NamedTensors> LoadTensors(const std::string& path, const LoadOptions& options) {
-  absl::StatusOr<std::string> file = ReadFile(path, "LoadTensors");
+  absl::StatusOr<std::string> file = ReadWholeFile(path, "LoadTensors");
   if (!file.ok()) return file.status();
   NamedTensors out;
   if (absl::StatusOr<FileDigest> parsed = Parse(*file, path, options, &out); !parsed.ok()) return parsed.status();
@@ -463,7 +342,7 @@ absl::StatusOr<NamedTensors> LoadTensors(const std::string& path, const LoadOpti
 }
 
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
-  absl::StatusOr<std::string> file = ReadFile(path, "DigestFile");
+  absl::StatusOr<std::string> file = ReadWholeFile(path, "DigestFile");
   if (!file.ok()) return file.status();
   return Parse(*file, path, LoadOptions{}, nullptr);
 }

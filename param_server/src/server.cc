@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "gradwire/nn/file_io.h"
 #include "gradwire/nn/serialize.h"
 #include "gradwire/optim/functional.h"
 #include "gradwire/rpc/errors.h"
@@ -559,7 +560,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       s = absl::InvalidArgumentError(absl::StrCat("the manifest of version ", m.version, " is not of the cut ", name_,
                                                   " wrote (version, step, job or its file differ)"));
     }
-    if (s.ok()) s = internal::WriteFileAtomically(absl::StrCat(dir, "/", internal::kManifestName), m.manifest, name_);
+    if (s.ok()) s = nn::WriteFileAtomically(absl::StrCat(dir, "/", internal::kManifestName), {m.manifest}, "checkpoint", name_);
     absl::ReleasableMutexLock lock(&cut_mu_);
     if (pending_ == cut) pending_ = nullptr;
     if (!s.ok()) {

@@ -1,18 +1,14 @@
 #include "versions.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "gradwire/nn/file_io.h"
 #include "gradwire/nn/serialize.h"
 
 namespace gw::param_server::internal {
@@ -40,74 +36,14 @@ std::vector<int64_t> ListVersions(const std::string& dir) {
   return out;
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes, const std::string& writer) {
-  const std::string tmp = absl::StrCat(path, ".", writer, ".tmp");
-  auto failed = [&](const char* what, const std::string& p) {
-    const int e = errno;
-    return absl::ErrnoToStatus(e, absl::StrCat("cannot ", what, " '", p, "'"));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return failed("create", tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      absl::Status s = failed("write", tmp);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    absl::Status s = failed("sync", tmp);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = failed("rename onto", path);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  const std::string parent = fs::path(path).parent_path().string();
-  if (const int dfd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    const int synced = ::fsync(dfd);
-    ::close(dfd);
-    if (synced != 0) return failed("sync the directory", parent);
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<Manifest> ReadManifest(const std::string& version_dir) {
   const std::string path = absl::StrCat(version_dir, "/", kManifestName);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int e = errno;
-    if (e == ENOENT) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist (an incomplete version)"));
-    return absl::ErrnoToStatus(e, absl::StrCat("cannot open '", path, "'"));
+  absl::StatusOr<std::string> text = nn::ReadWholeFile(path, "checkpoint manifest");
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(absl::StrCat("'", path, "' does not exist (an incomplete version)"));
   }
-  std::string text;
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      return absl::ErrnoToStatus(e, absl::StrCat("cannot read '", path, "'"));
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (text.size() > (64u << 20)) {
-      ::close(fd);
-      return absl::DataLossError(absl::StrCat("checkpoint manifest '", path, "' is damaged: over 64 MiB"));
-    }
-  }
-  ::close(fd);
-  return Decode(text, path);
+  if (!text.ok()) return text.status();
+  return Decode(*text, path);
 }
 
 absl::Status CheckVersion(const std::string& version_dir, const Manifest& manifest, CheckScope scope,

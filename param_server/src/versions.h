@@ -9,10 +9,6 @@
 // Contract
 //   - VersionPath(dir, v) names version v's directory; ListVersions(dir) the versions
 //     that have one, newest first, complete or not (a missing `dir`: none).
-//   - WriteFileAtomically(path, bytes, writer): a temporary file (named after `writer`, so
-//     that servers writing the same file into a shared directory do not collide), fsync,
-//     rename, fsync of the directory; a reader sees the old file or the whole new one.
-//     Errors name the path.
 //   - ReadManifest(version_dir): the checked manifest (manifest.h); NOT_FOUND when the
 //     version has none (incomplete), DATA_LOSS when it is damaged, naming the path.
 //   - CheckVersion(version_dir, manifest, scope, server): every file of the manifest (kAll),
@@ -51,8 +47,6 @@ inline constexpr char kManifestName[] = "MANIFEST";
 
 std::string VersionPath(const std::string& dir, int64_t version);
 std::vector<int64_t> ListVersions(const std::string& dir);
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes, const std::string& writer);
 
 absl::StatusOr<Manifest> ReadManifest(const std::string& version_dir);
 
