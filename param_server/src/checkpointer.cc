@@ -82,6 +82,7 @@ Future<CheckpointInfo> Checkpointer::Cut(const std::vector<std::string>& servers
   {
     absl::MutexLock lock(&mu_);
     ++in_flight_;
+    last_ = done.future();
   }
   absl::StatusOr<Registered> cut = Register(servers);
   if (!cut.ok()) {
@@ -97,11 +98,7 @@ Future<CheckpointInfo> Checkpointer::Cut(const std::vector<std::string>& servers
       .Subscribe([self = shared_from_this(), servers, cut = *cut, tables = std::move(tables),
                   done](const absl::StatusOr<std::vector<CutFile>>& files) mutable {
         if (!files.ok()) {
-          const absl::Status s(files.status().code(), absl::StrCat("checkpoint version ", cut.version, " (step ",
-                                                                   cut.step, "): ", files.status().message()));
-          self->Abandon(servers, cut.version);
-          self->Finished(s);
-          done.Set(s);
+          self->Failed(servers, cut.version, cut.step, files.status(), done);
           return;
         }
         self->Commit(servers, cut, std::move(tables), *files, done);
@@ -139,16 +136,20 @@ void Checkpointer::Commit(const std::vector<std::string>& servers, const Registe
   WhenAll(agent_.executor(), std::move(committed))
       .Subscribe([self = shared_from_this(), servers, info, done](const absl::StatusOr<std::vector<rpc::Ack>>& r) {
         if (!r.ok()) {
-          const absl::Status s(r.status().code(), absl::StrCat("checkpoint version ", info.version, " (step ",
-                                                               info.step, "): ", r.status().message()));
-          self->Abandon(servers, info.version);
-          self->Finished(s);
-          done.Set(s);
+          self->Failed(servers, info.version, info.step, r.status(), done);
           return;
         }
         self->Finished(absl::OkStatus());
         done.Set(info);
       });
+}
+
+void Checkpointer::Failed(const std::vector<std::string>& servers, int64_t version, int64_t step,
+                          const absl::Status& why, Promise<CheckpointInfo> done) {
+  const absl::Status s(why.code(), absl::StrCat("checkpoint version ", version, " (step ", step, "): ", why.message()));
+  Abandon(servers, version);
+  Finished(s);
+  done.Set(s);
 }
 
 void Checkpointer::Finished(const absl::Status& status) {
@@ -177,6 +178,12 @@ absl::Status Checkpointer::Health() const {
                                    max_failures_, ": ClientOptions::checkpoint_max_failures, --checkpoint_max_failures"
                                    " in the examples; 0 never stops); the last: ",
                                    last_failure_.message()));
+}
+
+Future<CheckpointInfo> Checkpointer::Last() const {
+  absl::MutexLock lock(&mu_);
+  if (last_) return *last_;
+  return MakeReadyFuture<CheckpointInfo>(agent_.executor(), absl::NotFoundError("no checkpoint was cut"));
 }
 
 bool Checkpointer::in_flight() const {

@@ -28,6 +28,7 @@
 #define GRADWIRE_PARAM_SERVER_SRC_CHECKPOINTER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,8 @@ class Checkpointer : public std::enable_shared_from_this<Checkpointer> {
 
   absl::Status Health() const;
   bool in_flight() const;
+  // The most recent cut's future (NOT_FOUND when none was started).
+  Future<CheckpointInfo> Last() const;
 
  private:
   struct Registered {
@@ -60,6 +63,9 @@ class Checkpointer : public std::enable_shared_from_this<Checkpointer> {
   void Abandon(const std::vector<std::string>& servers, int64_t version);
   void Commit(const std::vector<std::string>& servers, const Registered& cut, std::vector<ManifestTable> tables,
               const std::vector<CutFile>& files, Promise<CheckpointInfo> done);
+  // A cut that failed after its registration: abandoned everywhere, counted, `done` set.
+  void Failed(const std::vector<std::string>& servers, int64_t version, int64_t step, const absl::Status& why,
+              Promise<CheckpointInfo> done);
   void Finished(const absl::Status& status);
 
   rpc::Agent& agent_;
@@ -67,6 +73,7 @@ class Checkpointer : public std::enable_shared_from_this<Checkpointer> {
   const absl::Duration timeout_;
   mutable absl::Mutex mu_;
   int64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<Future<CheckpointInfo>> last_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int failures_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status last_failure_ ABSL_GUARDED_BY(mu_);

@@ -717,6 +717,8 @@ Future<CheckpointInfo> Client::Checkpoint() {
   return checkpointer_->Cut(servers, std::move(layouts));
 }
 
+Future<CheckpointInfo> Client::LastCheckpoint() const { return checkpointer_->Last(); }
+
 absl::Status Client::BeforePush() {
   if (checkpoint_every_ <= absl::ZeroDuration()) return absl::OkStatus();
   if (absl::Status health = checkpointer_->Health(); !health.ok()) return health;

@@ -943,9 +943,11 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
                      where.c_str(), static_cast<long long>(before),
                      static_cast<long long>(s.clock.applied() - (s.clock.pushed().empty() ? 1 : 0)));
       }
-      const absl::Time copy_start = absl::Now();
-      cut = CopyIfCut(table, s, copy, info, missed);
-      copy_took = absl::Now() - copy_start;
+      if (s.cut_version != 0) {  // (the clock read only when a cut waits: this is every push's path)
+        const absl::Time copy_start = absl::Now();
+        cut = CopyIfCut(table, s, copy, info, missed);
+        copy_took = absl::Now() - copy_start;
+      }
       if (!status.ok() && status.code() != absl::StatusCode::kAborted) {
         status = absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
       }

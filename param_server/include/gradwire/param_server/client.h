@@ -166,6 +166,9 @@ class Client {
   absl::StatusOr<int64_t> Join(const std::vector<std::string>& names);
 
   Future<CheckpointInfo> Checkpoint();
+  // The most recent checkpoint this client started (a periodic one too): wait on it before
+  // reading the directory. NOT_FOUND when it started none.
+  Future<CheckpointInfo> LastCheckpoint() const;
   absl::StatusOr<ResumePoint> Resume();
 
   absl::StatusOr<std::vector<rpc::RRef<Tensor>>> ShardRRefs(const std::string& name);
