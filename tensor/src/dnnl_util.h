@@ -1,0 +1,96 @@
+// Internal: what every kernel built on oneDNN primitives shares (convolution, pooling,
+// normalization, recurrent layers).
+//
+// Contract
+//   - CpuEngine() is the one CPU engine of the process, created on first use (oneDNN's own
+//     engine is stateless for the CPU; its primitive cache is process-wide already).
+//     Streams are cheap: Run() makes one per call, so kernels are safe to call from any
+//     thread at once.
+//   - oneDNN computes in float32 here; float64 kernels are gradwire's own (oneDNN has no
+//     double precision), so callers dispatch on dtype before coming here.
+//   - PlainDesc() describes a tensor's own strides, so a strided input needs no copy when
+//     the primitive accepts strided memory; Dnnl() wraps a tensor's data without copying.
+//   - ToLayout() reorders into the layout a primitive prefers (format_tag::any) and returns
+//     the same memory when it already has it; reorders are counted so profiles can show
+//     what they cost.
+//   - Errors from oneDNN become gw::Error naming the operation and oneDNN's status.
+#ifndef GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
+#define GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string_view>
+
+#include "gradwire/tensor/error.h"
+#include "gradwire/tensor/tensor.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace gw::internal {
+
+inline dnnl::engine& CpuEngine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+inline dnnl::memory::dims DnnlDims(const Shape& s) { return dnnl::memory::dims(s.begin(), s.end()); }
+
+// A memory descriptor with `t`'s sizes and strides. REQUIRES: float32.
+inline dnnl::memory::desc PlainDesc(const Tensor& t) {
+  return dnnl::memory::desc(DnnlDims(t.sizes()), dnnl::memory::data_type::f32,
+                            DnnlDims(t.strides()));
+}
+
+// A contiguous (row-major) descriptor of the given sizes.
+inline dnnl::memory::desc ContiguousDesc(const Shape& sizes) {
+  Shape strides(sizes.size(), 1);
+  for (int64_t i = static_cast<int64_t>(sizes.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * std::max<int64_t>(sizes[i + 1], 1);
+  }
+  return dnnl::memory::desc(DnnlDims(sizes), dnnl::memory::data_type::f32, DnnlDims(strides));
+}
+
+// oneDNN memory over `t`'s data (no copy). REQUIRES: float32, CPU.
+inline dnnl::memory Dnnl(const Tensor& t) {
+  return dnnl::memory(PlainDesc(t), CpuEngine(), t.raw_data());
+}
+
+// Counts the reorders kernels run (what a profile of a model step reports).
+inline std::atomic<int64_t>& ReorderCount() {
+  static std::atomic<int64_t> count{0};
+  return count;
+}
+
+// `mem` in layout `want`: `mem` itself when it already has it, else a reordered copy.
+inline dnnl::memory ToLayout(const dnnl::memory& mem, const dnnl::memory::desc& want,
+                             dnnl::stream& stream) {
+  if (mem.get_desc() == want) return mem;
+  dnnl::memory out(want, CpuEngine());
+  dnnl::reorder(mem, out).execute(stream, const_cast<dnnl::memory&>(mem), out);
+  ReorderCount().fetch_add(1, std::memory_order_relaxed);
+  return out;
+}
+
+// Copies `mem` (any layout) into the plain tensor `dst`.
+inline void ReorderInto(const dnnl::memory& mem, const Tensor& dst, dnnl::stream& stream) {
+  dnnl::memory out = Dnnl(dst);
+  if (mem.get_desc() == out.get_desc()) return;
+  dnnl::reorder(mem, out).execute(stream, const_cast<dnnl::memory&>(mem), out);
+  ReorderCount().fetch_add(1, std::memory_order_relaxed);
+}
+
+// Runs `body(stream)` and waits; oneDNN's exceptions become gw::Error naming `op`.
+template <typename F>
+void RunDnnl(std::string_view op, F&& body) {
+  try {
+    dnnl::stream stream(CpuEngine());
+    body(stream);
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    Fail(op, "oneDNN failed: ", e.what(), " (status ", static_cast<int>(e.status), ")");
+  }
+}
+
+}  // namespace gw::internal
+
+#endif  // GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
