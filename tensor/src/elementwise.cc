@@ -1,9 +1,12 @@
 // Element-wise kernels: arithmetic, comparisons, unary math, in-place updates, dropout
 // masks. GELU and SiLU run in float32 on oneDNN's eltwise primitives (JIT-vectorised, with
 // their own erf/exp); float64 and Erf use the templated loops here.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <utility>
+#include <vector>
 
 #include "dispatch.h"
 #include "dnnl_util.h"
@@ -73,6 +76,24 @@ Tensor BackwardFromOutput(std::string_view name, const Tensor& grad, const Tenso
   return result;
 }
 
+// m ? x : y without a branch: the mask selects bits (floats of any value, NaN included).
+template <typename T>
+T Select(bool m, T x, T y) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return m ? x : y;
+  } else {
+    using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+    const Bits all = Bits{0} - static_cast<Bits>(m);
+    Bits bx, by;
+    std::memcpy(&bx, &x, sizeof(T));
+    std::memcpy(&by, &y, sizeof(T));
+    const Bits r = (bx & all) | (by & ~all);
+    T out;
+    std::memcpy(&out, &r, sizeof(T));
+    return out;
+  }
+}
+
 template <typename T>
 T CheckedIntDiv(T x, T y) {
   if constexpr (std::is_integral_v<T>) {
@@ -84,6 +105,31 @@ T CheckedIntDiv(T x, T y) {
 }
 
 // ---- oneDNN eltwise (float32) ----
+
+// True when t's elements fill one block of numel() consecutive elements in some order of
+// its dims (contiguous, or a permutation of it such as a transpose): element-wise ops then
+// run on the flat block, and their result keeps t's strides (as PyTorch's do).
+bool IsDense(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.sizes()[d] == 1) continue;
+    if (t.strides()[d] <= 0) return false;
+    dims.emplace_back(t.strides()[d], t.sizes()[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+// A new tensor with dense t's sizes and strides.
+Tensor EmptyLike(const Tensor& t) {
+  Tensor block = Tensor::Empty({t.numel()}, t.dtype());
+  return Tensor::FromStorage(block.storage(), t.dtype(), t.sizes(), t.strides(), 0);
+}
 
 // The algorithm and alpha of a oneDNN eltwise primitive.
 struct DnnlEltwiseOp {
@@ -109,8 +155,8 @@ std::vector<int64_t> EltwiseKey(DnnlEltwiseOp op, int64_t n) {
 // y = f(x) for a float32 x, on a cached primitive of x's element count.
 Tensor DnnlEltwise(std::string_view name, DnnlEltwiseOp op, const Tensor& x_in) {
   static internal::PrimitiveCache<dnnl::eltwise_forward> cache;
-  const Tensor x = Contiguous(x_in);
-  Tensor y = Tensor::Empty(x.sizes(), DType::kFloat32);
+  const Tensor x = IsDense(x_in) ? x_in : Contiguous(x_in);
+  const Tensor y = EmptyLike(x);
   const int64_t n = x.numel();
   if (n == 0) return y;
   const dnnl::eltwise_forward prim =
@@ -127,8 +173,9 @@ Tensor DnnlEltwise(std::string_view name, DnnlEltwiseOp op, const Tensor& x_in) 
 Tensor DnnlEltwiseBackward(std::string_view name, DnnlEltwiseOp op, const Tensor& grad_in,
                            const Tensor& x_in) {
   static internal::PrimitiveCache<dnnl::eltwise_backward> cache;
-  const Tensor x = Contiguous(x_in), grad = Contiguous(grad_in);
-  Tensor dx = Tensor::Empty(x.sizes(), DType::kFloat32);
+  const bool flat = IsDense(x_in) && grad_in.strides() == x_in.strides();
+  const Tensor x = flat ? x_in : Contiguous(x_in), grad = flat ? grad_in : Contiguous(grad_in);
+  const Tensor dx = EmptyLike(x);
   const int64_t n = x.numel();
   if (n == 0) return dx;
   const dnnl::eltwise_backward prim = cache.Get(EltwiseKey(op, n), [&] {
@@ -238,10 +285,12 @@ Tensor Where(const Tensor& mask, const Tensor& a, const Tensor& b) {
       const bool* m = pm + off[1];
       const T* x = pa + off[2];
       const T* y = pb + off[3];
+      // Both values are loaded before the choice, so it is a blend, not a branch (a
+      // random mask mispredicts half the time).
       if (s[0] == 1 && s[1] == 1 && s[2] == 1 && s[3] == 1) {
-        for (int64_t i = 0; i < n; ++i) o[i] = m[i] ? x[i] : y[i];
+        for (int64_t i = 0; i < n; ++i) o[i] = Select(m[i], x[i], y[i]);
       } else {
-        for (int64_t i = 0; i < n; ++i) o[i * s[0]] = m[i * s[1]] ? x[i * s[2]] : y[i * s[3]];
+        for (int64_t i = 0; i < n; ++i) o[i * s[0]] = Select(m[i * s[1]], x[i * s[2]], y[i * s[3]]);
       }
     });
   });
@@ -256,7 +305,7 @@ Tensor MaskedFill(const Tensor& t, const Tensor& mask, double value) {
   Tensor out = Tensor::Empty(BroadcastShapes("MaskedFill", t.sizes(), mask.sizes()), t.dtype());
   internal::DispatchAll(t.dtype(), [&]<typename T>() {
     const T v = static_cast<T>(value);
-    BinaryLoop<T, T, bool>(out, t, mask, [v](T x, bool m) { return m ? v : x; });
+    BinaryLoop<T, T, bool>(out, t, mask, [v](T x, bool m) { return Select(m, v, x); });
   });
   return out;
 }
