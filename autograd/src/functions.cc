@@ -150,6 +150,27 @@ Tensor Sigmoid(const Tensor& a) {
                 });
 }
 
+Tensor Erf(const Tensor& a) {
+  return Record("ErfBackward", {a}, k::Erf(a),
+                [sa = SavedTensor(a)](const Tensor& g) -> std::vector<Tensor> {
+                  return {k::ErfBackward(g, sa.Get("ErfBackward"))};
+                });
+}
+
+Tensor Gelu(const Tensor& a, GeluApproximate approximate) {
+  return Record("GeluBackward", {a}, k::Gelu(a, approximate),
+                [sa = SavedTensor(a), approximate](const Tensor& g) -> std::vector<Tensor> {
+                  return {k::GeluBackward(g, sa.Get("GeluBackward"), approximate)};
+                });
+}
+
+Tensor Silu(const Tensor& a) {
+  return Record("SiluBackward", {a}, k::Silu(a),
+                [sa = SavedTensor(a)](const Tensor& g) -> std::vector<Tensor> {
+                  return {k::SiluBackward(g, sa.Get("SiluBackward"))};
+                });
+}
+
 Tensor operator+(const Tensor& a, const Tensor& b) { return Add(a, b); }
 Tensor operator-(const Tensor& a, const Tensor& b) { return Sub(a, b); }
 Tensor operator*(const Tensor& a, const Tensor& b) { return Mul(a, b); }
@@ -204,6 +225,20 @@ Tensor Mean(const Tensor& t, const Shape& dims, bool keepdim) {
                 });
 }
 
+Tensor Var(const Tensor& t, const Shape& dims, double correction, bool keepdim) {
+  Tensor out = k::Var(t, dims, correction, keepdim);
+  const double count = out.numel() == 0 ? 0.0 : static_cast<double>(t.numel() / out.numel());
+  return Record("VarBackward", {t}, out,
+                [st = SavedTensor(t), dims, keepdim,
+                 scale = 2.0 / std::max(0.0, count - correction)](const Tensor& g) -> std::vector<Tensor> {
+                  // d var / dx = 2 (x - mean) / (N - correction)
+                  const Tensor& x = st.Get("VarBackward");
+                  Tensor centered = k::Sub(x, k::Mean(x, dims, /*keepdim=*/true));
+                  return {k::Mul(k::MulScalar(centered, scale),
+                                 UnreduceGrad(g, x.sizes(), dims, keepdim))};
+                });
+}
+
 Tensor Max(const Tensor& t, int64_t dim, bool keepdim) {
   auto [values, indices] = k::Max(t, dim, keepdim);
   return Record("MaxBackward", {t}, values,
@@ -236,7 +271,13 @@ Tensor MatMul(const Tensor& a, const Tensor& b) {
                   const Tensor& y = sb.Get("MatMulBackward");
                   Tensor ga, gb;
                   if (na) ga = k::SumToShape(k::MatMul(g, k::Transpose(y, -1, -2)), x.sizes());
-                  if (nb) gb = k::SumToShape(k::MatMul(k::Transpose(x, -1, -2), g), y.sizes());
+                  if (nb && y.dim() == 2) {
+                    // x [..., m, k] against a matrix: one GEMM over the folded batch.
+                    gb = Tensor::Empty(y.sizes(), g.dtype());
+                    k::Gemm(true, false, 1.0, k::Flatten2D(x), k::Flatten2D(g), 0.0, gb);
+                  } else if (nb) {
+                    gb = k::SumToShape(k::MatMul(k::Transpose(x, -1, -2), g), y.sizes());
+                  }
                   return {ga, gb};
                 });
 }
@@ -355,6 +396,41 @@ Tensor Contiguous(const Tensor& t) {
                 [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
 }
 
+Tensor Flatten(const Tensor& t, int64_t start_dim, int64_t end_dim) {
+  return Record("FlattenBackward", {t}, k::Flatten(t, start_dim, end_dim),
+                [in = t.sizes()](const Tensor& g) -> std::vector<Tensor> {
+                  return {k::Reshape(g, in)};
+                });
+}
+
+namespace {
+
+// The kernel's consecutive pieces of t along `dim`, each re-made as a differentiable Narrow.
+std::vector<Tensor> AsNarrows(const Tensor& t, std::vector<Tensor> pieces, int64_t dim) {
+  const int64_t d = NormalizeDim("Split", dim, t.dim());
+  int64_t start = 0;
+  for (Tensor& piece : pieces) {
+    const int64_t length = piece.sizes()[d];
+    piece = Narrow(t, d, start, length);
+    start += length;
+  }
+  return pieces;
+}
+
+}  // namespace
+
+std::vector<Tensor> Split(const Tensor& t, int64_t split_size, int64_t dim) {
+  return AsNarrows(t, k::Split(t, split_size, dim), dim);
+}
+
+std::vector<Tensor> Split(const Tensor& t, const Shape& sizes, int64_t dim) {
+  return AsNarrows(t, k::Split(t, sizes, dim), dim);
+}
+
+std::vector<Tensor> Chunk(const Tensor& t, int64_t chunks, int64_t dim) {
+  return AsNarrows(t, k::Chunk(t, chunks, dim), dim);
+}
+
 // ---------------------------------------------------------------- indexing
 
 Tensor IndexSelect(const Tensor& t, int64_t dim, const Tensor& index) {
@@ -401,6 +477,68 @@ Tensor Stack(const std::vector<Tensor>& tensors, int64_t dim) {
     expanded.push_back(Unsqueeze(tensors[i], d));
   }
   return Cat(expanded, d);
+}
+
+Tensor Gather(const Tensor& t, int64_t dim, const Tensor& index) {
+  return Record("GatherBackward", {t}, k::Gather(t, dim, index),
+                [sizes = t.sizes(), dim, si = SavedTensor(index)](const Tensor& g) -> std::vector<Tensor> {
+                  Tensor gi = Tensor::Zeros(sizes, g.dtype());
+                  k::ScatterAddInPlace(gi, dim, si.Get("GatherBackward"), g);
+                  return {gi};
+                });
+}
+
+// ---------------------------------------------------------------- selection
+
+Tensor MaskedFill(const Tensor& t, const Tensor& mask, double value) {
+  return Record("MaskedFillBackward", {t}, k::MaskedFill(t, mask, value),
+                [sizes = t.sizes(), sm = SavedTensor(mask)](const Tensor& g) -> std::vector<Tensor> {
+                  return {k::SumToShape(k::MaskedFill(g, sm.Get("MaskedFillBackward"), 0), sizes)};
+                });
+}
+
+Tensor Where(const Tensor& mask, const Tensor& a, const Tensor& b) {
+  return Record("WhereBackward", {a, b}, k::Where(mask, a, b),
+                [sa = a.sizes(), sb = b.sizes(), sm = SavedTensor(mask), na = Needs(a),
+                 nb = Needs(b)](const Tensor& g) -> std::vector<Tensor> {
+                  const Tensor& m = sm.Get("WhereBackward");
+                  const Tensor zero = Tensor::Zeros({}, g.dtype());
+                  return {na ? k::SumToShape(k::Where(m, g, zero), sa) : Tensor(),
+                          nb ? k::SumToShape(k::MaskedFill(g, m, 0), sb) : Tensor()};
+                });
+}
+
+// ---------------------------------------------------------------- dropout
+
+namespace {
+
+// x * mask, where the mask (made here, never modified) is the whole backward.
+Tensor ApplyDropoutMask(const char* name, const Tensor& x, Tensor mask) {
+  Tensor out = k::Mul(x, mask);
+  return Record(name, {x}, out, [mask = std::move(mask)](const Tensor& g) -> std::vector<Tensor> {
+    return {k::Mul(g, mask)};
+  });
+}
+
+}  // namespace
+
+Tensor Dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  GW_CHECK(p >= 0 && p <= 1, "Dropout", "p must be in [0, 1], got ", p);
+  if (!training || p == 0) return x;
+  GW_CHECK(x.defined(), "Dropout", "called with an undefined tensor");
+  return ApplyDropoutMask("DropoutBackward", x, k::DropoutMask(x.sizes(), p, x.dtype(), gen));
+}
+
+Tensor FeatureDropout(const Tensor& x, double p, bool training, Generator& gen) {
+  GW_CHECK(p >= 0 && p <= 1, "FeatureDropout", "p must be in [0, 1], got ", p);
+  GW_CHECK(x.defined() && x.dim() >= 2, "FeatureDropout", "expected input [N, C, ...], got ",
+           x.defined() ? ShapeToString(x.sizes()) : "undefined");
+  if (!training || p == 0) return x;
+  Shape mask_sizes(x.dim(), 1);
+  mask_sizes[0] = x.sizes()[0];
+  mask_sizes[1] = x.sizes()[1];
+  return ApplyDropoutMask("FeatureDropoutBackward", x,
+                          k::DropoutMask(mask_sizes, p, x.dtype(), gen));
 }
 
 }  // namespace gw

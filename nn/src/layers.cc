@@ -37,28 +37,59 @@ Tensor ReLU::Forward(const Tensor& input) { return gw::Relu(input); }
 Tensor Tanh::Forward(const Tensor& input) { return gw::Tanh(input); }
 Tensor Sigmoid::Forward(const Tensor& input) { return gw::Sigmoid(input); }
 
-Dropout::Dropout(double p, Generator& gen) : Module("Dropout"), p_(p), gen_(gen.Fork()) {
-  GW_CHECK(p >= 0 && p < 1, "Dropout", "p must be in [0, 1), got ", p);
+GELU::GELU(GeluApproximate approximate) : Module("GELU"), approximate_(approximate) {}
+
+GELU::GELU(const std::string& approximate)
+    : GELU(approximate == "tanh" ? GeluApproximate::kTanh : GeluApproximate::kNone) {
+  GW_CHECK(approximate == "none" || approximate == "tanh", "GELU",
+           "approximate must be 'none' or 'tanh', got '", approximate, "'");
 }
 
-Tensor Dropout::Forward(const Tensor& input) {
-  if (!is_training() || p_ == 0) return input;
-  // mask[i] = 1/(1-p) with probability 1-p, else 0.
-  Tensor mask = Tensor::Empty(input.sizes(), input.dtype());
-  const double scale = 1.0 / (1.0 - p_);
-  Tensor u = Tensor::Rand(input.sizes(), gen_, DType::kFloat64);
-  const double* pu = u.data<double>();
-  if (input.dtype() == DType::kFloat32) {
-    float* pm = mask.data<float>();
-    for (int64_t i = 0; i < mask.numel(); ++i) pm[i] = pu[i] < p_ ? 0.f : static_cast<float>(scale);
-  } else {
-    double* pm = mask.data<double>();
-    for (int64_t i = 0; i < mask.numel(); ++i) pm[i] = pu[i] < p_ ? 0.0 : scale;
-  }
-  return gw::Mul(input, mask);
+Tensor GELU::Forward(const Tensor& input) { return gw::Gelu(input, approximate_); }
+
+std::string GELU::ExtraRepr() const {
+  return absl::StrCat("approximate='", approximate_ == GeluApproximate::kTanh ? "tanh" : "none",
+                      "'");
 }
+
+Tensor SiLU::Forward(const Tensor& input) { return gw::Silu(input); }
+
+Flatten::Flatten(int64_t start_dim, int64_t end_dim)
+    : Module("Flatten"), start_dim_(start_dim), end_dim_(end_dim) {}
+
+Tensor Flatten::Forward(const Tensor& input) {
+  GW_CHECK(input.defined(), "Flatten", "called with an undefined tensor");
+  const int64_t nd = std::max<int64_t>(input.dim(), 1);
+  const int64_t start = start_dim_ < 0 ? start_dim_ + nd : start_dim_;
+  const int64_t end = end_dim_ < 0 ? end_dim_ + nd : end_dim_;
+  GW_CHECK(0 <= start && start <= end && end < nd, ToString(), "cannot flatten input ",
+           ShapeToString(input.sizes()));
+  return gw::Flatten(input, start_dim_, end_dim_);
+}
+
+std::string Flatten::ExtraRepr() const {
+  return absl::StrCat("start_dim=", start_dim_, ", end_dim=", end_dim_);
+}
+
+Dropout::Dropout(double p, Generator& gen) : Dropout("Dropout", p, gen) {}
+
+Dropout::Dropout(std::string type_name, double p, Generator& gen)
+    : Module(std::move(type_name)), p_(p), gen_(gen.Fork()) {
+  GW_CHECK(p >= 0 && p < 1, this->type_name(), "p must be in [0, 1), got ", p);
+}
+
+Tensor Dropout::Forward(const Tensor& input) { return gw::Dropout(input, p_, is_training(), gen_); }
 
 std::string Dropout::ExtraRepr() const { return absl::StrCat("p=", p_); }
+
+Dropout2d::Dropout2d(double p, Generator& gen) : Dropout("Dropout2d", p, gen) {}
+
+Tensor Dropout2d::Forward(const Tensor& input) {
+  GW_CHECK(input.defined() && (input.dim() == 3 || input.dim() == 4), "Dropout2d",
+           "expected input [N, C, H, W] (or [N, C, L]), got ",
+           input.defined() ? ShapeToString(input.sizes()) : "undefined");
+  return gw::FeatureDropout(input, p_, is_training(), gen_);
+}
 
 Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : Module("Sequential") {
   for (auto& m : modules) Push(std::move(m));

@@ -14,13 +14,20 @@
 //     the same memory when it already has it; reorders are counted so profiles can show
 //     what they cost.
 //   - Errors from oneDNN become gw::Error naming the operation and oneDNN's status.
+//   - PrimitiveCache keeps primitives by a key of the caller's choosing (dims, strides,
+//     flags): building a primitive descriptor costs tens of microseconds, more than a
+//     small primitive takes to run. Thread-safe; oneDNN primitives may run concurrently.
 #ifndef GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
 #define GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "gradwire/tensor/error.h"
 #include "gradwire/tensor/tensor.h"
@@ -89,6 +96,40 @@ void RunDnnl(std::string_view op, F&& body) {
   } catch (const dnnl::error& e) {
     Fail(op, "oneDNN failed: ", e.what(), " (status ", static_cast<int>(e.status), ")");
   }
+}
+
+// Primitives by key, made by `make()` on a miss. Bounded: emptied when full (the working
+// set of a model is a few dozen shapes).
+template <typename Primitive>
+class PrimitiveCache {
+ public:
+  using Key = std::vector<int64_t>;
+
+  template <typename Make>
+  Primitive Get(const Key& key, Make&& make) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(key);
+      if (it != map_.end()) return it->second;
+    }
+    Primitive made = make();  // outside the lock: creation may JIT-compile
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.size() >= kCapacity) map_.clear();
+    map_.emplace(key, made);
+    return made;
+  }
+
+ private:
+  static constexpr size_t kCapacity = 512;
+  std::mutex mu_;
+  absl::flat_hash_map<Key, Primitive> map_;
+};
+
+// Appends a tensor's sizes and strides to a cache key.
+inline void AppendLayout(std::vector<int64_t>* key, const Tensor& t) {
+  key->push_back(t.dim());
+  key->insert(key->end(), t.sizes().begin(), t.sizes().end());
+  key->insert(key->end(), t.strides().begin(), t.strides().end());
 }
 
 }  // namespace gw::internal

@@ -1,8 +1,15 @@
-// Element-wise kernels: arithmetic, comparisons, unary math, in-place updates.
+// Element-wise kernels: arithmetic, comparisons, unary math, in-place updates, dropout
+// masks. GELU and SiLU run in float32 on oneDNN's eltwise primitives (JIT-vectorised, with
+// their own erf/exp); float64 and Erf use the templated loops here.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numbers>
+#include <utility>
+#include <vector>
 
 #include "dispatch.h"
+#include "dnnl_util.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::kernels {
@@ -69,6 +76,24 @@ Tensor BackwardFromOutput(std::string_view name, const Tensor& grad, const Tenso
   return result;
 }
 
+// m ? x : y without a branch: the mask selects bits (floats of any value, NaN included).
+template <typename T>
+T Select(bool m, T x, T y) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return m ? x : y;
+  } else {
+    using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+    const Bits all = Bits{0} - static_cast<Bits>(m);
+    Bits bx, by;
+    std::memcpy(&bx, &x, sizeof(T));
+    std::memcpy(&by, &y, sizeof(T));
+    const Bits r = (bx & all) | (by & ~all);
+    T out;
+    std::memcpy(&out, &r, sizeof(T));
+    return out;
+  }
+}
+
 template <typename T>
 T CheckedIntDiv(T x, T y) {
   if constexpr (std::is_integral_v<T>) {
@@ -77,6 +102,141 @@ T CheckedIntDiv(T x, T y) {
   } else {
     return x / y;
   }
+}
+
+// ---- oneDNN eltwise (float32) ----
+
+// True when t's elements fill one block of numel() consecutive elements in some order of
+// its dims (contiguous, or a permutation of it such as a transpose): element-wise ops then
+// run on the flat block, and their result keeps t's strides (as PyTorch's do).
+bool IsDense(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.sizes()[d] == 1) continue;
+    if (t.strides()[d] <= 0) return false;
+    dims.emplace_back(t.strides()[d], t.sizes()[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+// A new tensor with dense t's sizes and strides.
+Tensor EmptyLike(const Tensor& t) {
+  Tensor block = Tensor::Empty({t.numel()}, t.dtype());
+  return Tensor::FromStorage(block.storage(), t.dtype(), t.sizes(), t.strides(), 0);
+}
+
+// The algorithm and alpha of a oneDNN eltwise primitive.
+struct DnnlEltwiseOp {
+  dnnl::algorithm algorithm;
+  float alpha;
+};
+
+dnnl::memory::desc FlatDesc(int64_t n) {
+  return dnnl::memory::desc({n}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
+}
+
+dnnl::eltwise_forward::primitive_desc EltwiseForwardPd(DnnlEltwiseOp op, int64_t n) {
+  return dnnl::eltwise_forward::primitive_desc(
+      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, op.algorithm, FlatDesc(n),
+                                  op.alpha, 0.f),
+      internal::CpuEngine());
+}
+
+std::vector<int64_t> EltwiseKey(DnnlEltwiseOp op, int64_t n) {
+  return {static_cast<int64_t>(op.algorithm), static_cast<int64_t>(op.alpha * 1e6), n};
+}
+
+// y = f(x) for a float32 x, on a cached primitive of x's element count.
+Tensor DnnlEltwise(std::string_view name, DnnlEltwiseOp op, const Tensor& x_in) {
+  static internal::PrimitiveCache<dnnl::eltwise_forward> cache;
+  const Tensor x = IsDense(x_in) ? x_in : Contiguous(x_in);
+  const Tensor y = EmptyLike(x);
+  const int64_t n = x.numel();
+  if (n == 0) return y;
+  const dnnl::eltwise_forward prim =
+      cache.Get(EltwiseKey(op, n), [&] { return dnnl::eltwise_forward(EltwiseForwardPd(op, n)); });
+  internal::RunDnnl(name, [&](dnnl::stream& stream) {
+    auto& engine = internal::CpuEngine();
+    prim.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(FlatDesc(n), engine, x.raw_data())},
+                          {DNNL_ARG_DST, dnnl::memory(FlatDesc(n), engine, y.raw_data())}});
+  });
+  return y;
+}
+
+// dx = grad * f'(x) for float32 grad and x of one shape.
+Tensor DnnlEltwiseBackward(std::string_view name, DnnlEltwiseOp op, const Tensor& grad_in,
+                           const Tensor& x_in) {
+  static internal::PrimitiveCache<dnnl::eltwise_backward> cache;
+  const bool flat = IsDense(x_in) && grad_in.strides() == x_in.strides();
+  const Tensor x = flat ? x_in : Contiguous(x_in), grad = flat ? grad_in : Contiguous(grad_in);
+  const Tensor dx = EmptyLike(x);
+  const int64_t n = x.numel();
+  if (n == 0) return dx;
+  const dnnl::eltwise_backward prim = cache.Get(EltwiseKey(op, n), [&] {
+    return dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(
+        dnnl::eltwise_backward::desc(op.algorithm, FlatDesc(n), FlatDesc(n), op.alpha, 0.f),
+        internal::CpuEngine(), EltwiseForwardPd(op, n)));
+  });
+  internal::RunDnnl(name, [&](dnnl::stream& stream) {
+    auto& engine = internal::CpuEngine();
+    prim.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(FlatDesc(n), engine, x.raw_data())},
+                          {DNNL_ARG_DIFF_DST, dnnl::memory(FlatDesc(n), engine, grad.raw_data())},
+                          {DNNL_ARG_DIFF_SRC, dnnl::memory(FlatDesc(n), engine, dx.raw_data())}});
+  });
+  return dx;
+}
+
+// ---- activations: value and derivative, templated (float64, and the float32 reference) ----
+
+template <typename T>
+constexpr T kSqrtHalf = static_cast<T>(0.70710678118654752440);  // 1 / sqrt(2)
+template <typename T>
+constexpr T kTanhScale = static_cast<T>(0.79788456080286535588);  // sqrt(2 / pi)
+template <typename T>
+constexpr T kGeluCubic = static_cast<T>(0.044715);
+
+template <typename T>
+T SigmoidOf(T x) {
+  return x >= 0 ? T{1} / (T{1} + std::exp(-x)) : std::exp(x) / (T{1} + std::exp(x));
+}
+
+template <typename T>
+T GeluOf(T x, GeluApproximate approximate) {
+  if (approximate == GeluApproximate::kTanh) {
+    return T{0.5} * x * (T{1} + std::tanh(kTanhScale<T> * (x + kGeluCubic<T> * x * x * x)));
+  }
+  return T{0.5} * x * (T{1} + std::erf(x * kSqrtHalf<T>));
+}
+
+template <typename T>
+T GeluDerivative(T x, GeluApproximate approximate) {
+  if (approximate == GeluApproximate::kTanh) {
+    const T t = std::tanh(kTanhScale<T> * (x + kGeluCubic<T> * x * x * x));
+    return T{0.5} * (T{1} + t) +
+           T{0.5} * x * (T{1} - t * t) * kTanhScale<T> * (T{1} + 3 * kGeluCubic<T> * x * x);
+  }
+  const T pdf = std::exp(T{-0.5} * x * x) * static_cast<T>(0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
+  return T{0.5} * (T{1} + std::erf(x * kSqrtHalf<T>)) + x * pdf;
+}
+
+DnnlEltwiseOp GeluOp(GeluApproximate approximate) {
+  return {approximate == GeluApproximate::kTanh ? dnnl::algorithm::eltwise_gelu_tanh
+                                                : dnnl::algorithm::eltwise_gelu_erf,
+          0.f};
+}
+
+constexpr DnnlEltwiseOp kSiluOp{dnnl::algorithm::eltwise_swish, 1.f};  // x * sigmoid(1 * x)
+
+// grad * f'(x), both broadcast to one shape.
+template <typename Op>
+Tensor BackwardFromInput(std::string_view name, const Tensor& grad, const Tensor& x, Op op) {
+  return BackwardFromOutput(name, grad, x, [&](auto g, auto v) { return g * op(v); });
 }
 
 }  // namespace
@@ -103,26 +263,49 @@ Tensor Ge(const Tensor& a, const Tensor& b) { return Compare("Ge", a, b, [](auto
 
 Tensor Where(const Tensor& mask, const Tensor& a, const Tensor& b) {
   CheckDefined("Where", mask);
+  CheckDefined("Where", a);
+  CheckDefined("Where", b);
   GW_CHECK(mask.dtype() == DType::kBool, "Where", "mask must be bool, got ",
-           DTypeName(mask.dtype()));
+           DTypeName(mask.dtype()), " ", ShapeToString(mask.sizes()));
   internal::CheckSameDType("Where", a, b);
-  Shape sizes = BroadcastShapes("Where", BroadcastShapes("Where", mask.sizes(), a.sizes()),
-                                b.sizes());
+  const Shape sizes = BroadcastShapes(
+      "Where", BroadcastShapes("Where", mask.sizes(), a.sizes()), b.sizes());
   Tensor out = Tensor::Empty(sizes, a.dtype());
-  Tensor ea = Expand(a, sizes), eb = Expand(b, sizes), em = Expand(mask, sizes);
+  auto loop = internal::MakeLoop<4>(
+      sizes, {out.strides(), internal::BroadcastStrides(mask, sizes),
+              internal::BroadcastStrides(a, sizes), internal::BroadcastStrides(b, sizes)});
   internal::DispatchAll(a.dtype(), [&]<typename T>() {
-    // out = a, then overwrite where !mask.
-    UnaryLoop<T, T>(out, ea, [](T x) { return x; });
     T* po = out.data<T>();
-    const T* pb = eb.data<T>();
-    const bool* pm = em.data<bool>();
-    auto loop = internal::MakeLoop<3>(sizes, {out.strides(), eb.strides(), em.strides()});
-    internal::RunLoop(loop, [&](const std::array<int64_t, 3>& off, int64_t n,
-                                const std::array<int64_t, 3>& s) {
-      for (int64_t i = 0; i < n; ++i) {
-        if (!pm[off[2] + i * s[2]]) po[off[0] + i * s[0]] = pb[off[1] + i * s[1]];
+    const bool* pm = mask.data<bool>();
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    internal::RunLoop(loop, [&](const std::array<int64_t, 4>& off, int64_t n,
+                                const std::array<int64_t, 4>& s) {
+      T* o = po + off[0];
+      const bool* m = pm + off[1];
+      const T* x = pa + off[2];
+      const T* y = pb + off[3];
+      // Both values are loaded before the choice, so it is a blend, not a branch (a
+      // random mask mispredicts half the time).
+      if (s[0] == 1 && s[1] == 1 && s[2] == 1 && s[3] == 1) {
+        for (int64_t i = 0; i < n; ++i) o[i] = Select(m[i], x[i], y[i]);
+      } else {
+        for (int64_t i = 0; i < n; ++i) o[i * s[0]] = Select(m[i * s[1]], x[i * s[2]], y[i * s[3]]);
       }
     });
+  });
+  return out;
+}
+
+Tensor MaskedFill(const Tensor& t, const Tensor& mask, double value) {
+  CheckDefined("MaskedFill", t);
+  CheckDefined("MaskedFill", mask);
+  GW_CHECK(mask.dtype() == DType::kBool, "MaskedFill", "mask must be bool, got ",
+           DTypeName(mask.dtype()), " ", ShapeToString(mask.sizes()));
+  Tensor out = Tensor::Empty(BroadcastShapes("MaskedFill", t.sizes(), mask.sizes()), t.dtype());
+  internal::DispatchAll(t.dtype(), [&]<typename T>() {
+    const T v = static_cast<T>(value);
+    BinaryLoop<T, T, bool>(out, t, mask, [v](T x, bool m) { return Select(m, v, x); });
   });
   return out;
 }
@@ -146,12 +329,7 @@ Tensor Relu(const Tensor& a) {
   return FloatUnary("Relu", a, [](auto x) { return x > 0 ? x : decltype(x){0}; });
 }
 Tensor Tanh(const Tensor& a) { return FloatUnary("Tanh", a, [](auto x) { return std::tanh(x); }); }
-Tensor Sigmoid(const Tensor& a) {
-  return FloatUnary("Sigmoid", a, [](auto x) {
-    using T = decltype(x);
-    return x >= 0 ? T{1} / (T{1} + std::exp(-x)) : std::exp(x) / (T{1} + std::exp(x));
-  });
-}
+Tensor Sigmoid(const Tensor& a) { return FloatUnary("Sigmoid", a, [](auto x) { return SigmoidOf(x); }); }
 
 Tensor ReluBackward(const Tensor& grad, const Tensor& out) {
   return BackwardFromOutput("ReluBackward", grad, out,
@@ -162,6 +340,66 @@ Tensor TanhBackward(const Tensor& grad, const Tensor& out) {
 }
 Tensor SigmoidBackward(const Tensor& grad, const Tensor& out) {
   return BackwardFromOutput("SigmoidBackward", grad, out, [](auto g, auto y) { return g * y * (1 - y); });
+}
+
+Tensor Erf(const Tensor& a) { return FloatUnary("Erf", a, [](auto x) { return std::erf(x); }); }
+
+Tensor ErfBackward(const Tensor& grad, const Tensor& input) {
+  return BackwardFromInput("ErfBackward", grad, input, [](auto x) {
+    using T = decltype(x);
+    return static_cast<T>(std::numbers::inv_sqrtpi * 2) * std::exp(-x * x);
+  });
+}
+
+Tensor Gelu(const Tensor& a, GeluApproximate approximate) {
+  CheckDefined("Gelu", a);
+  if (a.dtype() == DType::kFloat32) return DnnlEltwise("Gelu", GeluOp(approximate), a);
+  return FloatUnary("Gelu", a, [approximate](auto x) { return GeluOf(x, approximate); });
+}
+
+Tensor GeluBackward(const Tensor& grad, const Tensor& input, GeluApproximate approximate) {
+  CheckDefined("GeluBackward", grad);
+  CheckDefined("GeluBackward", input);
+  if (input.dtype() == DType::kFloat32 && grad.dtype() == DType::kFloat32 &&
+      grad.sizes() == input.sizes()) {
+    return DnnlEltwiseBackward("GeluBackward", GeluOp(approximate), grad, input);
+  }
+  return BackwardFromInput("GeluBackward", grad, input,
+                           [approximate](auto x) { return GeluDerivative(x, approximate); });
+}
+
+Tensor Silu(const Tensor& a) {
+  CheckDefined("Silu", a);
+  if (a.dtype() == DType::kFloat32) return DnnlEltwise("Silu", kSiluOp, a);
+  return FloatUnary("Silu", a, [](auto x) { return x * SigmoidOf(x); });
+}
+
+Tensor SiluBackward(const Tensor& grad, const Tensor& input) {
+  CheckDefined("SiluBackward", grad);
+  CheckDefined("SiluBackward", input);
+  if (input.dtype() == DType::kFloat32 && grad.dtype() == DType::kFloat32 &&
+      grad.sizes() == input.sizes()) {
+    return DnnlEltwiseBackward("SiluBackward", kSiluOp, grad, input);
+  }
+  return BackwardFromInput("SiluBackward", grad, input, [](auto x) {
+    const auto s = SigmoidOf(x);
+    return s * (1 + x * (1 - s));
+  });
+}
+
+Tensor DropoutMask(const Shape& sizes, double p, DType dtype, Generator& gen) {
+  GW_CHECK(p >= 0 && p <= 1, "DropoutMask", "p must be in [0, 1], got ", p);
+  Tensor mask = Tensor::Empty(sizes, dtype);
+  if (p == 1) {
+    Fill(mask, 0);
+    return mask;
+  }
+  const Tensor u = Tensor::Rand(sizes, gen, DType::kFloat64);
+  internal::DispatchFloating("DropoutMask", dtype, [&]<typename T>() {
+    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    UnaryLoop<T, double>(mask, u, [p, scale](double x) { return x < p ? T{0} : scale; });
+  });
+  return mask;
 }
 
 void Fill(const Tensor& dst, double value) {

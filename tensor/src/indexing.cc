@@ -1,4 +1,4 @@
-// Indexing kernels: IndexSelect, IndexAdd, Cat, Stack.
+// Indexing kernels: IndexSelect, IndexAdd, Gather, ScatterAdd, Cat, Stack.
 #include <cstring>
 
 #include "dispatch.h"
@@ -7,12 +7,12 @@
 namespace gw::kernels {
 namespace {
 
-struct Split {
+struct OuterInner {
   int64_t outer, n, inner;
 };
 
-Split SplitAt(const Tensor& t, int64_t dim) {
-  Split s{1, t.sizes()[dim], 1};
+OuterInner SplitAt(const Tensor& t, int64_t dim) {
+  OuterInner s{1, t.sizes()[dim], 1};
   for (int64_t i = 0; i < dim; ++i) s.outer *= t.sizes()[i];
   for (int64_t i = dim + 1; i < t.dim(); ++i) s.inner *= t.sizes()[i];
   return s;
@@ -42,7 +42,7 @@ Tensor IndexSelect(const Tensor& t, int64_t dim, const Tensor& index) {
   Tensor idx = Contiguous(index);
   const int64_t* ip = CheckedIndex("IndexSelect", idx, t.sizes()[dim], t, dim);
   Tensor src = Contiguous(t);
-  const Split s = SplitAt(src, dim);
+  const OuterInner s = SplitAt(src, dim);
   const int64_t k = idx.numel();
   Shape out_sizes = t.sizes();
   out_sizes[dim] = k;
@@ -77,7 +77,7 @@ void IndexAddInPlace(const Tensor& t, int64_t dim, const Tensor& index, const Te
   const bool direct = dst.is_same(t);  // else the result is copied back by CopyInPlace
   if (direct) t.storage()->BumpVersion();
   Tensor s_c = Contiguous(src);
-  const Split s = SplitAt(dst, dim);
+  const OuterInner s = SplitAt(dst, dim);
   const int64_t k = idx.numel();
   internal::DispatchNumeric("IndexAdd", t.dtype(), [&]<typename T>() {
     T* o = dst.data<T>();
@@ -100,6 +100,98 @@ void IndexAddInPlace(const Tensor& t, int64_t dim, const Tensor& index, const Te
 Tensor IndexAdd(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src) {
   Tensor out = Clone(t);
   IndexAddInPlace(out, dim, index, src);
+  return out;
+}
+
+namespace {
+
+// Checks Gather/ScatterAdd's index against `t` (the tensor indexed along `dim`) and `other`
+// (the gathered output or the scattered source, shaped like index or larger): int64, the
+// same rank, and no larger than either outside `dim`.
+void CheckScatterIndex(std::string_view op, const Tensor& t, int64_t dim, const Tensor& index,
+                       const Tensor& other, std::string_view other_name) {
+  GW_CHECK(index.dtype() == DType::kInt64, op, "index must be int64, got ",
+           DTypeName(index.dtype()), " ", ShapeToString(index.sizes()));
+  GW_CHECK(index.dim() == t.dim(), op, "index ", ShapeToString(index.sizes()),
+           " must have as many dimensions as the tensor ", ShapeToString(t.sizes()));
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    GW_CHECK(d == dim || index.sizes()[d] <= t.sizes()[d], op, "index ",
+             ShapeToString(index.sizes()), " is larger than the tensor ",
+             ShapeToString(t.sizes()), " in dimension ", d);
+    if (other.defined()) {
+      GW_CHECK(index.sizes()[d] <= other.sizes()[d], op, "index ",
+               ShapeToString(index.sizes()), " is larger than the ", other_name, " ",
+               ShapeToString(other.sizes()), " in dimension ", d);
+    }
+  }
+}
+
+// Calls f(t_offset, index_offset, other_offset) for every element of `index`, where
+// t_offset is t's element offset with `dim` at the index's value. Throws on an index out of
+// [0, t.size(dim)).
+template <typename F>
+void ForEachIndexed(std::string_view op, const Tensor& t, int64_t dim, const Tensor& index,
+                    const Shape& other_strides, F&& f) {
+  Shape t_strides = t.strides();
+  t_strides[dim] = 0;
+  const int64_t dim_stride = t.strides()[dim], limit = t.sizes()[dim];
+  const int64_t* pi = index.data<int64_t>();
+  auto loop = internal::MakeLoop<3>(index.sizes(), {t_strides, index.strides(), other_strides});
+  internal::RunLoop(loop, [&](const std::array<int64_t, 3>& off, int64_t n,
+                              const std::array<int64_t, 3>& s) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = pi[off[1] + i * s[1]];
+      GW_CHECK(j >= 0 && j < limit, op, "index ", j, " is out of range for dimension ", dim,
+               " of size ", limit, " (tensor shape ", ShapeToString(t.sizes()), ")");
+      f(off[0] + i * s[0] + j * dim_stride, off[2] + i * s[2]);
+    }
+  });
+}
+
+}  // namespace
+
+Tensor Gather(const Tensor& t, int64_t dim, const Tensor& index) {
+  internal::CheckDefined("Gather", t);
+  internal::CheckDefined("Gather", index);
+  dim = NormalizeDim("Gather", dim, t.dim());
+  if (t.dim() == 0) return Reshape(Gather(Reshape(t, {1}), 0, Reshape(index, {1})), {});
+  CheckScatterIndex("Gather", t, dim, index, Tensor(), "");
+  Tensor out = Tensor::Empty(index.sizes(), t.dtype());
+  internal::DispatchAll(t.dtype(), [&]<typename T>() {
+    const T* pt = t.data<T>();
+    T* po = out.data<T>();
+    ForEachIndexed("Gather", t, dim, index, out.strides(),
+                   [&](int64_t ti, int64_t oi) { po[oi] = pt[ti]; });
+  });
+  return out;
+}
+
+void ScatterAddInPlace(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src) {
+  internal::CheckDefined("ScatterAdd", t);
+  internal::CheckDefined("ScatterAdd", index);
+  internal::CheckDefined("ScatterAdd", src);
+  internal::CheckSameDType("ScatterAdd", t, src);
+  GW_CHECK(t.dim() > 0, "ScatterAdd", "cannot scatter into a 0-dimensional tensor");
+  dim = NormalizeDim("ScatterAdd", dim, t.dim());
+  CheckScatterIndex("ScatterAdd", t, dim, index, src, "source");
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    GW_CHECK(t.strides()[d] != 0 || t.sizes()[d] <= 1, "ScatterAdd", "destination ",
+             ShapeToString(t.sizes()), " has broadcast (stride 0) dimensions");
+  }
+  const Tensor s = src.storage() == t.storage() ? Clone(src) : src;
+  t.storage()->BumpVersion();
+  internal::DispatchNumeric("ScatterAdd", t.dtype(), [&]<typename T>() {
+    T* pt = t.data<T>();
+    const T* ps = s.data<T>();
+    ForEachIndexed("ScatterAdd", t, dim, index, s.strides(),
+                   [&](int64_t ti, int64_t si) { pt[ti] += ps[si]; });
+  });
+  t.storage()->BumpVersion();
+}
+
+Tensor ScatterAdd(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src) {
+  Tensor out = Clone(t);
+  ScatterAddInPlace(out, dim, index, src);
   return out;
 }
 

@@ -1,39 +1,58 @@
-// Matrix products: Gemm (oneDNN sgemm for float32, blocked loop for float64),
-// MatMul with NumPy semantics, and the fused Linear.
+// Matrix products: Gemm (oneDNN sgemm for float32, blocked loop for float64), MatMul with
+// NumPy semantics (batched products through one oneDNN matmul primitive in float32), and
+// the fused Linear.
 #include <dnnl.h>
 
 #include <algorithm>
+#include <optional>
+#include <string_view>
 
 #include "dispatch.h"
+#include "dnnl_util.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::kernels {
 namespace {
 
-// A 2-D operand as BLAS sees it: row-major data, a transpose flag, a leading dimension.
+// How BLAS sees a matrix view: row-major data with a leading dimension, or column-major
+// (the row-major transpose). nullopt when the strides are neither.
+struct MatrixLayout {
+  bool col_major;
+  int64_t ld;
+};
+
+std::optional<MatrixLayout> LayoutOf(int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
+  if ((s1 == 1 || cols == 1) && (s0 >= std::max<int64_t>(cols, 1) || rows == 1)) {
+    return MatrixLayout{false, rows == 1 ? std::max<int64_t>(cols, 1) : s0};
+  }
+  if ((s0 == 1 || rows == 1) && (s1 >= std::max<int64_t>(rows, 1) || cols == 1)) {
+    return MatrixLayout{true, cols == 1 ? std::max<int64_t>(rows, 1) : s1};
+  }
+  return std::nullopt;
+}
+
+std::optional<MatrixLayout> MatrixLayoutOf(const Tensor& t) {
+  const int64_t nd = t.dim();
+  return LayoutOf(t.sizes()[nd - 2], t.sizes()[nd - 1], t.strides()[nd - 2], t.strides()[nd - 1]);
+}
+
+// `t` itself when its matrices (last two dims) are row- or column-major, else a copy.
+Tensor GemmReady(const Tensor& t) { return MatrixLayoutOf(t) ? t : Contiguous(t); }
+
+// A matrix operand as BLAS sees it: data, a transpose flag, a leading dimension.
 template <typename T>
 struct GemmOperand {
   const T* data;
-  bool trans;  // relative to the logical (rows x cols) matrix
+  bool trans;  // relative to the row-major data
   int64_t ld;
-  Tensor keep_alive;
 };
 
-// Describes `t` (logically rows x cols, then optionally transposed by `trans`) without
-// copying when its strides are row- or column-major.
+// The matrix of `t` (last two dims) at element offset `offset`, transposed when `trans`.
+// REQUIRES: GemmReady(t) is t.
 template <typename T>
-GemmOperand<T> AsOperand(const Tensor& t, bool trans) {
-  const int64_t rows = t.sizes()[0], cols = t.sizes()[1];
-  const int64_t s0 = t.strides()[0], s1 = t.strides()[1];
-  if ((s1 == 1 || cols == 1) && (s0 >= std::max<int64_t>(cols, 1) || rows == 1)) {
-    return {t.data<T>(), trans, rows == 1 ? std::max<int64_t>(cols, 1) : s0, t};
-  }
-  if ((s0 == 1 || rows == 1) && (s1 >= std::max<int64_t>(rows, 1) || cols == 1)) {
-    // Column-major: the row-major transpose of the data.
-    return {t.data<T>(), !trans, cols == 1 ? std::max<int64_t>(rows, 1) : s1, t};
-  }
-  Tensor c = Clone(t);
-  return {c.data<T>(), trans, std::max<int64_t>(cols, 1), c};
+GemmOperand<T> OperandOf(const Tensor& t, bool trans, int64_t offset = 0) {
+  const MatrixLayout layout = *MatrixLayoutOf(t);
+  return {t.data<T>() + offset, trans != layout.col_major, layout.ld};
 }
 
 void SgemmRowMajor(const GemmOperand<float>& a, const GemmOperand<float>& b, int64_t m,
@@ -75,6 +94,116 @@ void DgemmBlocked(const GemmOperand<double>& a, const GemmOperand<double>& b, in
   }
 }
 
+
+// C = alpha * op(A) op(B) + beta * C in T: sgemm for float, the blocked loop for double.
+template <typename T>
+void RowMajorGemm(const GemmOperand<T>& a, const GemmOperand<T>& b, int64_t m, int64_t n,
+                  int64_t k, double alpha, double beta, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    SgemmRowMajor(a, b, m, n, k, static_cast<float>(alpha), static_cast<float>(beta), c, ldc);
+  } else {
+    DgemmBlocked(a, b, m, n, k, alpha, beta, c, ldc);
+  }
+}
+
+// oneDNN's descriptor of a batched operand: a batch dimension of stride 0 (an expanded
+// view) becomes a size-1 dimension, which the matmul primitive broadcasts itself.
+dnnl::memory::desc BatchDesc(const Tensor& t) {
+  Shape sizes = t.sizes();
+  for (int64_t d = 0; d + 2 < t.dim(); ++d) {
+    if (t.strides()[d] == 0) sizes[d] = 1;
+  }
+  return dnnl::memory::desc(internal::DnnlDims(sizes), dnnl::memory::data_type::f32,
+                            internal::DnnlDims(t.strides()));
+}
+
+// out = a x b for float32 operands of out's rank through one oneDNN matmul primitive
+// (cached by layout). False when oneDNN offers only its reference implementation for
+// these strides (the caller copies or loops instead).
+bool DnnlBatchedMatMul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  static internal::PrimitiveCache<dnnl::matmul> cache;
+  std::vector<int64_t> key;
+  internal::AppendLayout(&key, a);
+  internal::AppendLayout(&key, b);
+  internal::AppendLayout(&key, out);
+  const dnnl::matmul prim = cache.Get(key, [&] {
+    try {
+      dnnl::matmul::primitive_desc pd(
+          dnnl::matmul::desc(BatchDesc(a), BatchDesc(b), internal::PlainDesc(out)),
+          internal::CpuEngine());
+      if (std::string_view(pd.impl_info_str()).starts_with("ref")) return dnnl::matmul();
+      return dnnl::matmul(pd);
+    } catch (const dnnl::error&) {
+      return dnnl::matmul();  // unimplemented for these strides
+    }
+  });
+  if (!prim) return false;
+  out.storage()->BumpVersion();
+  internal::RunDnnl("MatMul", [&](dnnl::stream& stream) {
+    auto& engine = internal::CpuEngine();
+    prim.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(BatchDesc(a), engine, a.raw_data())},
+                          {DNNL_ARG_WEIGHTS, dnnl::memory(BatchDesc(b), engine, b.raw_data())},
+                          {DNNL_ARG_DST, internal::Dnnl(out)}});
+  });
+  out.storage()->BumpVersion();
+  return true;
+}
+
+// Stride of each batch dimension of `t` seen at `batch` (0 where t broadcasts).
+Shape BatchStrides(const Tensor& t, const Shape& batch) {
+  Shape strides(batch.size());
+  for (size_t d = 0; d < batch.size(); ++d) {
+    strides[d] = t.sizes()[d] == 1 ? 0 : t.strides()[d];
+  }
+  return strides;
+}
+
+// out[i] = a[i] x b[i] over out's batch dimensions, for a [..., m, k], b [..., k, n] and a
+// contiguous out [..., m, n] of one rank; a batch dimension of size 1 (or stride 0) in a
+// or b broadcasts. float32 runs as one oneDNN matmul; float64 (and float32 operands
+// oneDNN takes only through its reference code) loops over the batch with one GEMM each.
+void BatchedMatMul(Tensor a, Tensor b, const Tensor& out) {
+  const int64_t nd = out.dim();
+  const int64_t m = out.sizes()[nd - 2], n = out.sizes()[nd - 1], k = a.sizes()[nd - 1];
+  if (out.numel() == 0) return;
+  if (k == 0) {
+    Fill(out, 0);
+    return;
+  }
+  a = GemmReady(a);
+  b = GemmReady(b);
+  if (a.dtype() == DType::kFloat32) {
+    if (DnnlBatchedMatMul(a, b, out)) return;
+    if (!a.is_contiguous() || !b.is_contiguous()) {
+      if (DnnlBatchedMatMul(Contiguous(a), Contiguous(b), out)) return;
+    }
+  }
+  const Shape batch(out.sizes().begin(), out.sizes().end() - 2);
+  const auto loop = internal::MakeLoop<3>(
+      batch, {Shape(out.strides().begin(), out.strides().end() - 2), BatchStrides(a, batch),
+              BatchStrides(b, batch)});
+  out.storage()->BumpVersion();
+  internal::DispatchFloating("MatMul", a.dtype(), [&]<typename T>() {
+    T* po = out.data<T>();
+    internal::RunLoop(loop, [&](const std::array<int64_t, 3>& off, int64_t count,
+                                const std::array<int64_t, 3>& s) {
+      for (int64_t i = 0; i < count; ++i) {
+        RowMajorGemm(OperandOf<T>(a, false, off[1] + i * s[1]),
+                     OperandOf<T>(b, false, off[2] + i * s[2]), m, n, k, 1.0, 0.0,
+                     po + off[0] + i * s[0], n);
+      }
+    });
+  });
+  out.storage()->BumpVersion();
+}
+
+// `t` with leading size-1 dimensions up to rank `nd`.
+Tensor AtRank(const Tensor& t, int64_t nd) {
+  Tensor out = t;
+  while (out.dim() < nd) out = Unsqueeze(out, 0);
+  return out;
+}
+
 }  // namespace
 
 void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
@@ -109,15 +238,10 @@ void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   if (c_ok) c.storage()->BumpVersion();
   Tensor out = c_ok ? c : Contiguous(c);
   const int64_t ldc = m == 1 ? n : out.strides()[0];
+  const Tensor ra = GemmReady(a), rb = GemmReady(b);
   internal::DispatchFloating("Gemm", a.dtype(), [&]<typename T>() {
-    GemmOperand<T> oa = AsOperand<T>(a, trans_a);
-    GemmOperand<T> ob = AsOperand<T>(b, trans_b);
-    if constexpr (std::is_same_v<T, float>) {
-      SgemmRowMajor(oa, ob, m, n, k, static_cast<float>(alpha), static_cast<float>(beta),
-                    out.data<float>(), ldc);
-    } else {
-      DgemmBlocked(oa, ob, m, n, k, alpha, beta, out.data<double>(), ldc);
-    }
+    RowMajorGemm(OperandOf<T>(ra, trans_a), OperandOf<T>(rb, trans_b), m, n, k, alpha, beta,
+                 out.data<T>(), ldc);
   });
   if (c_ok) {
     c.storage()->BumpVersion();
@@ -154,28 +278,21 @@ Tensor MatMul(const Tensor& a, const Tensor& b) {
     sizes.back() = n;
     return Reshape(out, sizes);
   }
-  const Shape batch_a(a.sizes().begin(), a.sizes().end() - 2);
-  const Shape batch_b(b.dim() > 2 ? Shape(b.sizes().begin(), b.sizes().end() - 2) : Shape{});
-  const Shape batch = BroadcastShapes("MatMul", batch_a, batch_b);
-  Shape ea_sizes = batch, eb_sizes = batch, out_sizes = batch;
-  ea_sizes.insert(ea_sizes.end(), {m, ka});
-  eb_sizes.insert(eb_sizes.end(), {kb, n});
-  out_sizes.insert(out_sizes.end(), {m, n});
-  Tensor ea = Expand(a, ea_sizes), eb = Expand(b, eb_sizes);
-  Tensor out = Tensor::Empty(out_sizes, a.dtype());
-  const int64_t nb = NumElements(batch);
-  for (int64_t flat = 0; flat < nb; ++flat) {
-    Tensor sa = ea, sb = eb, so = out;
-    int64_t rem = flat;
-    for (int64_t d = static_cast<int64_t>(batch.size()) - 1; d >= 0; --d) {
-      const int64_t idx = rem % batch[d];
-      rem /= batch[d];
-      sa = Select(sa, d, idx);
-      sb = Select(sb, d, idx);
-      so = Select(so, d, idx);
-    }
-    Gemm(false, false, 1.0, sa, sb, 0.0, so);
+  // Batched, with broadcast batch dimensions.
+  const int64_t nd = std::max(a.dim(), b.dim());
+  const Tensor ea = AtRank(a, nd), eb = AtRank(b, nd);
+  Shape out_sizes(nd);
+  for (int64_t d = 0; d + 2 < nd; ++d) {
+    const int64_t sa = ea.sizes()[d], sb = eb.sizes()[d];
+    GW_CHECK(sa == sb || sa == 1 || sb == 1, "MatMul", "batch dimensions of ",
+             ShapeToString(a.sizes()), " and ", ShapeToString(b.sizes()),
+             " cannot be broadcast together");
+    out_sizes[d] = sa == 1 ? sb : sa;
   }
+  out_sizes[nd - 2] = m;
+  out_sizes[nd - 1] = n;
+  Tensor out = Tensor::Empty(out_sizes, a.dtype());
+  BatchedMatMul(ea, eb, out);
   return out;
 }
 

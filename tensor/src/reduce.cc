@@ -1,4 +1,4 @@
-// Reductions: Sum, Mean, Max, Argmax, SumToShape.
+// Reductions: Sum, Mean, Var, Max, Argmax, SumToShape.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -75,6 +75,23 @@ Tensor Mean(const Tensor& t, const Shape& dims, bool keepdim) {
   const int64_t count = s.numel() == 0 ? 0 : t.numel() / s.numel();
   ScaleInPlace(s, 1.0 / static_cast<double>(count));
   return s;
+}
+
+Tensor Var(const Tensor& t, const Shape& dims, double correction, bool keepdim) {
+  internal::CheckDefined("Var", t);
+  GW_CHECK(IsFloating(t.dtype()), "Var", "expected a floating tensor, got ",
+           DTypeName(t.dtype()), " ", ShapeToString(t.sizes()));
+  // Two passes (the mean, then the squared deviations), summed in double.
+  const Tensor mean = Mean(t, dims, /*keepdim=*/true);
+  Tensor squares = Tensor::Empty(t.sizes(), t.dtype());
+  internal::DispatchFloating("Var", t.dtype(), [&]<typename T>() {
+    internal::BinaryLoop<T, T, T>(squares, t, mean, [](T x, T m) { return (x - m) * (x - m); });
+  });
+  Tensor var = Sum(squares, dims, keepdim);
+  const double count = mean.numel() == 0 ? 0.0 : static_cast<double>(t.numel() / mean.numel());
+  // As PyTorch: a count at or below the correction divides by zero (inf or nan).
+  ScaleInPlace(var, 1.0 / std::max(0.0, count - correction));
+  return var;
 }
 
 std::pair<Tensor, Tensor> Max(const Tensor& t, int64_t dim, bool keepdim) {

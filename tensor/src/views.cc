@@ -223,6 +223,70 @@ Tensor Flatten2D(const Tensor& t) {
   return Reshape(t, {rows, t.sizes().back()});
 }
 
+Tensor Flatten(const Tensor& t, int64_t start_dim, int64_t end_dim) {
+  internal::CheckDefined("Flatten", t);
+  if (t.dim() == 0) return Reshape(t, {1});
+  const int64_t start = NormalizeDim("Flatten", start_dim, t.dim());
+  const int64_t end = NormalizeDim("Flatten", end_dim, t.dim());
+  GW_CHECK(start <= end, "Flatten", "start_dim ", start_dim, " comes after end_dim ", end_dim,
+           " for a tensor of shape ", ShapeToString(t.sizes()));
+  Shape sizes(t.sizes().begin(), t.sizes().begin() + start);
+  int64_t merged = 1;
+  for (int64_t d = start; d <= end; ++d) merged *= t.sizes()[d];
+  sizes.push_back(merged);
+  sizes.insert(sizes.end(), t.sizes().begin() + end + 1, t.sizes().end());
+  return Reshape(t, std::move(sizes));
+}
+
+std::vector<Tensor> Split(const Tensor& t, const Shape& sizes, int64_t dim) {
+  internal::CheckDefined("Split", t);
+  GW_CHECK(t.dim() > 0, "Split", "cannot split a 0-dimensional tensor");
+  dim = NormalizeDim("Split", dim, t.dim());
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    GW_CHECK(s >= 0, "Split", "negative size in ", ShapeToString(sizes));
+    total += s;
+  }
+  GW_CHECK(total == t.sizes()[dim], "Split", "sizes ", ShapeToString(sizes), " sum to ", total,
+           " but dimension ", dim, " of ", ShapeToString(t.sizes()), " has ", t.sizes()[dim]);
+  std::vector<Tensor> pieces;
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    pieces.push_back(Narrow(t, dim, start, s));
+    start += s;
+  }
+  return pieces;
+}
+
+namespace {
+
+// split_size pieces of dimension `dim`, the last one smaller when it does not divide.
+Shape SplitSizes(std::string_view op, const Tensor& t, int64_t split_size, int64_t dim) {
+  internal::CheckDefined(op, t);
+  GW_CHECK(t.dim() > 0, op, "cannot split a 0-dimensional tensor");
+  const int64_t n = t.sizes()[NormalizeDim(op, dim, t.dim())];
+  GW_CHECK(split_size > 0 || (split_size == 0 && n == 0), op, "split size must be positive, got ",
+           split_size, " for a tensor of shape ", ShapeToString(t.sizes()));
+  if (n == 0) return {0};
+  Shape sizes;
+  for (int64_t start = 0; start < n; start += split_size) sizes.push_back(std::min(split_size, n - start));
+  return sizes;
+}
+
+}  // namespace
+
+std::vector<Tensor> Split(const Tensor& t, int64_t split_size, int64_t dim) {
+  return Split(t, SplitSizes("Split", t, split_size, dim), dim);
+}
+
+std::vector<Tensor> Chunk(const Tensor& t, int64_t chunks, int64_t dim) {
+  internal::CheckDefined("Chunk", t);
+  GW_CHECK(chunks > 0, "Chunk", "chunks must be positive, got ", chunks);
+  GW_CHECK(t.dim() > 0, "Chunk", "cannot chunk a 0-dimensional tensor");
+  const int64_t n = t.sizes()[NormalizeDim("Chunk", dim, t.dim())];
+  return Split(t, SplitSizes("Chunk", t, (n + chunks - 1) / chunks, dim), dim);
+}
+
 Tensor Contiguous(const Tensor& t) {
   internal::CheckDefined("Contiguous", t);
   return t.is_contiguous() ? t : Clone(t);

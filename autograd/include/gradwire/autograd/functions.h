@@ -7,11 +7,15 @@
 //   - Same shapes, broadcasting and errors as the kernels they wrap (gw::Error naming the
 //     op and shapes). Views (Reshape, Transpose, ...) share storage as the kernels do.
 //   - Non-differentiable helpers (comparisons, Argmax, ...) live in gw::kernels.
+//   - Random ops (Dropout, FeatureDropout) draw from the Generator passed in; they are as
+//     thread-safe as that Generator (one per thread).
 #ifndef GRADWIRE_AUTOGRAD_FUNCTIONS_H_
 #define GRADWIRE_AUTOGRAD_FUNCTIONS_H_
 
 #include <vector>
 
+#include "gradwire/tensor/generator.h"
+#include "gradwire/tensor/kernels.h"  // GeluApproximate
 #include "gradwire/tensor/tensor.h"
 
 namespace gw {
@@ -32,6 +36,10 @@ Tensor Sqrt(const Tensor& a);
 Tensor Relu(const Tensor& a);
 Tensor Tanh(const Tensor& a);
 Tensor Sigmoid(const Tensor& a);
+Tensor Erf(const Tensor& a);
+// x * Phi(x) (torch.nn.functional.gelu), exact or with approximate="tanh".
+Tensor Gelu(const Tensor& a, GeluApproximate approximate = GeluApproximate::kNone);
+Tensor Silu(const Tensor& a);  // x * sigmoid(x)
 
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);
@@ -49,6 +57,8 @@ Tensor operator/(const Tensor& a, double s);
 // ---- reductions ----
 Tensor Sum(const Tensor& t, const Shape& dims = {}, bool keepdim = false);
 Tensor Mean(const Tensor& t, const Shape& dims = {}, bool keepdim = false);
+// sum((x - mean)^2) / (N - correction) over `dims` (torch.var; unbiased by default).
+Tensor Var(const Tensor& t, const Shape& dims = {}, double correction = 1, bool keepdim = false);
 // Maximum values along `dim`; the gradient flows to the (first) maximum.
 Tensor Max(const Tensor& t, int64_t dim, bool keepdim = false);
 
@@ -71,12 +81,33 @@ Tensor Expand(const Tensor& t, const Shape& sizes);
 Tensor Squeeze(const Tensor& t, int64_t dim);
 Tensor Unsqueeze(const Tensor& t, int64_t dim);
 Tensor Contiguous(const Tensor& t);
+// Dims start_dim..end_dim merged into one (torch.flatten, with nn.Flatten's defaults).
+Tensor Flatten(const Tensor& t, int64_t start_dim = 1, int64_t end_dim = -1);
+// Views along `dim`, as torch.split and torch.chunk (see kernels.h); each piece is
+// differentiable on its own.
+std::vector<Tensor> Split(const Tensor& t, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> Split(const Tensor& t, const Shape& sizes, int64_t dim = 0);
+std::vector<Tensor> Chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
 
 // ---- indexing ----
 Tensor IndexSelect(const Tensor& t, int64_t dim, const Tensor& index);
 Tensor IndexAdd(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim);
 Tensor Stack(const std::vector<Tensor>& tensors, int64_t dim);
+// torch.gather (index: int64, t's rank); the gradient scatters back, adding duplicates.
+Tensor Gather(const Tensor& t, int64_t dim, const Tensor& index);
+
+// ---- selection (mask: bool, broadcasting; the gradient flows where each value was taken) ----
+Tensor MaskedFill(const Tensor& t, const Tensor& mask, double value);
+Tensor Where(const Tensor& mask, const Tensor& a, const Tensor& b);
+
+// ---- dropout ----
+// In training, zeroes each element with probability p and scales the rest by 1/(1-p);
+// otherwise (or with p == 0) returns x itself. REQUIRES: 0 <= p <= 1.
+Tensor Dropout(const Tensor& x, double p, bool training, Generator& gen);
+// Dropout of whole feature maps: for x [N, C, ...] each (n, c) slice is zeroed or kept
+// (and scaled) as one, as torch's Dropout2d/Dropout3d. REQUIRES: x.dim() >= 2.
+Tensor FeatureDropout(const Tensor& x, double p, bool training, Generator& gen);
 
 }  // namespace gw
 

@@ -10,9 +10,12 @@
 //   - *InPlace ops write into their first argument and bump its storage version.
 //   - Errors (shape/dtype mismatch, index out of range, non-CPU tensors) throw gw::Error
 //     naming the op and the shapes involved.
-//   - float32 matrix products run on oneDNN's sgemm (JIT AVX2/AVX-512 kernels); float64
-//     uses a cache-blocked loop. Compute is single-threaded unless oneDNN's OpenMP is
-//     allowed more threads (OMP_NUM_THREADS).
+//   - float32 matrix products run on oneDNN's sgemm (JIT AVX2/AVX-512 kernels), batched
+//     ones on one oneDNN matmul primitive; float64 uses a cache-blocked loop. GELU and SiLU
+//     run in float32 on oneDNN's eltwise primitives. oneDNN primitives are cached by shape
+//     and strides. Compute is single-threaded unless oneDNN's OpenMP is allowed more threads
+//     (OMP_NUM_THREADS).
+//   - Random ops (DropoutMask) draw from an explicit Generator.
 #ifndef GRADWIRE_TENSOR_KERNELS_H_
 #define GRADWIRE_TENSOR_KERNELS_H_
 
@@ -21,6 +24,13 @@
 #include <vector>
 
 #include "gradwire/tensor/tensor.h"
+
+namespace gw {
+
+// GELU's formula: the exact x * Phi(x) (with erf), or PyTorch's approximate="tanh".
+enum class GeluApproximate { kNone, kTanh };
+
+}  // namespace gw
 
 namespace gw::kernels {
 
@@ -38,6 +48,15 @@ Tensor Squeeze(const Tensor& t, int64_t dim);
 Tensor Unsqueeze(const Tensor& t, int64_t dim);
 // [d0, ..., dn-1, last] -> [d0 * ... * dn-1, last] (a view when possible). REQUIRES dim >= 1.
 Tensor Flatten2D(const Tensor& t);
+// Merges dims start_dim..end_dim (inclusive) into one, as torch.flatten; a view when the
+// strides allow it. A 0-d tensor becomes [1].
+Tensor Flatten(const Tensor& t, int64_t start_dim = 1, int64_t end_dim = -1);
+// Views of consecutive pieces along `dim` (torch.split / torch.chunk): of `split_size`
+// each (the last one smaller when it does not divide), of the given sizes (which must sum
+// to size(dim)), or `chunks` pieces of ceil(size(dim) / chunks) (possibly fewer pieces).
+std::vector<Tensor> Split(const Tensor& t, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> Split(const Tensor& t, const Shape& sizes, int64_t dim = 0);
+std::vector<Tensor> Chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
 Tensor Contiguous(const Tensor& t);  // returns t itself when already contiguous
 Tensor Clone(const Tensor& t);       // always a fresh contiguous copy
 Tensor ToDType(const Tensor& t, DType dtype);  // returns t itself when dtype already matches
@@ -56,6 +75,8 @@ Tensor Le(const Tensor& a, const Tensor& b);
 Tensor Gt(const Tensor& a, const Tensor& b);
 Tensor Ge(const Tensor& a, const Tensor& b);
 Tensor Where(const Tensor& mask, const Tensor& a, const Tensor& b);  // mask: bool
+// t with `value` where mask (bool) is true; t and mask broadcast together.
+Tensor MaskedFill(const Tensor& t, const Tensor& mask, double value);
 
 Tensor AddScalar(const Tensor& a, double s);
 Tensor MulScalar(const Tensor& a, double s);
@@ -68,11 +89,25 @@ Tensor Abs(const Tensor& a);
 Tensor Relu(const Tensor& a);
 Tensor Tanh(const Tensor& a);
 Tensor Sigmoid(const Tensor& a);
+Tensor Erf(const Tensor& a);
+// x * Phi(x), Phi the standard normal CDF (or its tanh approximation).
+Tensor Gelu(const Tensor& a, GeluApproximate approximate = GeluApproximate::kNone);
+Tensor Silu(const Tensor& a);  // x * sigmoid(x)
 
 // Backward helpers, given the forward output `out` and the incoming gradient.
 Tensor ReluBackward(const Tensor& grad, const Tensor& out);
 Tensor TanhBackward(const Tensor& grad, const Tensor& out);
 Tensor SigmoidBackward(const Tensor& grad, const Tensor& out);
+// ... or given the forward input.
+Tensor ErfBackward(const Tensor& grad, const Tensor& input);
+Tensor GeluBackward(const Tensor& grad, const Tensor& input,
+                    GeluApproximate approximate = GeluApproximate::kNone);
+Tensor SiluBackward(const Tensor& grad, const Tensor& input);
+
+// ---- random masks ----
+// Dropout's mask of `sizes`: 1/(1-p) with probability 1-p, else 0 (all 0 when p == 1).
+// REQUIRES: 0 <= p <= 1; dtype floating.
+Tensor DropoutMask(const Shape& sizes, double p, DType dtype, Generator& gen);
 
 // ---- in place (dst is written; dst's storage version is bumped) ----
 void Fill(const Tensor& dst, double value);
@@ -84,6 +119,9 @@ void ScaleInPlace(const Tensor& dst, double s);
 // Empty `dims` reduces over every dimension.
 Tensor Sum(const Tensor& t, const Shape& dims = {}, bool keepdim = false);
 Tensor Mean(const Tensor& t, const Shape& dims = {}, bool keepdim = false);
+// Variance over `dims`: sum((x - mean)^2) / (N - correction), N the count reduced (PyTorch's
+// unbiased default is correction = 1). N <= correction gives inf or nan, as PyTorch.
+Tensor Var(const Tensor& t, const Shape& dims = {}, double correction = 1, bool keepdim = false);
 // Maximum along `dim` with the index of the (first) maximum.
 std::pair<Tensor, Tensor> Max(const Tensor& t, int64_t dim, bool keepdim = false);
 Tensor MaxAll(const Tensor& t);
@@ -112,6 +150,13 @@ Tensor IndexSelect(const Tensor& t, int64_t dim, const Tensor& index);
 // A copy of t with src's slices added at `index` along dim (duplicates accumulate).
 Tensor IndexAdd(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src);
 void IndexAddInPlace(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src);
+// out[i][j] = t[index[i][j]][j] for dim 0 (and so on), as torch.gather: index is int64 with
+// t's rank, no larger than t outside `dim`; the output has index's shape.
+Tensor Gather(const Tensor& t, int64_t dim, const Tensor& index);
+// Gather's adjoint: a copy of t with t[index[i][j]][j] += src[i][j] for dim 0 (duplicates
+// accumulate), as torch.scatter_add; src no smaller than index.
+Tensor ScatterAdd(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src);
+void ScatterAddInPlace(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim);
 Tensor Stack(const std::vector<Tensor>& tensors, int64_t dim);
 
