@@ -4,6 +4,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "gradwire/autograd/grad_mode.h"
+#include "gradwire/nn/safetensors.h"
 #include "gradwire/nn/serialize.h"
 #include "gradwire/tensor/kernels.h"
 
@@ -106,7 +107,12 @@ NamedTensors Module::StateDict() const {
 
 absl::Status Module::LoadStateDict(const NamedTensors& state, bool strict) {
   absl::flat_hash_map<std::string, const Tensor*> given;
-  for (const auto& [name, t] : state) given[name] = &t;
+  for (const auto& [name, t] : state) {
+    if (!given.emplace(name, &t).second) {
+      return absl::InvalidArgumentError(absl::StrCat(type_name_, "::LoadStateDict: entry '", name,
+                                                     "' is given twice"));
+    }
+  }
   NamedTensors mine = StateDict();
   absl::flat_hash_set<std::string> used;
   // Validate everything first so that a failed load changes nothing.
@@ -148,6 +154,17 @@ absl::Status Module::Save(const std::string& path) const { return SaveTensors(pa
 
 absl::Status Module::Load(const std::string& path, bool strict) {
   absl::StatusOr<NamedTensors> state = LoadTensors(path);
+  if (!state.ok()) return state.status();
+  return LoadStateDict(*state, strict);
+}
+
+absl::Status Module::SaveSafetensors(const std::string& path,
+                                     const std::map<std::string, std::string>& metadata) const {
+  return nn::SaveSafetensors(path, StateDict(), metadata);
+}
+
+absl::Status Module::LoadSafetensors(const std::string& path, bool strict) {
+  absl::StatusOr<NamedTensors> state = nn::LoadSafetensors(path);
   if (!state.ok()) return state.status();
   return LoadStateDict(*state, strict);
 }

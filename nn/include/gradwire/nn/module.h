@@ -11,12 +11,17 @@
 //   - StateDict/LoadStateDict copy values in place, so optimizers and references to the
 //     parameter tensors stay valid. Save/Load use the named-tensor file of serialize.h:
 //     Load refuses a damaged file and NaN or infinite values (LoadTensors' defaults).
+//     SaveSafetensors/LoadSafetensors use the safetensors file of safetensors.h (PyTorch's
+//     state-dict keys, e.g. "0.weight", so files move between the two), with the same
+//     checks; a BF16/F16 file loads into a float32 module. The format is chosen by the
+//     method, never by the file's name.
 //   - Thread safety: concurrent Forward calls (with or without grad) are safe for modules
 //     without mutable state (all but Dropout in training mode); mutation (training,
 //     loading) needs exclusion.
 #ifndef GRADWIRE_NN_MODULE_H_
 #define GRADWIRE_NN_MODULE_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -59,11 +64,15 @@ class Module {
   // Parameters and buffers, by dotted name.
   NamedTensors StateDict() const;
   // Copies `state` into the parameters and buffers. With `strict`, missing or unexpected
-  // names are an error. Shape or dtype mismatches are always an error. On error nothing
-  // has been modified.
+  // names are an error. Shape or dtype mismatches and a name given twice are always an
+  // error. Errors name the entry; on error nothing has been modified.
   absl::Status LoadStateDict(const NamedTensors& state, bool strict = true);
   absl::Status Save(const std::string& path) const;
   absl::Status Load(const std::string& path, bool strict = true);
+  // `metadata`: the file's __metadata__ (safetensors.h adds "gradwire.crc32c").
+  absl::Status SaveSafetensors(const std::string& path,
+                               const std::map<std::string, std::string>& metadata = {}) const;
+  absl::Status LoadSafetensors(const std::string& path, bool strict = true);
 
  protected:
   // REQUIRES: `name` is unique among this module's parameters, buffers and children.
