@@ -287,11 +287,12 @@ normalization_flags AffineFlags(bool scale, bool shift) {
 }
 
 // oneDNN's two normalizations differ in their descriptors only: batch norm on x as
-// [N, C, S] with statistics [C], layer norm on x as [R, D] with statistics [R].
+// [N, C, S, 1] with statistics [C] (oneDNN 2.6 has a vectorised kernel for plain 2-D and 4-D
+// data, not for 3-D), layer norm on x as [R, D] with statistics [R].
 struct BatchNormPrims {
   using Fwd = dnnl::batch_normalization_forward;
   using Bwd = dnnl::batch_normalization_backward;
-  static Shape Dims(const Layout& l) { return {l.n, l.c, l.s}; }
+  static Shape Dims(const Layout& l) { return {l.n, l.c, l.s, 1}; }
   static Fwd::desc FwdDesc(prop_kind prop, const Shape& dims, float eps, normalization_flags f) {
     return Fwd::desc(prop, internal::ContiguousDesc(dims), eps, f);
   }
@@ -398,7 +399,11 @@ NormGrads DnnlBackward(std::string_view op, const Layout& l, const Tensor& grad,
         {DNNL_ARG_VARIANCE, Vec(var)}};
     if (weight.defined()) args[DNNL_ARG_SCALE] = Vec(weight);
     if (dw.defined()) args[DNNL_ARG_DIFF_SCALE] = Vec(dw);
-    if (db.defined()) args[DNNL_ARG_DIFF_SHIFT] = Vec(db);
+    if (db.defined()) {
+      args[DNNL_ARG_DIFF_SHIFT] = Vec(db);
+      // The backward never reads the shift, but oneDNN asks for it with use_shift.
+      args[DNNL_ARG_SHIFT] = Vec(Tensor::Zeros(param_shape, DType::kFloat32));
+    }
     bwd->prim.execute(stream, args);
   });
   if (mask.weight) out.weight = weight.defined() ? dw : Tensor();
