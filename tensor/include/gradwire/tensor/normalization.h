@@ -18,11 +18,15 @@
 //     `mask` asks for (the others undefined). BatchNormBackward's `batch_stats` says the
 //     statistics were x's own (training: their gradient flows back to x) rather than
 //     fixed ones (eval).
-//   - float32 BatchNorm and LayerNorm run on oneDNN's primitives, whose descriptors are
-//     cached per shape; float64, GroupNorm in both dtypes, and parameter-only gradients run
-//     gradwire's own kernel (statistics accumulated in double, in two passes).
-//   - Any strides are accepted; a non-contiguous input or gradient is copied once.
-//     Results are contiguous.
+//   - float32 LayerNorm runs on oneDNN's layer normalization; float32 BatchNorm on oneDNN's
+//     batch normalization for channels-last inputs ([N, C, H, W] stored as [N, H, W, C]),
+//     where oneDNN 2.6 has JIT kernels; the output (and input gradient) is then
+//     channels-last too. Primitive descriptors are cached per shape. Everything else --
+//     float64, plain-layout batch norm (oneDNN's plain kernel measured 2-13x slower),
+//     GroupNorm, parameter-only gradients -- runs gradwire's own kernel, templated over
+//     the element type, with statistics accumulated in double in two passes.
+//   - Any strides are accepted; an input or gradient the chosen kernel cannot read in
+//     place is copied once. Other results are contiguous.
 //   - Errors: gw::Error naming the op and the shapes (wrong rank, channel counts, weight
 //     or statistic shapes, dtype mismatches, a group count that does not divide C).
 //   - Thread safety: all functions may be called concurrently.
