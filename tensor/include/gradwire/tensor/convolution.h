@@ -11,7 +11,7 @@
 //   - Inputs may be strided views (a permuted channels-last tensor, a narrowed batch);
 //     outputs and gradients are new contiguous (NCHW) tensors.
 //   - float32 runs on oneDNN's convolution primitives (algorithm "auto": Winograd where
-//     oneDNN finds it faster, e.g. 3x3 stride-1 layers with 16k channels, else direct);
+//     oneDNN finds it faster, e.g. 3x3 stride-1 layers of 16 channels or more, else direct);
 //     activations are reordered into the blocked layout the primitive prefers and back.
 //     Primitives are built once per geometry and cached (thread-safe). float64 runs on
 //     gradwire's own im2col + GEMM, templated so it also serves as a float32 reference.
