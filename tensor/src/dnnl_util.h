@@ -14,6 +14,9 @@
 //     the same memory when it already has it; reorders are counted so profiles can show
 //     what they cost.
 //   - Errors from oneDNN become gw::Error naming the operation and oneDNN's status.
+//   - ScratchMemory/ToLayoutScratch put temporary layouts in gw tensors (the caching
+//     allocator); CachedPrimitive keeps built primitive descriptors and primitives per
+//     shape, process-wide and thread-safe.
 #ifndef GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
 #define GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
 
