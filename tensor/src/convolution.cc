@@ -445,7 +445,7 @@ ConvGrads DnnlBackward(const Geometry& g, const Tensor& gy, const Tensor& x, con
   return out;
 }
 
-// y = conv(x) on the transposed geometry's adjoint: oneDNN's backward-data.
+// The input gradient of the convolution `g` alone (ConvTranspose2d's forward).
 Tensor DnnlBackwardDataOnly(const Geometry& g, const Tensor& gy, const Tensor& w) {
   return DnnlBackward(g, gy, Tensor(), w, {.input = true, .weight = false, .bias = false}).input;
 }
