@@ -1,0 +1,78 @@
+// gw::kernels convolution: Conv2d (Conv1d is Conv2d with H = 1) and ConvTranspose2d,
+// forward and backward, never recording autograd (see gradwire/autograd/convolution.h).
+//
+// Contract
+//   - Shapes follow PyTorch. Conv2d: input [N, C_in, H, W], weight [C_out, C_in / groups,
+//     kH, kW], bias [C_out] or undefined; output [N, C_out, H_out, W_out] with
+//     H_out = (H + 2 * padding - dilation * (kH - 1) - 1) / stride + 1.
+//     ConvTranspose2d: weight [C_in, C_out / groups, kH, kW]; output H_out =
+//     (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1.
+//     ConvTranspose2d is the adjoint of the Conv2d with the same weight and arguments.
+//   - Inputs may be strided views (a permuted channels-last tensor, a narrowed batch);
+//     outputs and gradients are new contiguous (NCHW) tensors.
+//   - float32 runs on oneDNN's convolution primitives (algorithm "auto": Winograd where
+//     oneDNN finds it faster, e.g. 3x3 stride-1 layers of 16 channels or more, else direct);
+//     activations are reordered into the blocked layout the primitive prefers and back.
+//     Primitives are built once per geometry and cached (thread-safe). float64 runs on
+//     gradwire's own im2col + GEMM, templated so it also serves as a float32 reference.
+//   - Conv2dBackward computes only the gradients asked for in `need` (undefined otherwise).
+//   - Errors: gw::Error naming the op and the shapes (rank, channel count, groups,
+//     non-positive sizes, a kernel larger than the padded input, dtype mismatch).
+//   - Thread safety: all functions may be called concurrently.
+#ifndef GRADWIRE_TENSOR_CONVOLUTION_H_
+#define GRADWIRE_TENSOR_CONVOLUTION_H_
+
+#include <cstdint>
+#include <string>
+
+#include "gradwire/tensor/tensor.h"
+
+namespace gw {
+
+// Argument types live in namespace gw (not gw::kernels) so that an unqualified call such
+// as Conv2d(x, w, b, args) finds only the differentiable gw::Conv2d by argument lookup.
+
+// A (height, width) pair that a single integer converts to, as PyTorch's int-or-tuple
+// arguments: Size2(3) == Size2(3, 3).
+struct Size2 {
+  int64_t h = 0, w = 0;
+  constexpr Size2(int64_t v) : h(v), w(v) {}  // NOLINT: implicit, like PyTorch's ints
+  constexpr Size2(int64_t height, int64_t width) : h(height), w(width) {}
+  constexpr bool operator==(const Size2&) const = default;
+  std::string ToString() const;  // "(3, 3)"
+};
+
+struct Conv2dArgs {
+  Size2 stride = 1;
+  Size2 padding = 0;
+  Size2 dilation = 1;
+  int64_t groups = 1;
+  Size2 output_padding = 0;  // ConvTranspose2d only; REQUIRES < stride or < dilation
+};
+
+// The gradients of a convolution; undefined where not asked for.
+struct ConvGrads {
+  Tensor input, weight, bias;
+};
+
+struct ConvGradMask {
+  bool input = true, weight = true, bias = true;
+};
+
+namespace kernels {
+
+Tensor Conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+              const Conv2dArgs& args = {});
+ConvGrads Conv2dBackward(const Tensor& grad_output, const Tensor& input, const Tensor& weight,
+                         const Conv2dArgs& args, ConvGradMask need = {});
+
+Tensor ConvTranspose2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                       const Conv2dArgs& args = {});
+ConvGrads ConvTranspose2dBackward(const Tensor& grad_output, const Tensor& input,
+                                  const Tensor& weight, const Conv2dArgs& args,
+                                  ConvGradMask need = {});
+
+}  // namespace kernels
+}  // namespace gw
+
+#endif  // GRADWIRE_TENSOR_CONVOLUTION_H_
