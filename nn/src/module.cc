@@ -50,20 +50,22 @@ void Module::RegisterChild(const std::string& name, std::shared_ptr<Module> modu
   children_.emplace_back(name, std::move(module));
 }
 
-void Module::Collect(const std::string& prefix, bool recurse, bool buffers,
-                     NamedTensors* out) const {
-  for (const auto& [name, t] : buffers ? buffers_ : parameters_) {
-    out->emplace_back(prefix + name, t);
+void Module::Collect(const std::string& prefix, bool recurse, Kinds kinds, NamedTensors* out) const {
+  if (kinds != Kinds::kBuffers) {
+    for (const auto& [name, t] : parameters_) out->emplace_back(prefix + name, t);
+  }
+  if (kinds != Kinds::kParameters) {
+    for (const auto& [name, t] : buffers_) out->emplace_back(prefix + name, t);
   }
   if (!recurse) return;
   for (const auto& [name, child] : children_) {
-    child->Collect(absl::StrCat(prefix, name, "."), true, buffers, out);
+    child->Collect(absl::StrCat(prefix, name, "."), true, kinds, out);
   }
 }
 
 NamedTensors Module::NamedParameters(bool recurse) const {
   NamedTensors all, out;
-  Collect("", recurse, false, &all);
+  Collect("", recurse, Kinds::kParameters, &all);
   absl::flat_hash_set<const TensorImpl*> seen;  // a shared module or tied weight counts once
   for (auto& [name, t] : all) {
     if (seen.insert(t.unsafe_impl()).second) out.emplace_back(std::move(name), std::move(t));
@@ -79,7 +81,7 @@ std::vector<Tensor> Module::Parameters(bool recurse) const {
 
 NamedTensors Module::NamedBuffers(bool recurse) const {
   NamedTensors out;
-  Collect("", recurse, true, &out);
+  Collect("", recurse, Kinds::kBuffers, &out);
   return out;
 }
 
@@ -99,9 +101,13 @@ void Module::ZeroGrad() {
 }
 
 NamedTensors Module::StateDict() const {
-  NamedTensors out = NamedParameters();
-  NamedTensors bufs = NamedBuffers();
-  out.insert(out.end(), bufs.begin(), bufs.end());
+  // PyTorch's order: each module's parameters, then its buffers, then its children's.
+  NamedTensors all, out;
+  Collect("", true, Kinds::kBoth, &all);
+  absl::flat_hash_set<const TensorImpl*> seen;  // a shared module or tied weight counts once
+  for (auto& [name, t] : all) {
+    if (seen.insert(t.unsafe_impl()).second) out.emplace_back(std::move(name), std::move(t));
+  }
   return out;
 }
 

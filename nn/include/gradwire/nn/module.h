@@ -61,7 +61,8 @@ class Module {
   // Sets every parameter's gradient to undefined.
   void ZeroGrad();
 
-  // Parameters and buffers, by dotted name.
+  // Parameters and buffers, by dotted name, in PyTorch's order (each module's parameters,
+  // then its buffers, then its children's, depth first).
   NamedTensors StateDict() const;
   // Copies `state` into the parameters and buffers. With `strict`, missing or unexpected
   // names are an error. Shape or dtype mismatches and a name given twice are always an
@@ -89,7 +90,8 @@ class Module {
  private:
   void RegisterChild(const std::string& name, std::shared_ptr<Module> module);
   void CheckNewName(const std::string& name) const;
-  void Collect(const std::string& prefix, bool recurse, bool buffers, NamedTensors* out) const;
+  enum class Kinds { kParameters, kBuffers, kBoth };
+  void Collect(const std::string& prefix, bool recurse, Kinds kinds, NamedTensors* out) const;
 
   std::string type_name_;
   bool training_ = true;
