@@ -278,18 +278,9 @@ struct DnnlConv {
                                          : dnnl::algorithm::convolution_direct;
   }
 
-  struct Fwd {
-    dnnl::convolution_forward::primitive_desc pd;
-    dnnl::convolution_forward prim;
-  };
-  struct BwdData {
-    dnnl::convolution_backward_data::primitive_desc pd;
-    dnnl::convolution_backward_data prim;
-  };
-  struct BwdWeights {
-    dnnl::convolution_backward_weights::primitive_desc pd;
-    dnnl::convolution_backward_weights prim;
-  };
+  using Fwd = internal::Built<dnnl::convolution_forward>;
+  using BwdData = internal::Built<dnnl::convolution_backward_data>;
+  using BwdWeights = internal::Built<dnnl::convolution_backward_weights>;
 
   std::vector<int64_t> Key(bool bias) const {
     std::vector<int64_t> key = g.Key();
@@ -298,7 +289,8 @@ struct DnnlConv {
   }
 
   std::shared_ptr<const Fwd> Forward(bool bias) const {
-    return internal::CachedPrimitive<Fwd>(Key(bias), [&] {
+    static internal::PrimitiveCache<Fwd> cache;
+    return cache.Get(Key(bias), [&] {
       const auto alg = Algorithm();
       const auto prop = dnnl::prop_kind::forward_training;
       const memory::desc x = AnyDesc(g.x_sizes()), w = AnyDesc(DnnlWeightSizes(g)),
@@ -314,7 +306,8 @@ struct DnnlConv {
   }
 
   std::shared_ptr<const BwdData> BackwardData() const {
-    return internal::CachedPrimitive<BwdData>(Key(false), [&] {
+    static internal::PrimitiveCache<BwdData> cache;
+    return cache.Get(Key(false), [&] {
       dnnl::convolution_backward_data::desc d(
           Algorithm(), AnyDesc(g.x_sizes()), AnyDesc(DnnlWeightSizes(g)),
           AnyDesc(g.y_sizes()), Strides(), Dilates(), PadL(), PadR());
@@ -325,7 +318,8 @@ struct DnnlConv {
   }
 
   std::shared_ptr<const BwdWeights> BackwardWeights(bool bias) const {
-    return internal::CachedPrimitive<BwdWeights>(Key(bias), [&] {
+    static internal::PrimitiveCache<BwdWeights> cache;
+    return cache.Get(Key(bias), [&] {
       const auto alg = Algorithm();
       const memory::desc x = AnyDesc(g.x_sizes()), w = AnyDesc(DnnlWeightSizes(g)),
                          y = AnyDesc(g.y_sizes());

@@ -14,12 +14,11 @@
 //     the same memory when it already has it; reorders are counted so profiles can show
 //     what they cost.
 //   - Errors from oneDNN become gw::Error naming the operation and oneDNN's status.
-//   - PrimitiveCache keeps primitives by a key of the caller's choosing (dims, strides,
-//     flags): building a primitive descriptor costs tens of microseconds, more than a
-//     small primitive takes to run. Thread-safe; oneDNN primitives may run concurrently.
+//   - PrimitiveCache keeps built primitives by a key of the caller's choosing (dims,
+//     strides, flags): building a primitive descriptor costs more than a small primitive
+//     takes to run. Thread-safe; oneDNN primitives may run concurrently.
 //   - ScratchMemory/ToLayoutScratch put temporary layouts in gw tensors (the caching
-//     allocator); CachedPrimitive keeps built primitive descriptors and primitives per
-//     shape, process-wide and thread-safe.
+//     allocator).
 #ifndef GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
 #define GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
 
@@ -103,32 +102,48 @@ void RunDnnl(std::string_view op, F&& body) {
   }
 }
 
-// Primitives by key, made by `make()` on a miss. Bounded: emptied when full (the working
-// set of a model is a few dozen shapes).
-template <typename Primitive>
+// Built primitives (a primitive, or a struct of a primitive_desc and its primitive) of type T
+// by a key of the integers that determine them (shapes, strides, attributes), made by
+// `make()` on a miss: a primitive_desc costs 0.01-0.5 ms to create even when oneDNN's own
+// primitive cache has the primitive, more than a small primitive takes to run. Callers keep
+// one cache per kind as a function-local static. Thread-safe; entries are immutable and
+// shared (oneDNN primitives may run concurrently). Bounded: emptied when full (a model's
+// working set is a few dozen shapes; shapes that change every call start it over).
+template <typename T>
 class PrimitiveCache {
  public:
   using Key = std::vector<int64_t>;
 
   template <typename Make>
-  Primitive Get(const Key& key, Make&& make) {
+  std::shared_ptr<const T> Get(const Key& key, Make&& make) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = map_.find(key);
-      if (it != map_.end()) return it->second;
+      if (auto it = map_.find(key); it != map_.end()) return it->second;
     }
-    Primitive made = make();  // outside the lock: creation may JIT-compile
+    auto made = std::make_shared<const T>(make());  // outside the lock: creation may JIT-compile
     std::lock_guard<std::mutex> lock(mu_);
     if (map_.size() >= kCapacity) map_.clear();
-    map_.emplace(key, made);
-    return made;
+    return map_.try_emplace(key, std::move(made)).first->second;
   }
 
  private:
   static constexpr size_t kCapacity = 512;
   std::mutex mu_;
-  absl::flat_hash_map<Key, Primitive> map_;
+  absl::flat_hash_map<Key, std::shared_ptr<const T>> map_;
 };
+
+// A primitive descriptor and the primitive built from it (what backward passes need as
+// hints and what execution needs).
+template <typename Prim>
+struct Built {
+  typename Prim::primitive_desc pd;
+  Prim prim;
+};
+
+template <typename Prim>
+Built<Prim> Build(const typename Prim::primitive_desc& pd) {
+  return Built<Prim>{pd, Prim(pd)};
+}
 
 // Appends a tensor's sizes and strides to a cache key.
 inline void AppendLayout(std::vector<int64_t>* key, const Tensor& t) {
@@ -154,27 +169,6 @@ inline dnnl::memory ToLayoutScratch(const dnnl::memory& mem, const dnnl::memory:
   dnnl::reorder(mem, out).execute(stream, const_cast<dnnl::memory&>(mem), out);
   ReorderCount().fetch_add(1, std::memory_order_relaxed);
   return out;
-}
-
-// A process-wide cache of built primitives (a primitive_desc and its primitive, say) of
-// type T, keyed by the integers that determine them (shapes, strides, attributes): a
-// primitive_desc costs 0.1-0.5 ms to create even when oneDNN's own primitive cache has the
-// primitive. One cache per T; thread-safe; entries are immutable and shared. The cache is
-// cleared when it exceeds 512 entries (shapes that change every call).
-template <typename T>
-std::shared_ptr<const T> CachedPrimitive(const std::vector<int64_t>& key,
-                                         const std::function<T()>& build) {
-  static std::mutex mu;
-  static absl::flat_hash_map<std::vector<int64_t>, std::shared_ptr<const T>> cache;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  auto built = std::make_shared<const T>(build());  // outside the lock: it may take a while
-  std::lock_guard<std::mutex> lock(mu);
-  if (cache.size() >= 512) cache.clear();
-  return cache.try_emplace(key, std::move(built)).first->second;
 }
 
 }  // namespace gw::internal

@@ -160,7 +160,7 @@ Tensor DnnlEltwise(std::string_view name, DnnlEltwiseOp op, const Tensor& x_in) 
   const int64_t n = x.numel();
   if (n == 0) return y;
   const dnnl::eltwise_forward prim =
-      cache.Get(EltwiseKey(op, n), [&] { return dnnl::eltwise_forward(EltwiseForwardPd(op, n)); });
+      *cache.Get(EltwiseKey(op, n), [&] { return dnnl::eltwise_forward(EltwiseForwardPd(op, n)); });
   internal::RunDnnl(name, [&](dnnl::stream& stream) {
     auto& engine = internal::CpuEngine();
     prim.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(FlatDesc(n), engine, x.raw_data())},
@@ -178,7 +178,7 @@ Tensor DnnlEltwiseBackward(std::string_view name, DnnlEltwiseOp op, const Tensor
   const Tensor dx = EmptyLike(x);
   const int64_t n = x.numel();
   if (n == 0) return dx;
-  const dnnl::eltwise_backward prim = cache.Get(EltwiseKey(op, n), [&] {
+  const dnnl::eltwise_backward prim = *cache.Get(EltwiseKey(op, n), [&] {
     return dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(
         dnnl::eltwise_backward::desc(op.algorithm, FlatDesc(n), FlatDesc(n), op.alpha, 0.f),
         internal::CpuEngine(), EltwiseForwardPd(op, n)));

@@ -126,7 +126,7 @@ bool DnnlBatchedMatMul(const Tensor& a, const Tensor& b, const Tensor& out) {
   internal::AppendLayout(&key, a);
   internal::AppendLayout(&key, b);
   internal::AppendLayout(&key, out);
-  const dnnl::matmul prim = cache.Get(key, [&] {
+  const dnnl::matmul prim = *cache.Get(key, [&] {
     try {
       dnnl::matmul::primitive_desc pd(
           dnnl::matmul::desc(BatchDesc(a), BatchDesc(b), internal::PlainDesc(out)),

@@ -321,36 +321,7 @@ using dnnl::normalization_flags;
 using dnnl::prop_kind;
 using Key = std::vector<int64_t>;
 
-// A primitive descriptor and its primitive, built once per key: building a descriptor
-// walks oneDNN's implementation list, executing a built primitive does not. Bounded: a
-// full cache starts over (shapes in a training loop are few).
-template <typename Prim>
-struct Built {
-  typename Prim::primitive_desc pd;
-  Prim prim;
-};
-
-template <typename Prim>
-class PrimitiveCache {
- public:
-  template <typename MakePd>
-  std::shared_ptr<const Built<Prim>> Get(const Key& key, MakePd&& make_pd) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (auto it = map_.find(key); it != map_.end()) return it->second;
-    }
-    typename Prim::primitive_desc pd = make_pd();
-    auto built = std::make_shared<const Built<Prim>>(Built<Prim>{pd, Prim(pd)});
-    absl::MutexLock lock(&mu_);
-    if (map_.size() >= kMaxEntries) map_.clear();
-    return map_.try_emplace(key, std::move(built)).first->second;
-  }
-
- private:
-  static constexpr size_t kMaxEntries = 512;
-  absl::Mutex mu_;
-  absl::flat_hash_map<Key, std::shared_ptr<const Built<Prim>>> map_ ABSL_GUARDED_BY(mu_);
-};
+using internal::Built;
 
 // The data as oneDNN sees it: sizes and strides (in elements).
 struct DataShape {
@@ -408,10 +379,10 @@ template <typename P>
 std::shared_ptr<const Built<typename P::Fwd>> ForwardPrim(const DataShape& data, float eps,
                                                           normalization_flags flags,
                                                           prop_kind prop) {
-  static PrimitiveCache<typename P::Fwd> cache;
+  static internal::PrimitiveCache<Built<typename P::Fwd>> cache;
   return cache.Get(MakeKey(data, flags, eps, prop), [&] {
-    return typename P::Fwd::primitive_desc(P::FwdDesc(prop, data, eps, flags),
-                                           internal::CpuEngine());
+    return internal::Build<typename P::Fwd>(typename P::Fwd::primitive_desc(P::FwdDesc(prop, data, eps, flags),
+                                                           internal::CpuEngine()));
   });
 }
 
@@ -419,11 +390,11 @@ template <typename P>
 std::shared_ptr<const Built<typename P::Bwd>> BackwardPrim(const DataShape& data, float eps,
                                                            normalization_flags flags,
                                                            prop_kind prop) {
-  static PrimitiveCache<typename P::Bwd> cache;
+  static internal::PrimitiveCache<Built<typename P::Bwd>> cache;
   return cache.Get(MakeKey(data, flags, eps, prop), [&] {
     auto hint = ForwardPrim<P>(data, eps, flags, prop_kind::forward_training);
-    return typename P::Bwd::primitive_desc(P::BwdDesc(prop, data, eps, flags),
-                                           internal::CpuEngine(), hint->pd);
+    return internal::Build<typename P::Bwd>(typename P::Bwd::primitive_desc(P::BwdDesc(prop, data, eps, flags),
+                                                           internal::CpuEngine(), hint->pd));
   });
 }
 

@@ -241,7 +241,8 @@ std::shared_ptr<const DnnlPool> GetDnnlPool(const PoolGeometry& g, dnnl::algorit
   const std::vector<int64_t> key = {static_cast<int64_t>(alg), g.n, g.c, g.h.in, g.w.in,
                                     g.h.k, g.w.k, g.h.s, g.w.s, g.h.p, g.w.p, g.h.d, g.w.d,
                                     g.h.out, g.w.out};
-  return internal::CachedPrimitive<DnnlPool>(key, [&] {
+  static internal::PrimitiveCache<DnnlPool> cache;
+  return cache.Get(key, [&] {
     const memory::desc src = internal::ContiguousDesc({g.n, g.c, g.h.in, g.w.in});
     const memory::desc dst = internal::ContiguousDesc({g.n, g.c, g.h.out, g.w.out});
     const memory::dims strides{g.h.s, g.w.s}, kernel{g.h.k, g.w.k},
