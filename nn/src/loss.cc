@@ -14,6 +14,7 @@
 #include "gradwire/autograd/function.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/tensor/kernels.h"
+#include "gradwire/tensor/vector_math.h"
 
 namespace gw::nn {
 namespace {
@@ -36,32 +37,7 @@ decltype(auto) DispatchFloat(DType dtype, Fn&& fn) {
 
 // ---------------------------------------------------------------- float32 rows
 
-// On x86-64, compiled for AVX-512, AVX2 and the baseline, chosen when the program starts
-// (target_clones): the row loops of cross-entropy run at the width of the CPU's vectors.
-#if defined(__x86_64__)
-#define GW_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define GW_VECTOR_CLONES
-#endif
-
-// exp(x) in float32 without a library call, so that loops over it vectorise: Cephes' expf
-// (range reduction by ln 2 in two parts, a degree-6 polynomial, 2^n from the exponent
-// bits), within 2 ulp; below -87.3 it returns about 1e-38 instead of 0, NaN stays NaN.
-inline float ExpFloat(float x) {
-  const float clamped = std::min(std::max(x, -87.3365447505f), 88.3762626647949f);
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (clamped * 1.44269504088896341f + kRound) - kRound;
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  const float scale = std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
-  return x != x ? x : y * scale;
-}
+using vector_math::Exp;
 
 // Reductions in kLanes independent partial results, which the compiler vectorises (one
 // accumulator would need reassociation, which it may not do to floats).
@@ -79,13 +55,13 @@ GW_VECTOR_CLONES float MaxFloat(const float* x, int64_t n) {
 }
 
 // sum_i exp(x[i] - shift)
-GW_VECTOR_CLONES float SumExpFloat(const float* x, int64_t n, float shift) {
+GW_VECTOR_CLONES float SumExp(const float* x, int64_t n, float shift) {
   float lanes[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += ExpFloat(x[i + j] - shift);
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += Exp(x[i + j] - shift);
   }
-  for (; i < n; ++i) lanes[0] += ExpFloat(x[i] - shift);
+  for (; i < n; ++i) lanes[0] += Exp(x[i] - shift);
   float sum = 0;
   for (float l : lanes) sum += l;
   return sum;
@@ -111,16 +87,14 @@ GW_VECTOR_CLONES float WeightedSumFloat(const float* x, const float* w, int64_t 
 }
 
 // out[i] = factor * exp(x[i] - shift) - (w ? bias * w[i] : 0)
-GW_VECTOR_CLONES void ScaledExpFloat(const float* x, int64_t n, float shift, float factor, const float* w, float bias,
+GW_VECTOR_CLONES void ScaledExp(const float* x, int64_t n, float shift, float factor, const float* w, float bias,
                                      float* out) {
   if (w == nullptr) {
-    for (int64_t i = 0; i < n; ++i) out[i] = factor * ExpFloat(x[i] - shift) - bias;
+    for (int64_t i = 0; i < n; ++i) out[i] = factor * Exp(x[i] - shift) - bias;
   } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = factor * ExpFloat(x[i] - shift) - bias * w[i];
+    for (int64_t i = 0; i < n; ++i) out[i] = factor * Exp(x[i] - shift) - bias * w[i];
   }
 }
-
-#undef GW_VECTOR_CLONES
 
 // ---------------------------------------------------------------- NLL and cross-entropy
 
@@ -259,7 +233,7 @@ class ClassLossKernel {
       if constexpr (std::is_same_v<T, float>) {
         if (sc_ == 1 && p_.s == 1) {
           const float b = eps_ == 0 ? 0.0f : gi * eps_ / static_cast<float>(p_.c);
-          ScaledExpFloat(row, p_.c, l, a + b * weight_sum_, w_, b, o);
+          ScaledExp(row, p_.c, l, a + b * weight_sum_, w_, b, o);
           o[t] -= a;
           continue;
         }
@@ -283,7 +257,7 @@ class ClassLossKernel {
     if constexpr (std::is_same_v<T, float>) {
       if (sc_ == 1) {
         const float m = MaxFloat(row, p_.c);
-        return std::isinf(m) ? m : m + std::log(SumExpFloat(row, p_.c, m));
+        return std::isinf(m) ? m : m + std::log(SumExp(row, p_.c, m));
       }
     }
     T m = -std::numeric_limits<T>::infinity();

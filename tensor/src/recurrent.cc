@@ -1,6 +1,7 @@
 // Recurrent layers (LSTM, GRU): GEMMs over whole sequences where the recurrence allows it,
 // one GEMM per step for the hidden projection, and fused gate kernels per step.
 #include "gradwire/tensor/recurrent.h"
+#include "gradwire/tensor/vector_math.h"
 
 #include <algorithm>
 #include <bit>
@@ -16,48 +17,23 @@ namespace {
 
 // ---------------------------------------------------------------- activations
 //
-// float32 uses a branch-free exp (Cephes' expf: range reduction by ln 2, a degree-6
-// polynomial, the exponent set through the bits) so that the gate loops vectorise; libm's
-// expf/tanhf are calls the vectoriser cannot inline. float64 (the reference) uses libm.
-
-inline float ExpF(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float shifted = x * 1.44269504088896341f + kRound;
-  const float n = shifted - kRound;
-  const int32_t exponent = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kRound);
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e = p * (r * r) + r + 1.0f;
-  return e * std::bit_cast<float>((exponent + 127) << 23);
-}
+// float32 uses gradwire/tensor/vector_math.h's exp and tanh so that the gate loops
+// vectorise (libm's expf/tanhf are calls the vectoriser cannot inline); float64 (the
+// reference) uses libm.
 
 template <typename T>
 inline T Sigm(T x) {
   if constexpr (std::is_same_v<T, float>) {
-    return 1.0f / (1.0f + ExpF(-x));
+    return 1.0f / (1.0f + vector_math::Exp(-x));
   } else {
     return 1.0 / (1.0 + std::exp(-x));
   }
 }
 
-// Cephes' tanhf: an odd polynomial below 0.625, 1 - 2 / (exp(2|x|) + 1) above.
 template <typename T>
 inline T Tanh(T x) {
   if constexpr (std::is_same_v<T, float>) {
-    const float ax = std::abs(x);
-    const float z = x * x;
-    const float small =
-        ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
-          1.33314422036e-1f) * z - 3.33332819422e-1f) * z * ax + ax;
-    const float large = 1.0f - 2.0f / (ExpF(2.0f * ax) + 1.0f);
-    return std::copysign(ax < 0.625f ? small : large, x);
+    return vector_math::Tanh(x);
   } else {
     return std::tanh(x);
   }
@@ -100,13 +76,11 @@ Tensor OrZeros(const Tensor& t, const Shape& sizes, DType dtype) {
 // The row kernels take __restrict pointers (GCC does not vectorise the same loop nested
 // in the row loop) and are compiled for AVX-512, AVX2 and the baseline, picked at load
 // time (GCC's target_clones), since the library itself targets baseline x86-64. The file
-// is built with -fno-trapping-math so that the clamps in ExpF are if-converted (see
+// is built with -fno-trapping-math so that the clamps in vector_math::Exp are if-converted (see
 // tensor/CMakeLists.txt). fp-contract stays off: every clone rounds alike.
-#define GW_RNN_ROW_KERNEL \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 template <typename T>
-GW_RNN_ROW_KERNEL void LstmForwardRow(int64_t H, T* __restrict g, const T* __restrict a,
+GW_VECTOR_CLONES void LstmForwardRow(int64_t H, T* __restrict g, const T* __restrict a,
                                       const T* __restrict b, const T* __restrict c_prev,
                                       T* __restrict c, T* __restrict h) {
   for (int64_t j = 0; j < H; ++j) {
@@ -126,7 +100,7 @@ GW_RNN_ROW_KERNEL void LstmForwardRow(int64_t H, T* __restrict g, const T* __res
 
 // `hn` receives W_hn h + b_hn (kept for backward).
 template <typename T>
-GW_RNN_ROW_KERNEL void GruForwardRow(int64_t H, T* __restrict g, const T* __restrict a,
+GW_VECTOR_CLONES void GruForwardRow(int64_t H, T* __restrict g, const T* __restrict a,
                                      const T* __restrict b, const T* __restrict h_prev,
                                      T* __restrict hn, T* __restrict h) {
   for (int64_t j = 0; j < H; ++j) {
@@ -146,7 +120,7 @@ GW_RNN_ROW_KERNEL void GruForwardRow(int64_t H, T* __restrict g, const T* __rest
 // the gradient of c_t on entry, of c_{t-1} on exit. Writes the gate gradients dg
 // (pre-activation).
 template <typename T>
-GW_RNN_ROW_KERNEL void LstmBackwardRow(int64_t H, const T* __restrict g, const T* __restrict c,
+GW_VECTOR_CLONES void LstmBackwardRow(int64_t H, const T* __restrict g, const T* __restrict c,
                                        const T* __restrict c_prev, const T* __restrict dy,
                                        const T* __restrict dh, T* __restrict dc,
                                        T* __restrict dg) {
@@ -167,7 +141,7 @@ GW_RNN_ROW_KERNEL void LstmBackwardRow(int64_t H, const T* __restrict g, const T
 // h_{t-1} (dh * z; the caller adds dgh W_hh). Writes the gate gradients of the input
 // projection (dgx) and of the hidden projection (dgh), which differ in the n gate.
 template <typename T>
-GW_RNN_ROW_KERNEL void GruBackwardRow(int64_t H, const T* __restrict g, const T* __restrict hn,
+GW_VECTOR_CLONES void GruBackwardRow(int64_t H, const T* __restrict g, const T* __restrict hn,
                                       const T* __restrict h_prev, const T* __restrict dy,
                                       T* __restrict dh, T* __restrict dgx, T* __restrict dgh) {
   for (int64_t j = 0; j < H; ++j) {
