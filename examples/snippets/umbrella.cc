@@ -15,7 +15,10 @@ static_assert(AllComplete<
               // tensor/, autograd/, nn/, optim/, data/
               gw::Tensor, gw::Generator, gw::Storage, gw::autograd::GraphTask, gw::autograd::GradCheckResult,
               gw::nn::Sequential, gw::nn::EmbeddingBag, gw::optim::Optimizer, gw::optim::Adagrad,
-              gw::data::DataLoader, gw::data::ProgressBar,
+              gw::data::DataLoader, gw::data::ProgressBar, gw::nn::Conv2d, gw::nn::MaxPool2d, gw::nn::BatchNorm2d,
+              gw::nn::LSTM, gw::Conv2dArgs, gw::Pool2dArgs, gw::kernels::RnnLayerArgs, gw::kernels::NormGrads,
+              // models/
+              gw::models::TutorialCnn, gw::models::SmallResNet, gw::models::LstmClassifier,
               // rpc/
               gw::rpc::Agent, gw::rpc::AgentOptions, gw::rpc::RRef<gw::Tensor>, gw::rpc::Security,
               gw::rpc::RetryPolicy, gw::rpc::TimerQueue, gw::rpc::Statistics, gw::rpc::Store, gw::rpc::FaultSpec,

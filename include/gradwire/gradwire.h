@@ -13,17 +13,23 @@
 
 // tensor/: tensors and the math that never records autograd.
 #include "gradwire/tensor/allocator.h"     // Allocator, the caching CPU allocator
+#include "gradwire/tensor/convolution.h"   // convolution kernels (oneDNN), Size2, Conv2dArgs
 #include "gradwire/tensor/device.h"        // Device
 #include "gradwire/tensor/dtype.h"         // DType
 #include "gradwire/tensor/error.h"         // gw::Error (shape, dtype and index errors)
 #include "gradwire/tensor/generator.h"     // Generator (seeded; no hidden global RNG)
 #include "gradwire/tensor/kernels.h"       // gw::kernels: math without autograd
+#include "gradwire/tensor/normalization.h" // batch / layer / group norm kernels
+#include "gradwire/tensor/pooling.h"       // max / average / adaptive pooling kernels
+#include "gradwire/tensor/recurrent.h"     // LSTM / GRU layer kernels
 #include "gradwire/tensor/shape.h"         // Shape
 #include "gradwire/tensor/storage.h"       // Storage
 #include "gradwire/tensor/tensor.h"        // Tensor
+#include "gradwire/tensor/vector_math.h"   // vectorisable float exp/tanh (for kernel authors)
 
 // autograd/: the local engine.
 #include "gradwire/autograd/accumulate_grad.h"  // AccumulateGrad (for layer authors)
+#include "gradwire/autograd/convolution.h"  // differentiable Conv1d / Conv2d / ConvTranspose2d
 #include "gradwire/autograd/engine.h"      // Backward, Grad, GraphTask
 #include "gradwire/autograd/function.h"    // recording a differentiable op (for layer authors)
 #include "gradwire/autograd/functions.h"   // differentiable math and operators
@@ -31,13 +37,26 @@
 #include "gradwire/autograd/grad_mode.h"   // NoGradGuard
 #include "gradwire/autograd/gradcheck.h"   // GradCheck (finite differences)
 #include "gradwire/autograd/node.h"        // Node, Edge (for layer authors)
+#include "gradwire/autograd/normalization.h"  // differentiable BatchNorm / LayerNorm / GroupNorm
+#include "gradwire/autograd/pooling.h"     // differentiable pooling
+#include "gradwire/autograd/recurrent.h"   // differentiable LSTM / GRU layers
 
 // nn/, optim/, data/: models, optimizers, datasets.
+#include "gradwire/nn/conv.h"              // Conv1d, Conv2d, ConvTranspose2d
 #include "gradwire/nn/embedding.h"         // Embedding, EmbeddingBag
-#include "gradwire/nn/layers.h"            // Linear, ReLU, Tanh, Sigmoid, Dropout, Sequential
-#include "gradwire/nn/loss.h"              // CrossEntropyLoss, MseLoss, Accuracy
+#include "gradwire/nn/layers.h"            // Linear, activations, Dropout(2d), Flatten, Sequential
+#include "gradwire/nn/loss.h"              // NllLoss, CrossEntropyLoss, MseLoss, Accuracy
 #include "gradwire/nn/module.h"            // Module
+#include "gradwire/nn/normalization.h"     // BatchNorm1d / 2d, LayerNorm, GroupNorm
+#include "gradwire/nn/pooling.h"           // MaxPool2d, AvgPool2d, AdaptiveAvgPool2d
+#include "gradwire/nn/recurrent.h"         // LSTM, GRU
+#include "gradwire/nn/safetensors.h"       // SaveSafetensors, LoadSafetensors
 #include "gradwire/nn/serialize.h"         // SaveTensors, LoadTensors (the .gwtf format)
+#include "gradwire/models/images.h"        // AsImages: the zoo's image input
+#include "gradwire/models/lstm_classifier.h"  // LstmClassifier
+#include "gradwire/models/resnet.h"        // SmallResNet, BasicBlock
+#include "gradwire/models/tutorial_cnn.h"  // TutorialCnn (PyTorch's parameter-server tutorial)
+#include "gradwire/models/zoo.h"           // models::Create by name
 #include "gradwire/optim/functional.h"     // Sgd, Adam, AdamW, Adagrad, Update
 #include "gradwire/optim/optimizer.h"      // Optimizer
 #include "gradwire/data/fashion_mnist.h"   // LoadFashionMnist
