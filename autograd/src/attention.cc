@@ -38,11 +38,25 @@ struct Mat {
   Mat<T> t() const { return {data, cs, rs}; }
 };
 
-// Matrix (i, j) of a 4-D tensor [I, J, rows, cols].
+// The matrices (i, j) of a 4-D tensor [I, J, rows, cols] (none of an undefined one);
+// T may be const.
 template <typename T>
-Mat<T> MatOf(const Tensor& t, int64_t i, int64_t j) {
-  return {t.data<T>() + i * t.stride(0) + j * t.stride(1), t.stride(2), t.stride(3)};
-}
+class Mats {
+ public:
+  explicit Mats(const Tensor& t) {
+    if (!t.defined()) return;
+    base_ = t.data<std::remove_const_t<T>>();
+    s0_ = t.strides()[0];
+    s1_ = t.strides()[1];
+    rs_ = t.strides()[2];
+    cs_ = t.strides()[3];
+  }
+  Mat<T> operator()(int64_t i, int64_t j) const { return {base_ + i * s0_ + j * s1_, rs_, cs_}; }
+
+ private:
+  T* base_ = nullptr;
+  int64_t s0_ = 0, s1_ = 0, rs_ = 0, cs_ = 0;
+};
 
 // Whether BLAS can read a rows x cols matrix with these strides: row-major (unit column
 // stride) or column-major (unit row stride), with a leading dimension that fits.
@@ -94,12 +108,6 @@ template <typename T>
 void Gemm(const Mat<const T>& a, const Mat<const T>& b, int64_t m, int64_t n, int64_t kk,
           double alpha, double beta, const Mat<T>& c) {
   Gemm<T>(a, b, m, n, kk, alpha, beta, c.data, m == 1 ? std::max<int64_t>(n, 1) : c.rs);
-}
-
-template <typename T>
-Mat<const T> In(const Tensor& t, int64_t i, int64_t j) {
-  const Mat<T> m = MatOf<T>(t, i, j);
-  return {m.data, m.rs, m.cs};
 }
 
 // ---------------------------------------------------------------- softmax over rows
@@ -220,17 +228,66 @@ Tensor MaskView(const Tensor& mask, const Shape& full, DType dtype) {
   return k::Expand(m, full);
 }
 
+// ---------------------------------------------------------------- dropout of the weights
+
+// A well-mixed 32-bit hash (Wellons' lowbias32).
+inline uint32_t Mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// pd = p / (1 - dropout_p) where kept, 0 where dropped (with probability dropout_p). The
+// decisions are a counter-based stream (element index hashed with a 64-bit seed drawn from
+// `gen`), so the loop vectorises. No mask is kept: pd != 0 says which weights were kept,
+// and a weight p == 0 gets no gradient either way.
+template <typename T>
+void DropOut(const T* p, T* pd, int64_t count, double dropout_p, Generator& gen) {
+  if (dropout_p >= 1) {
+    std::fill_n(pd, count, T{0});
+    return;
+  }
+  const uint64_t seed = gen.NextU64();
+  // Dropped when the hash is below dropout_p * 2^32.
+  const uint32_t threshold = static_cast<uint32_t>(std::ldexp(dropout_p, 32));
+  const T scale = static_cast<T>(1.0 / (1.0 - dropout_p));
+  constexpr int64_t kChunk = int64_t{1} << 30;  // 32-bit counters within a chunk
+  for (int64_t start = 0; start < count; start += kChunk) {
+    const uint32_t key =
+        Mix32(static_cast<uint32_t>(seed >> 32) + static_cast<uint32_t>(start >> 30));
+    const uint32_t lo = static_cast<uint32_t>(seed);
+    const uint32_t n = static_cast<uint32_t>(std::min(kChunk, count - start));
+    const T* __restrict in = p + start;
+    T* __restrict out = pd + start;
+    for (uint32_t i = 0; i < n; ++i) {
+      const T keep = Mix32(Mix32(i ^ lo) + key) >= threshold ? scale : T{0};
+      out[i] = in[i] * keep;
+    }
+  }
+}
+
+// The gradient of p from that of pd, in place: scaled where the weight was kept.
+template <typename T>
+void DropOutBackward(const T* __restrict pd, T* __restrict grad, int64_t count, double scale) {
+  const T s = static_cast<T>(scale);
+  for (int64_t i = 0; i < count; ++i) grad[i] *= pd[i] != 0 ? s : T{0};
+}
+
 // ---------------------------------------------------------------- forward and backward
 
 // What the backward reads: the head views [N, H, L|S, D] of q, k and v, the softmax output
-// p and, with dropout, its mask and the dropped-out weights pd ([N, H, L, S] each).
+// p and the dropped-out weights pd ([N, H, L, S]; p itself without dropout).
 struct Saved {
-  SavedTensor q, k, v, p, pd, drop;
+  SavedTensor q, k, v, p, pd;
   double scale = 1;
+  double dropout_scale = 0;  // 1 / (1 - dropout_p) with dropout, else 0
 };
 
 struct Forward {
-  Tensor out, p, pd, drop;
+  Tensor out, p, pd;
 };
 
 // q4 [N, H, L, D], k4 [N, H, S, D], v4 [N, H, S, Dv] views; out4 [N, H, L, Dv] is written.
@@ -241,29 +298,30 @@ Forward RunForward(const Tensor& q4, const Tensor& k4, const Tensor& v4, const T
   Forward f;
   f.p = Tensor::Empty({n, h, l, s}, q4.dtype());
   internal::DispatchFloating(kOp, q4.dtype(), [&]<typename T>() {
+    const Mats<const T> query(q4), key(k4), value(v4);
+    const Mats<const T> mask(mask4);
+    const Mats<T> p(f.p), out(out4);
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j < h; ++j) {
-        const Mat<T> pij = MatOf<T>(f.p, i, j);
+        const Mat<T> pij = p(i, j);
         if (mask4.defined()) {  // scores = mask + scale * q k^T, as torch.baddbmm
-          const Mat<T> mij = MatOf<T>(mask4, i, j);
+          const Mat<const T> mij = mask(i, j);
           for (int64_t r = 0; r < l; ++r) {
             std::memcpy(pij.data + r * pij.rs, mij.data + r * mij.rs, sizeof(T) * s);
           }
         }
-        Gemm<T>(In<T>(q4, i, j), In<T>(k4, i, j).t(), l, s, d, scale, mask4.defined() ? 1 : 0,
-                pij);
+        Gemm<T>(query(i, j), key(i, j).t(), l, s, d, scale, mask4.defined() ? 1 : 0, pij);
       }
     }
     SoftmaxRows(k::View(f.p, {n * h * l, s}));
     f.pd = f.p;
     if (dropout_p > 0) {
-      f.drop = k::DropoutMask(f.p.sizes(), dropout_p, f.p.dtype(), *gen);
-      f.pd = k::Mul(f.p, f.drop);
+      f.pd = Tensor::Empty(f.p.sizes(), f.p.dtype());
+      DropOut(f.p.data<T>(), f.pd.data<T>(), f.p.numel(), dropout_p, *gen);
     }
+    const Mats<const T> pd(f.pd);
     for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j < h; ++j) {
-        Gemm<T>(In<T>(f.pd, i, j), In<T>(v4, i, j), l, dv, s, 1, 0, MatOf<T>(out4, i, j));
-      }
+      for (int64_t j = 0; j < h; ++j) Gemm<T>(pd(i, j), value(i, j), l, dv, s, 1, 0, out(i, j));
     }
   });
   return f;
@@ -279,7 +337,6 @@ void RunBackward(const Saved& saved, const Tensor& g4, const Tensor& gw, const T
   const Tensor& v4 = saved.v.Get(kBackward);
   const Tensor& p = saved.p.Get(kBackward);
   const Tensor& pd = saved.pd.Get(kBackward);
-  const Tensor& drop = saved.drop.Get(kBackward);
   const int64_t n = q4.size(0), h = q4.size(1), l = q4.size(2), d = q4.size(3);
   const int64_t s = k4.size(2), dv = v4.size(3);
   const bool need_scores = dq4.defined() || dk4.defined();
@@ -287,16 +344,17 @@ void RunBackward(const Saved& saved, const Tensor& g4, const Tensor& gw, const T
     // d(pd) = g v^T (+ gw); dv = pd^T g. REQUIRES: g4 or gw defined.
     Tensor dp;
     if (need_scores) dp = gw.defined() ? k::Clone(gw) : Tensor::Empty(p.sizes(), p.dtype());
+    const Mats<const T> query(q4), key(k4), value(v4), weights(pd), g(g4);
+    const Mats<T> dpd(dp), dq(dq4), dk(dk4), dvm(dv4);
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j < h; ++j) {
         if (g4.defined() && need_scores) {
-          Gemm<T>(In<T>(g4, i, j), In<T>(v4, i, j).t(), l, s, dv, 1, gw.defined() ? 1 : 0,
-                  MatOf<T>(dp, i, j));
+          Gemm<T>(g(i, j), value(i, j).t(), l, s, dv, 1, gw.defined() ? 1 : 0, dpd(i, j));
         }
         if (dv4.defined()) {
-          const Mat<T> dvij = MatOf<T>(dv4, i, j);
+          const Mat<T> dvij = dvm(i, j);
           if (g4.defined()) {
-            Gemm<T>(In<T>(pd, i, j).t(), In<T>(g4, i, j), s, dv, l, 1, 0, dvij);
+            Gemm<T>(weights(i, j).t(), g(i, j), s, dv, l, 1, 0, dvij);
           } else {
             for (int64_t r = 0; r < s; ++r) std::fill_n(dvij.data + r * dvij.rs, dv, T{0});
           }
@@ -304,18 +362,16 @@ void RunBackward(const Saved& saved, const Tensor& g4, const Tensor& gw, const T
       }
     }
     if (!need_scores) return;
-    if (drop.defined()) dp = k::Mul(dp, drop);
+    if (saved.dropout_scale != 0) {
+      DropOutBackward(pd.data<T>(), dp.data<T>(), dp.numel(), saved.dropout_scale);
+    }
     SoftmaxBackwardRows(k::View(p, {n * h * l, s}), k::View(dp, {n * h * l, s}));
     // dq = scale * ds k; dk = scale * ds^T q.
+    const Mats<const T> ds(dp);
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j < h; ++j) {
-        if (dq4.defined()) {
-          Gemm<T>(In<T>(dp, i, j), In<T>(k4, i, j), l, d, s, saved.scale, 0, MatOf<T>(dq4, i, j));
-        }
-        if (dk4.defined()) {
-          Gemm<T>(In<T>(dp, i, j).t(), In<T>(q4, i, j), s, d, l, saved.scale, 0,
-                  MatOf<T>(dk4, i, j));
-        }
+        if (dq4.defined()) Gemm<T>(ds(i, j), key(i, j), l, d, s, saved.scale, 0, dq(i, j));
+        if (dk4.defined()) Gemm<T>(ds(i, j).t(), query(i, j), s, d, l, saved.scale, 0, dk(i, j));
       }
     }
   });
@@ -397,8 +453,9 @@ AttentionResult Attend(const std::vector<Tensor>& inputs, bool packed, Tensor q,
   if (options.need_weights) result.weights = f.pd;
   if (!autograd::AnyRequiresGrad(inputs)) return result;
 
-  Saved saved{SavedTensor(q4), SavedTensor(k4), SavedTensor(v4),
-              SavedTensor(f.p), SavedTensor(f.pd), SavedTensor(f.drop), scale};
+  Saved saved{SavedTensor(q4), SavedTensor(k4), SavedTensor(v4), SavedTensor(f.p),
+              SavedTensor(f.pd), scale,
+              options.dropout_p > 0 ? 1.0 / (1.0 - options.dropout_p) : 0.0};
   std::vector<bool> needs;
   std::vector<Layout> like;
   for (const Tensor& t : inputs) {

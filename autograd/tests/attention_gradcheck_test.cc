@@ -175,6 +175,29 @@ TEST(AttentionTest, PackedGradientIsOneTensorShapedLikeQkv) {
   EXPECT_EQ(base.grad().sizes(), base.sizes());
 }
 
+TEST(AttentionTest, DropoutDropsAboutPOfTheWeightsAndScalesTheRest) {
+  Generator gen(5);
+  const Tensor x = Fixed({4, 64, 8}, 6, DType::kFloat32);
+  const AttentionOptions options{.dropout_p = 0.3, .gen = &gen, .need_weights = true};
+  const AttentionResult kept = MultiHeadAttention(x, x, x, 2, {.need_weights = true});
+  const AttentionResult first = MultiHeadAttention(x, x, x, 2, options);
+  const AttentionResult second = MultiHeadAttention(x, x, x, 2, options);
+  const std::vector<float> all = kept.weights.ToVector<float>();
+  const std::vector<float> a = first.weights.ToVector<float>();
+  const std::vector<float> b = second.weights.ToVector<float>();
+  int64_t dropped = 0, differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == 0) {
+      ++dropped;
+    } else {
+      EXPECT_NEAR(a[i], all[i] / 0.7f, 1e-6f) << i;
+    }
+    differ += (a[i] == 0) != (b[i] == 0);
+  }
+  EXPECT_NEAR(static_cast<double>(dropped) / static_cast<double>(a.size()), 0.3, 0.02);
+  EXPECT_GT(differ, static_cast<int64_t>(a.size() / 4));  // each call draws a new mask
+}
+
 TEST(AttentionTest, FullyMaskedRowsGiveNanAsPyTorch) {
   const Tensor x = Fixed({1, 2, 4}, 3);
   const Tensor mask = Tensor::FromVector<bool>({true, true, false, false}, {2, 2});
