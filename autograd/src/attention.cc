@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -287,7 +288,7 @@ struct Saved {
 };
 
 struct Forward {
-  Tensor out, p, pd;
+  Tensor p, pd;
 };
 
 // q4 [N, H, L, D], k4 [N, H, S, D], v4 [N, H, S, Dv] views; out4 [N, H, L, Dv] is written.
@@ -399,7 +400,7 @@ class AttentionBackward final : public autograd::Node {
     GW_CHECK(!released_, kBackward,
              "trying to run backward through the graph a second time (its saved tensors were "
              "freed after the first pass); pass retain_graph=true to the first backward");
-    Tensor g = grads[0];
+    const Tensor& g = grads[0];
     const Tensor gw = grads.size() > 1 ? grads[1] : Tensor();
     if (!g.defined() && !gw.defined()) return std::vector<Tensor>(like_.size());
     const Tensor g4 = g.defined() ? HeadView(HeadReady(g, heads_), heads_) : Tensor();
@@ -435,19 +436,19 @@ class AttentionBackward final : public autograd::Node {
 
 // Checks, runs the forward on head views of q, k, v and records the backward for `inputs`
 // (qkv alone when packed).
-AttentionResult Attend(const std::vector<Tensor>& inputs, bool packed, Tensor q, Tensor k,
-                       Tensor v, int64_t heads, const AttentionOptions& options) {
-  const int64_t n = q.size(0), l = q.size(1), e = q.size(2), s = k.size(1);
-  q = HeadReady(q, heads);
-  k = HeadReady(k, heads);
-  v = HeadReady(v, heads);
-  const Tensor q4 = HeadView(q, heads), k4 = HeadView(k, heads), v4 = HeadView(v, heads);
+AttentionResult Attend(const std::vector<Tensor>& inputs, bool packed, const Tensor& query,
+                       const Tensor& key, const Tensor& value, int64_t heads,
+                       const AttentionOptions& options) {
+  const int64_t n = query.size(0), l = query.size(1), e = query.size(2), s = key.size(1);
+  const Tensor q = HeadReady(query, heads);
+  const Tensor q4 = HeadView(q, heads), k4 = HeadView(HeadReady(key, heads), heads);
+  const Tensor v4 = HeadView(HeadReady(value, heads), heads);
   const double scale =
       options.scale.value_or(1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(e / heads, 1))));
   const Tensor mask4 = MaskView(options.mask, {n, heads, l, s}, q.dtype());
 
   AttentionResult result;
-  result.output = EmptyLike(Layout(q), v.size(2));
+  result.output = EmptyLike(Layout(q), value.size(2));
   Forward f = RunForward(q4, k4, v4, mask4, scale, options.dropout_p, options.gen,
                          HeadView(result.output, heads));
   if (options.need_weights) result.weights = f.pd;

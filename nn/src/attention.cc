@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "gradwire/autograd/attention.h"
 #include "gradwire/autograd/functions.h"
-#include "gradwire/autograd/grad_mode.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::nn {
