@@ -119,7 +119,7 @@ void SoftmaxRows(const Tensor& p) {
   if (p.dtype() == DType::kFloat32) {
     static internal::PrimitiveCache<dnnl::softmax_forward> cache;
     const dnnl::memory::desc md = internal::PlainDesc(p);
-    const dnnl::softmax_forward prim = cache.Get({p.size(0), p.size(1)}, [&] {
+    const dnnl::softmax_forward prim = *cache.Get({p.size(0), p.size(1)}, [&] {
       return dnnl::softmax_forward(
           {{dnnl::prop_kind::forward_training, md, 1}, internal::CpuEngine()});
     });
@@ -147,7 +147,7 @@ void SoftmaxBackwardRows(const Tensor& p, const Tensor& dp) {
   if (p.dtype() == DType::kFloat32) {
     static internal::PrimitiveCache<dnnl::softmax_backward> cache;
     const dnnl::memory::desc md = internal::PlainDesc(p);
-    const dnnl::softmax_backward prim = cache.Get({p.size(0), p.size(1)}, [&] {
+    const dnnl::softmax_backward prim = *cache.Get({p.size(0), p.size(1)}, [&] {
       const dnnl::softmax_forward::primitive_desc hint(
           {dnnl::prop_kind::forward_training, md, 1}, internal::CpuEngine());
       return dnnl::softmax_backward({{md, md, 1}, internal::CpuEngine(), hint});

@@ -18,7 +18,8 @@ static_assert(AllComplete<
               gw::data::DataLoader, gw::data::ProgressBar, gw::nn::Conv2d, gw::nn::MaxPool2d, gw::nn::BatchNorm2d,
               gw::nn::LSTM, gw::Conv2dArgs, gw::Pool2dArgs, gw::kernels::RnnLayerArgs, gw::kernels::NormGrads,
               // models/
-              gw::models::TutorialCnn, gw::models::SmallResNet, gw::models::LstmClassifier,
+              gw::models::TutorialCnn, gw::models::SmallResNet, gw::models::LstmClassifier, gw::models::SmallViT,
+              gw::nn::MultiheadAttention, gw::nn::TransformerEncoder,
               // rpc/
               gw::rpc::Agent, gw::rpc::AgentOptions, gw::rpc::RRef<gw::Tensor>, gw::rpc::Security,
               gw::rpc::RetryPolicy, gw::rpc::TimerQueue, gw::rpc::Statistics, gw::rpc::Store, gw::rpc::FaultSpec,

@@ -29,6 +29,7 @@
 
 // autograd/: the local engine.
 #include "gradwire/autograd/accumulate_grad.h"  // AccumulateGrad (for layer authors)
+#include "gradwire/autograd/attention.h"  // fused multi-head attention
 #include "gradwire/autograd/convolution.h"  // differentiable Conv1d / Conv2d / ConvTranspose2d
 #include "gradwire/autograd/engine.h"      // Backward, Grad, GraphTask
 #include "gradwire/autograd/function.h"    // recording a differentiable op (for layer authors)
@@ -42,6 +43,7 @@
 #include "gradwire/autograd/recurrent.h"   // differentiable LSTM / GRU layers
 
 // nn/, optim/, data/: models, optimizers, datasets.
+#include "gradwire/nn/attention.h"         // MultiheadAttention
 #include "gradwire/nn/conv.h"              // Conv1d, Conv2d, ConvTranspose2d
 #include "gradwire/nn/embedding.h"         // Embedding, EmbeddingBag
 #include "gradwire/nn/layers.h"            // Linear, activations, Dropout(2d), Flatten, Sequential
@@ -52,10 +54,12 @@
 #include "gradwire/nn/recurrent.h"         // LSTM, GRU
 #include "gradwire/nn/safetensors.h"       // SaveSafetensors, LoadSafetensors
 #include "gradwire/nn/serialize.h"         // SaveTensors, LoadTensors (the .gwtf format)
+#include "gradwire/nn/transformer.h"       // TransformerEncoderLayer, TransformerEncoder
 #include "gradwire/models/images.h"        // AsImages: the zoo's image input
 #include "gradwire/models/lstm_classifier.h"  // LstmClassifier
 #include "gradwire/models/resnet.h"        // SmallResNet, BasicBlock
 #include "gradwire/models/tutorial_cnn.h"  // TutorialCnn (PyTorch's parameter-server tutorial)
+#include "gradwire/models/vit.h"           // SmallViT
 #include "gradwire/models/zoo.h"           // models::Create by name
 #include "gradwire/optim/functional.h"     // Sgd, Adam, AdamW, Adagrad, Update
 #include "gradwire/optim/optimizer.h"      // Optimizer

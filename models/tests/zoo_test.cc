@@ -59,8 +59,9 @@ Tensor Fill(const std::string& name, const Shape& shape, int64_t i) {
   return kernels::MulScalar(det, 0.1);
 }
 
+// Dropout modules and attention (whose weights' dropout follows its training flag) in eval.
 void DropoutOff(nn::Module& m) {
-  if (absl::StartsWith(m.type_name(), "Dropout")) m.Eval();
+  if (absl::StartsWith(m.type_name(), "Dropout") || m.type_name() == "MultiheadAttention") m.Eval();
   for (const auto& [_, child] : m.children()) DropoutOff(*child);
 }
 
@@ -150,7 +151,7 @@ TEST_P(ZooTest, MatchesPyTorchStateDictOutputsAndGradients) {
   ExpectNear("eval_out", model.Forward(x).ToVector<double>(), want_eval, MaxAbs(want_eval));
 }
 
-INSTANTIATE_TEST_SUITE_P(Zoo, ZooTest, ::testing::Values("cnn", "resnet", "lstm"),
+INSTANTIATE_TEST_SUITE_P(Zoo, ZooTest, ::testing::Values("cnn", "resnet", "lstm", "vit"),
                          [](const auto& info) { return info.param; });
 
 TEST(ZooErrors, NamesTheModelAndBothShapes) {

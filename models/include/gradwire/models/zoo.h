@@ -6,6 +6,7 @@
 //       "cnn"     TutorialCnn (models/tutorial_cnn.h): log-probabilities, NLL loss
 //       "resnet"  SmallResNet (models/resnet.h)
 //       "lstm"    LstmClassifier (models/lstm_classifier.h)
+//       "vit"     SmallViT (models/vit.h)
 //     the others give logits for cross-entropy. An unknown name is INVALID_ARGUMENT
 //     listing the names there are.
 //   - OutputsLogProbabilities(name): whether the model ends in log_softmax (train it with
