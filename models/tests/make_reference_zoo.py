@@ -7,7 +7,8 @@ float64, the C++ test (zoo_test.cc) rebuilds everything from the same formulas:
   - every state-dict entry, in PyTorch's order, gets deterministic values (Fill below);
     the file lists each key with its shape, so key names, order and shapes are checked too;
   - a batch of 4 images det([4, 1, 28, 28], 0.5), targets 0, 1, 2, 3;
-  - train mode (batch statistics) with dropout off; the loss (NLL on the CNN's
+  - train mode (batch statistics) with dropout off (Dropout modules and attention, whose
+    weights' dropout follows its module's mode, in eval); the loss (NLL on the CNN's
     log-probabilities, cross-entropy otherwise), backward.
 Lines (name, then values): <m>.key.<entry> <shape...>, <m>.out <logits>, <m>.loss,
 <m>.grad.<param> <sum> <sum of |g|> <first 8 values>, <m>.running.<buffer> <values...>
