@@ -113,7 +113,8 @@ TEST(AttentionKernelTest, DropoutDrawsDropoutMasksStream) {
 TEST(DropoutMaskTest, ReproducibleFromTheSeedAndNewOnEveryCall) {
   Generator a(21), b(21);
   const Tensor first = DropoutMask({1000, 37}, 0.5, DType::kFloat32, a);
-  EXPECT_EQ(first.ToVector<float>(), DropoutMask({1000, 37}, 0.5, DType::kFloat32, b).ToVector<float>());
+  EXPECT_EQ(first.ToVector<float>(),
+            DropoutMask({1000, 37}, 0.5, DType::kFloat32, b).ToVector<float>());
   const std::vector<float> x = first.ToVector<float>();
   const std::vector<float> y = DropoutMask({1000, 37}, 0.5, DType::kFloat32, a).ToVector<float>();
   int64_t differ = 0, kept = 0;
@@ -128,7 +129,9 @@ TEST(DropoutMaskTest, ReproducibleFromTheSeedAndNewOnEveryCall) {
   const Tensor f64 = DropoutMask({1000, 37}, 0.5, DType::kFloat64, c);
   EXPECT_EQ(MaxAbsDiff(ToDType(first, DType::kFloat64), f64), 0);
   // p = 0 keeps everything at scale 1.
-  EXPECT_EQ(MaxAbsDiff(DropoutMask({5, 3}, 0, DType::kFloat64, c), Tensor::Ones({5, 3}, DType::kFloat64)), 0);
+  EXPECT_EQ(MaxAbsDiff(DropoutMask({5, 3}, 0, DType::kFloat64, c),
+                       Tensor::Ones({5, 3}, DType::kFloat64)),
+            0);
 }
 
 TEST(AttentionKernelTest, ErrorsNameTheOpAndShapes) {
@@ -141,7 +144,8 @@ TEST(AttentionKernelTest, ErrorsNameTheOpAndShapes) {
     return std::string("no error");
   };
   const Tensor x = Tensor::Zeros({2, 3, 8});
-  EXPECT_EQ(message([&] { MultiHeadAttentionForward(x, x, Tensor::Zeros({2, 3, 8}, DType::kFloat64), {}); }),
+  const Tensor x64 = Tensor::Zeros({2, 3, 8}, DType::kFloat64);
+  EXPECT_EQ(message([&] { MultiHeadAttentionForward(x, x, x64, {}); }),
             "MultiHeadAttention: dtype mismatch: q float32, k float32, v float64");
   EXPECT_EQ(message([&] { MultiHeadAttentionForward(x, x, x, {.num_heads = 0}); }),
             "MultiHeadAttention: the widths of q [2, 3, 8] and v [2, 3, 8] must be multiples of "
