@@ -13,6 +13,7 @@
 
 // tensor/: tensors and the math that never records autograd.
 #include "gradwire/tensor/allocator.h"     // Allocator, the caching CPU allocator
+#include "gradwire/tensor/attention.h"     // fused multi-head attention kernels
 #include "gradwire/tensor/convolution.h"   // convolution kernels (oneDNN), Size2, Conv2dArgs
 #include "gradwire/tensor/device.h"        // Device
 #include "gradwire/tensor/dtype.h"         // DType

@@ -10,6 +10,7 @@
 
 #include "dispatch.h"
 #include "dnnl_util.h"
+#include "dropout.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::kernels {
@@ -390,14 +391,8 @@ Tensor SiluBackward(const Tensor& grad, const Tensor& input) {
 Tensor DropoutMask(const Shape& sizes, double p, DType dtype, Generator& gen) {
   GW_CHECK(p >= 0 && p <= 1, "DropoutMask", "p must be in [0, 1], got ", p);
   Tensor mask = Tensor::Empty(sizes, dtype);
-  if (p == 1) {
-    Fill(mask, 0);
-    return mask;
-  }
-  const Tensor u = Tensor::Rand(sizes, gen, DType::kFloat64);
   internal::DispatchFloating("DropoutMask", dtype, [&]<typename T>() {
-    const T scale = static_cast<T>(1.0 / (1.0 - p));
-    UnaryLoop<T, double>(mask, u, [p, scale](double x) { return x < p ? T{0} : scale; });
+    internal::ApplyDropout<T>(gen, p, nullptr, mask.data<T>(), mask.numel());
   });
   return mask;
 }

@@ -1,109 +1,36 @@
-// Matrix products: Gemm (oneDNN sgemm for float32, blocked loop for float64), MatMul with
-// NumPy semantics (batched products through one oneDNN matmul primitive in float32), and
-// the fused Linear.
-#include <dnnl.h>
-
+// Matrix products: Gemm (on gemm.h: oneDNN sgemm for float32, a blocked loop for float64),
+// MatMul with NumPy semantics (batched products through one oneDNN matmul primitive in
+// float32), and the fused Linear.
 #include <algorithm>
 #include <optional>
 #include <string_view>
 
 #include "dispatch.h"
 #include "dnnl_util.h"
+#include "gemm.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw::kernels {
 namespace {
 
-// How BLAS sees a matrix view: row-major data with a leading dimension, or column-major
-// (the row-major transpose). nullopt when the strides are neither.
-struct MatrixLayout {
-  bool col_major;
-  int64_t ld;
-};
-
-std::optional<MatrixLayout> LayoutOf(int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
-  if ((s1 == 1 || cols == 1) && (s0 >= std::max<int64_t>(cols, 1) || rows == 1)) {
-    return MatrixLayout{false, rows == 1 ? std::max<int64_t>(cols, 1) : s0};
-  }
-  if ((s0 == 1 || rows == 1) && (s1 >= std::max<int64_t>(rows, 1) || cols == 1)) {
-    return MatrixLayout{true, cols == 1 ? std::max<int64_t>(rows, 1) : s1};
-  }
-  return std::nullopt;
-}
+using internal::GemmOperand;
+using internal::MatrixLayout;
+using internal::RowMajorGemm;
 
 std::optional<MatrixLayout> MatrixLayoutOf(const Tensor& t) {
   const int64_t nd = t.dim();
-  return LayoutOf(t.sizes()[nd - 2], t.sizes()[nd - 1], t.strides()[nd - 2], t.strides()[nd - 1]);
+  return internal::LayoutOf(t.sizes()[nd - 2], t.sizes()[nd - 1], t.strides()[nd - 2],
+                            t.strides()[nd - 1]);
 }
 
 // `t` itself when its matrices (last two dims) are row- or column-major, else a copy.
 Tensor GemmReady(const Tensor& t) { return MatrixLayoutOf(t) ? t : Contiguous(t); }
 
-// A matrix operand as BLAS sees it: data, a transpose flag, a leading dimension.
-template <typename T>
-struct GemmOperand {
-  const T* data;
-  bool trans;  // relative to the row-major data
-  int64_t ld;
-};
-
 // The matrix of `t` (last two dims) at element offset `offset`, transposed when `trans`.
 // REQUIRES: GemmReady(t) is t.
 template <typename T>
 GemmOperand<T> OperandOf(const Tensor& t, bool trans, int64_t offset = 0) {
-  const MatrixLayout layout = *MatrixLayoutOf(t);
-  return {t.data<T>() + offset, trans != layout.col_major, layout.ld};
-}
-
-void SgemmRowMajor(const GemmOperand<float>& a, const GemmOperand<float>& b, int64_t m,
-                   int64_t n, int64_t k, float alpha, float beta, float* c, int64_t ldc) {
-  const dnnl_status_t status =
-      dnnl_sgemm(a.trans ? 'T' : 'N', b.trans ? 'T' : 'N', m, n, k, alpha, a.data, a.ld, b.data,
-                 b.ld, beta, c, ldc);
-  GW_CHECK(status == dnnl_success, "Gemm", "oneDNN sgemm failed with status ",
-           static_cast<int>(status), " for m=", m, " n=", n, " k=", k);
-}
-
-// C = alpha * op(A) op(B) + beta * C, cache-blocked, for float64.
-void DgemmBlocked(const GemmOperand<double>& a, const GemmOperand<double>& b, int64_t m,
-                  int64_t n, int64_t k, double alpha, double beta, double* c, int64_t ldc) {
-  auto at = [&](int64_t i, int64_t p) { return a.trans ? a.data[p * a.ld + i] : a.data[i * a.ld + p]; };
-  auto bt = [&](int64_t p, int64_t j) { return b.trans ? b.data[j * b.ld + p] : b.data[p * b.ld + j]; };
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? 0.0 : beta * c[i * ldc + j];
-  }
-  constexpr int64_t kBlock = 64;
-  std::vector<double> bpanel(static_cast<size_t>(kBlock * kBlock));
-  for (int64_t p0 = 0; p0 < k; p0 += kBlock) {
-    const int64_t p1 = std::min(k, p0 + kBlock);
-    for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
-      const int64_t j1 = std::min(n, j0 + kBlock);
-      const int64_t nj = j1 - j0;
-      for (int64_t p = p0; p < p1; ++p) {
-        for (int64_t j = j0; j < j1; ++j) bpanel[(p - p0) * nj + (j - j0)] = bt(p, j);
-      }
-      for (int64_t i = 0; i < m; ++i) {
-        double* crow = c + i * ldc + j0;
-        for (int64_t p = p0; p < p1; ++p) {
-          const double aip = alpha * at(i, p);
-          const double* brow = bpanel.data() + (p - p0) * nj;
-          for (int64_t j = 0; j < nj; ++j) crow[j] += aip * brow[j];
-        }
-      }
-    }
-  }
-}
-
-
-// C = alpha * op(A) op(B) + beta * C in T: sgemm for float, the blocked loop for double.
-template <typename T>
-void RowMajorGemm(const GemmOperand<T>& a, const GemmOperand<T>& b, int64_t m, int64_t n,
-                  int64_t k, double alpha, double beta, T* c, int64_t ldc) {
-  if constexpr (std::is_same_v<T, float>) {
-    SgemmRowMajor(a, b, m, n, k, static_cast<float>(alpha), static_cast<float>(beta), c, ldc);
-  } else {
-    DgemmBlocked(a, b, m, n, k, alpha, beta, c, ldc);
-  }
+  return internal::Operand(t.data<T>() + offset, *MatrixLayoutOf(t), trans);
 }
 
 // oneDNN's descriptor of a batched operand: a batch dimension of stride 0 (an expanded

@@ -25,9 +25,10 @@
 //   - MultiHeadSelfAttention takes the packed projection qkv [N, L, 3*H*D] (q, k and v side
 //     by side, as one fused in-projection GEMM makes them) and writes its gradient into one
 //     tensor shaped like qkv, so the in-projection's backward is one GEMM too.
-//   - float32 runs its GEMMs on oneDNN's sgemm and the softmax (forward and backward) on
-//     oneDNN's softmax primitives; float64 (and the reference) on gradwire's own loops.
-//     The backward computes only the gradients some input needs.
+//   - The math is gw::kernels' (gradwire/tensor/attention.h): float32 runs its GEMMs on
+//     oneDNN's sgemm and the softmax (forward and backward) on oneDNN's softmax primitives;
+//     float64 (and the reference) on gradwire's own loops. The backward computes only the
+//     gradients some input needs.
 //   - Errors: gw::Error naming the op and the shapes (mismatched dims, a mask that does not
 //     broadcast, a dimension not divisible by num_heads, mixed dtypes).
 //   - Thread safety: concurrent calls are safe (the Generator, when given, is not shared).

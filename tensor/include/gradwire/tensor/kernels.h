@@ -106,6 +106,8 @@ Tensor SiluBackward(const Tensor& grad, const Tensor& input);
 
 // ---- random masks ----
 // Dropout's mask of `sizes`: 1/(1-p) with probability 1-p, else 0 (all 0 when p == 1).
+// Each element is decided by a counter-based 32-bit hash of its index and one 64-bit
+// seed drawn from `gen` (vectorised; a seeded gen gives the same mask on every run).
 // REQUIRES: 0 <= p <= 1; dtype floating.
 Tensor DropoutMask(const Shape& sizes, double p, DType dtype, Generator& gen);
 
