@@ -17,7 +17,9 @@ TutorialCnn::TutorialCnn(Generator& gen, DType dtype) : Module("TutorialCnn") {
 }
 
 Tensor TutorialCnn::Forward(const Tensor& images) {
-  Tensor x = conv2_->Forward(Relu(conv1_->Forward(ToChannelsLast(AsImages(images, "TutorialCnn")))));
+  // Channels-last from the start: every layer up to the flattening keeps the layout.
+  Tensor x = ToChannelsLast(AsImages(images, "TutorialCnn"));
+  x = conv2_->Forward(Relu(conv1_->Forward(x)));
   x = dropout1_->Forward(MaxPool2d(x, Pool2dArgs{.kernel_size = 2}));
   x = dropout2_->Forward(Relu(fc1_->Forward(Flatten(x, 1))));
   return LogSoftmax(fc2_->Forward(x), 1);

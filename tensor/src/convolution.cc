@@ -371,21 +371,20 @@ struct DnnlConv {
   std::shared_ptr<const BwdWeights> BackwardWeights(bool bias) const {
     static internal::PrimitiveCache<BwdWeights> cache;
     return cache.Get(Key(bias), [&] {
-      auto make = [&](dnnl::algorithm alg) {
+      auto make = [&](dnnl::algorithm alg, bool allow_empty) {
         dnnl::convolution_backward_weights::desc d =
             bias ? dnnl::convolution_backward_weights::desc(alg, X(), W(), Bias(), Y(), Strides(),
                                                             Dilates(), PadL(), PadR())
                  : dnnl::convolution_backward_weights::desc(alg, X(), W(), Y(), Strides(),
                                                             Dilates(), PadL(), PadR());
         return dnnl::convolution_backward_weights::primitive_desc(
-            d, internal::CpuEngine(), Forward(bias)->pd, /*allow_empty=*/true);
+            d, internal::CpuEngine(), Forward(bias)->pd, allow_empty);
       };
       dnnl::convolution_backward_weights::primitive_desc pd;
       if (layout == Layout::kBlocked && WinogradWeightGradientPays(g)) {
-        pd = make(dnnl::algorithm::convolution_winograd);
+        pd = make(dnnl::algorithm::convolution_winograd, /*allow_empty=*/true);
       }
-      if (!pd) pd = make(Algorithm());
-      if (!pd) pd = make(dnnl::algorithm::convolution_direct);
+      if (!pd) pd = make(Algorithm(), /*allow_empty=*/false);
       return internal::Build<dnnl::convolution_backward_weights>(pd);
     });
   }
@@ -448,7 +447,8 @@ class Operands {
 
 // A new activation tensor: channels-last when the convolution's input is.
 Tensor NewActivation(const Shape& sizes, bool channels_last) {
-  return channels_last ? internal::EmptyChannelsLast(sizes) : Tensor::Empty(sizes, DType::kFloat32);
+  return channels_last ? internal::EmptyChannelsLast(sizes)
+                       : Tensor::Empty(sizes, DType::kFloat32);
 }
 
 Tensor DnnlForward(const Geometry& g, const Tensor& x, const Tensor& w, const Tensor& bias) {
@@ -532,7 +532,9 @@ Tensor BackwardData(const Geometry& g, const Tensor& gy, const Tensor& w) {
 // The bias gradient is the convolution's (gy summed over N, H, W).
 ConvGrads Backward(const Geometry& g, const Tensor& gy, const Tensor& x, const Tensor& w,
                    ConvGradMask need) {
-  if (gy.dtype() == DType::kFloat32) return DnnlBackward(g, gy, x, w, need, internal::IsChannelsLast(x));
+  if (gy.dtype() == DType::kFloat32) {
+    return DnnlBackward(g, gy, x, w, need, internal::IsChannelsLast(x));
+  }
   return internal::DispatchFloating("Conv2dBackward", gy.dtype(), [&]<typename T>() {
     const OwnConv<T> conv{g};
     ConvGrads out;

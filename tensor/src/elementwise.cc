@@ -45,15 +45,16 @@ Tensor EmptyLike(const Tensor& t) {
   return Tensor::FromStorage(block.storage(), t.dtype(), t.sizes(), t.strides(), 0);
 }
 
-// The result of an element-wise op of shape `sizes` over `operands`: laid out like the first
-// operand of that shape when it is dense (a channels-last or transposed input gives a
-// result of the same strides, as PyTorch's do), else contiguous.
+// The result of an element-wise op of shape `sizes` over `operands`: channels-last when
+// the first operand of that shape is (PyTorch's channels_last propagation: the layers of a
+// channels-last network stay so), else contiguous (callers may rely on that).
 Tensor EmptyResult(const Shape& sizes, DType dtype, std::initializer_list<const Tensor*> operands) {
   for (const Tensor* t : operands) {
     if (t->sizes() != sizes) continue;
-    if (t->is_contiguous() || !IsDense(*t)) break;
-    Tensor block = Tensor::Empty({t->numel()}, dtype);
-    return Tensor::FromStorage(block.storage(), dtype, sizes, t->strides(), 0);
+    if (internal::IsChannelsLast(*t) && !t->is_contiguous()) {
+      return internal::EmptyChannelsLast(sizes, dtype);
+    }
+    break;
   }
   return Tensor::Empty(sizes, dtype);
 }
@@ -68,7 +69,8 @@ Tensor Flat(const Tensor& t) {
 template <typename Loop, typename... Operands>
 void RunElementwise(const Tensor& out, Loop&& loop, const Operands&... operands) {
   const bool shared = out.numel() > 0 && !out.is_contiguous() && IsDense(out) &&
-                      ((operands.sizes() == out.sizes() && operands.strides() == out.strides()) && ...);
+                      ((operands.sizes() == out.sizes() && operands.strides() == out.strides()) &&
+                       ...);
   if (shared) {
     loop(Flat(out), Flat(operands)...);
   } else {

@@ -307,7 +307,9 @@ Tensor DnnlForward(std::string_view op, const DnnlPool& pool, const Tensor& x4,
   internal::RunDnnl(op, [&](dnnl::stream& stream) {
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, Mem(pool.fwd_pd.src_desc(), x)},
                                          {DNNL_ARG_DST, Mem(pool.fwd_pd.dst_desc(), y)}};
-    if (workspace.defined()) args[DNNL_ARG_WORKSPACE] = Mem(pool.fwd_pd.workspace_desc(), workspace);
+    if (workspace.defined()) {
+      args[DNNL_ARG_WORKSPACE] = Mem(pool.fwd_pd.workspace_desc(), workspace);
+    }
     pool.fwd.execute(stream, args);
   });
   return y;
@@ -320,7 +322,9 @@ Tensor DnnlBackward(std::string_view op, const DnnlPool& pool, const Tensor& gra
   internal::RunDnnl(op, [&](dnnl::stream& stream) {
     std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, Mem(pool.bwd_pd.diff_dst_desc(), gy)},
                                          {DNNL_ARG_DIFF_SRC, Mem(pool.bwd_pd.diff_src_desc(), gx)}};
-    if (workspace.defined()) args[DNNL_ARG_WORKSPACE] = Mem(pool.fwd_pd.workspace_desc(), workspace);
+    if (workspace.defined()) {
+      args[DNNL_ARG_WORKSPACE] = Mem(pool.fwd_pd.workspace_desc(), workspace);
+    }
     pool.bwd.execute(stream, args);
   });
   return gx;
