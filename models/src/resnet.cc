@@ -16,8 +16,9 @@ nn::Conv2dOptions NoBias(int64_t stride, int64_t padding) {
 }
 
 // The stem's first step: the images in channels-last memory, which every later layer keeps
-// (convolutions, batch norm, ReLU and the additions run in place on nhwc data; measured
-// 86 -> xx ms per training step of the W17 model). A view for one-channel images.
+// (convolutions, batch norm, ReLU and the additions run in place on nhwc data: the W17
+// training step went from 0.7-0.8x to 0.50-0.54x of PyTorch's, measured side by side). A
+// view for one-channel images. (TutorialCnn stays plain: its flattening would copy.)
 class ChannelsLast : public nn::Module {
  public:
   ChannelsLast() : Module("ChannelsLast") {}

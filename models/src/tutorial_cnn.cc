@@ -1,6 +1,5 @@
 #include "gradwire/models/tutorial_cnn.h"
 
-#include "gradwire/autograd/convolution.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/autograd/pooling.h"
 #include "gradwire/models/images.h"
@@ -17,9 +16,7 @@ TutorialCnn::TutorialCnn(Generator& gen, DType dtype) : Module("TutorialCnn") {
 }
 
 Tensor TutorialCnn::Forward(const Tensor& images) {
-  // Channels-last from the start: every layer up to the flattening keeps the layout.
-  Tensor x = ToChannelsLast(AsImages(images, "TutorialCnn"));
-  x = conv2_->Forward(Relu(conv1_->Forward(x)));
+  Tensor x = conv2_->Forward(Relu(conv1_->Forward(AsImages(images, "TutorialCnn"))));
   x = dropout1_->Forward(MaxPool2d(x, Pool2dArgs{.kernel_size = 2}));
   x = dropout2_->Forward(Relu(fc1_->Forward(Flatten(x, 1))));
   return LogSoftmax(fc2_->Forward(x), 1);
