@@ -27,6 +27,13 @@ Tensor RecordConv(const char* name, const Tensor& input, const Tensor& weight,
 
 }  // namespace
 
+Tensor ToChannelsLast(const Tensor& input) {
+  Tensor out = kernels::ToChannelsLast(input);
+  if (out.is_same(input)) return input;
+  return autograd::Record("ToChannelsLastBackward", {input}, std::move(out),
+                          [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
+}
+
 Tensor Conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
               const Conv2dArgs& args) {
   return RecordConv("Conv2dBackward", input, weight, bias, args,

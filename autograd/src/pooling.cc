@@ -16,16 +16,18 @@ Tensor MaxPool2d(const Tensor& input, const Pool2dArgs& args) {
 
 Tensor AvgPool2d(const Tensor& input, const Pool2dArgs& args) {
   return autograd::Record("AvgPool2dBackward", {input}, kernels::AvgPool2d(input, args),
-                          [sizes = input.sizes(), args](const Tensor& g) -> std::vector<Tensor> {
-                            return {kernels::AvgPool2dBackward(g, sizes, args)};
+                          [sizes = input.sizes(), args, cl = kernels::IsChannelsLast(input)](
+                              const Tensor& g) -> std::vector<Tensor> {
+                            return {kernels::AvgPool2dBackward(g, sizes, args, cl)};
                           });
 }
 
 Tensor AdaptiveAvgPool2d(const Tensor& input, Size2 output_size) {
   return autograd::Record("AdaptiveAvgPool2dBackward", {input},
                           kernels::AdaptiveAvgPool2d(input, output_size),
-                          [sizes = input.sizes()](const Tensor& g) -> std::vector<Tensor> {
-                            return {kernels::AdaptiveAvgPool2dBackward(g, sizes)};
+                          [sizes = input.sizes(), cl = kernels::IsChannelsLast(input)](
+                              const Tensor& g) -> std::vector<Tensor> {
+                            return {kernels::AdaptiveAvgPool2dBackward(g, sizes, cl)};
                           });
 }
 

@@ -19,6 +19,9 @@
 //     takes to run. Thread-safe; oneDNN primitives may run concurrently.
 //   - ScratchMemory/ToLayoutScratch put temporary layouts in gw tensors (the caching
 //     allocator).
+//   - IsChannelsLast/EmptyChannelsLast/ToChannelsLast: [N, C, H, W] tensors stored as
+//     [N, H, W, C] (PyTorch's channels_last), the layout oneDNN's nhwc kernels read in
+//     place; kernels that take one return one, so consecutive layers need no reorders.
 #ifndef GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
 #define GRADWIRE_TENSOR_SRC_DNNL_UTIL_H_
 
@@ -34,6 +37,7 @@
 #include "absl/container/flat_hash_map.h"
 
 #include "gradwire/tensor/error.h"
+#include "gradwire/tensor/kernels.h"
 #include "gradwire/tensor/tensor.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -169,6 +173,31 @@ inline dnnl::memory ToLayoutScratch(const dnnl::memory& mem, const dnnl::memory:
   dnnl::reorder(mem, out).execute(stream, const_cast<dnnl::memory&>(mem), out);
   ReorderCount().fetch_add(1, std::memory_order_relaxed);
   return out;
+}
+
+// [N, C, H, W] stored as [N, H, W, C]: a permuted contiguous [N, H, W, C] tensor, with the
+// channel stride 1 even for one channel (a contiguous [N, 1, H, W] image is plain; its
+// channels-last view has strides [H * W, 1, W, 1]). Other dims of size 1 may have any stride.
+inline bool IsChannelsLast(const Tensor& t) {
+  if (t.dim() != 4 || t.strides()[1] != 1) return false;
+  const Shape& s = t.sizes();
+  const Shape& st = t.strides();
+  const int64_t want[4] = {s[2] * s[3] * s[1], 1, s[3] * s[1], s[1]};
+  for (int d = 0; d < 4; ++d) {
+    if (s[d] != 1 && st[d] != want[d]) return false;
+  }
+  return true;
+}
+
+// A new channels-last tensor of the given [N, C, H, W] sizes.
+inline Tensor EmptyChannelsLast(const Shape& s, DType dtype = DType::kFloat32) {
+  return kernels::Permute(Tensor::Empty({s[0], s[2], s[3], s[1]}, dtype), {0, 3, 1, 2});
+}
+
+// `t` itself when channels-last, else a channels-last copy.
+inline Tensor ToChannelsLast(const Tensor& t) {
+  if (IsChannelsLast(t)) return t;
+  return kernels::Permute(kernels::Contiguous(kernels::Permute(t, {0, 2, 3, 1})), {0, 3, 1, 2});
 }
 
 }  // namespace gw::internal

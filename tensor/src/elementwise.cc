@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <numbers>
 #include <utility>
 #include <vector>
@@ -20,14 +21,74 @@ using internal::BinaryLoop;
 using internal::CheckDefined;
 using internal::UnaryLoop;
 
+// True when t's elements fill one block of numel() consecutive elements in some order of
+// its dims (contiguous, or a permutation of it such as a transpose): element-wise ops then
+// run on the flat block, and their result keeps t's strides (as PyTorch's do).
+bool IsDense(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.sizes()[d] == 1) continue;
+    if (t.strides()[d] <= 0) return false;
+    dims.emplace_back(t.strides()[d], t.sizes()[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+// A new tensor with dense t's sizes and strides.
+Tensor EmptyLike(const Tensor& t) {
+  Tensor block = Tensor::Empty({t.numel()}, t.dtype());
+  return Tensor::FromStorage(block.storage(), t.dtype(), t.sizes(), t.strides(), 0);
+}
+
+// The result of an element-wise op of shape `sizes` over `operands`: channels-last when
+// the first operand of that shape is (PyTorch's channels_last propagation: the layers of a
+// channels-last network stay so), else contiguous (callers may rely on that).
+Tensor EmptyResult(const Shape& sizes, DType dtype, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands) {
+    if (t->sizes() != sizes) continue;
+    if (internal::IsChannelsLast(*t) && !t->is_contiguous()) {
+      return internal::EmptyChannelsLast(sizes, dtype);
+    }
+    break;
+  }
+  return Tensor::Empty(sizes, dtype);
+}
+
+// `t` (dense) as the 1-D block of its elements in memory order.
+Tensor Flat(const Tensor& t) {
+  return Tensor::FromStorage(t.storage(), t.dtype(), {t.numel()}, {1}, t.storage_offset());
+}
+
+// Runs `loop(out, operands...)` on flat views when the operands share out's dense layout
+// (one contiguous row instead of a strided walk over a permuted layout), else as given.
+template <typename Loop, typename... Operands>
+void RunElementwise(const Tensor& out, Loop&& loop, const Operands&... operands) {
+  const bool shared = out.numel() > 0 && !out.is_contiguous() && IsDense(out) &&
+                      ((operands.sizes() == out.sizes() && operands.strides() == out.strides()) &&
+                       ...);
+  if (shared) {
+    loop(Flat(out), Flat(operands)...);
+  } else {
+    loop(out, operands...);
+  }
+}
+
 template <typename Op>
 Tensor Arith(std::string_view name, const Tensor& a, const Tensor& b, Op op) {
   CheckDefined(name, a);
   CheckDefined(name, b);
   internal::CheckSameDType(name, a, b);
-  Tensor out = Tensor::Empty(BroadcastShapes(name, a.sizes(), b.sizes()), a.dtype());
+  Tensor out = EmptyResult(BroadcastShapes(name, a.sizes(), b.sizes()), a.dtype(), {&a, &b});
   internal::DispatchNumeric(name, a.dtype(), [&]<typename T>() {
-    BinaryLoop<T, T, T>(out, a, b, [&](T x, T y) { return op(x, y); });
+    RunElementwise(out, [&](const Tensor& o, const Tensor& x, const Tensor& y) {
+      BinaryLoop<T, T, T>(o, x, y, [&](T u, T v) { return op(u, v); });
+    }, a, b);
   });
   return out;
 }
@@ -37,9 +98,11 @@ Tensor Compare(std::string_view name, const Tensor& a, const Tensor& b, Op op) {
   CheckDefined(name, a);
   CheckDefined(name, b);
   internal::CheckSameDType(name, a, b);
-  Tensor out = Tensor::Empty(BroadcastShapes(name, a.sizes(), b.sizes()), DType::kBool);
+  Tensor out = EmptyResult(BroadcastShapes(name, a.sizes(), b.sizes()), DType::kBool, {&a, &b});
   internal::DispatchAll(a.dtype(), [&]<typename T>() {
-    BinaryLoop<bool, T, T>(out, a, b, [&](T x, T y) { return op(x, y); });
+    RunElementwise(out, [&](const Tensor& o, const Tensor& x, const Tensor& y) {
+      BinaryLoop<bool, T, T>(o, x, y, [&](T u, T v) { return op(u, v); });
+    }, a, b);
   });
   return out;
 }
@@ -47,9 +110,11 @@ Tensor Compare(std::string_view name, const Tensor& a, const Tensor& b, Op op) {
 template <typename Op>
 Tensor FloatUnary(std::string_view name, const Tensor& a, Op op) {
   CheckDefined(name, a);
-  Tensor out = Tensor::Empty(a.sizes(), a.dtype());
+  Tensor out = EmptyResult(a.sizes(), a.dtype(), {&a});
   internal::DispatchFloating(name, a.dtype(), [&]<typename T>() {
-    UnaryLoop<T, T>(out, a, [&](T x) { return static_cast<T>(op(x)); });
+    RunElementwise(out, [&](const Tensor& o, const Tensor& x) {
+      UnaryLoop<T, T>(o, x, [&](T v) { return static_cast<T>(op(v)); });
+    }, a);
   });
   return out;
 }
@@ -57,9 +122,11 @@ Tensor FloatUnary(std::string_view name, const Tensor& a, Op op) {
 template <typename Op>
 Tensor NumericUnary(std::string_view name, const Tensor& a, Op op) {
   CheckDefined(name, a);
-  Tensor out = Tensor::Empty(a.sizes(), a.dtype());
+  Tensor out = EmptyResult(a.sizes(), a.dtype(), {&a});
   internal::DispatchNumeric(name, a.dtype(), [&]<typename T>() {
-    UnaryLoop<T, T>(out, a, [&](T x) { return static_cast<T>(op(x)); });
+    RunElementwise(out, [&](const Tensor& o, const Tensor& x) {
+      UnaryLoop<T, T>(o, x, [&](T v) { return static_cast<T>(op(v)); });
+    }, a);
   });
   return out;
 }
@@ -70,9 +137,12 @@ Tensor BackwardFromOutput(std::string_view name, const Tensor& grad, const Tenso
   CheckDefined(name, grad);
   CheckDefined(name, out);
   internal::CheckSameDType(name, grad, out);
-  Tensor result = Tensor::Empty(BroadcastShapes(name, grad.sizes(), out.sizes()), out.dtype());
+  Tensor result =
+      EmptyResult(BroadcastShapes(name, grad.sizes(), out.sizes()), out.dtype(), {&grad, &out});
   internal::DispatchFloating(name, out.dtype(), [&]<typename T>() {
-    BinaryLoop<T, T, T>(result, grad, out, [&](T g, T y) { return static_cast<T>(op(g, y)); });
+    RunElementwise(result, [&](const Tensor& r, const Tensor& x, const Tensor& y) {
+      BinaryLoop<T, T, T>(r, x, y, [&](T g, T v) { return static_cast<T>(op(g, v)); });
+    }, grad, out);
   });
   return result;
 }
@@ -106,31 +176,6 @@ T CheckedIntDiv(T x, T y) {
 }
 
 // ---- oneDNN eltwise (float32) ----
-
-// True when t's elements fill one block of numel() consecutive elements in some order of
-// its dims (contiguous, or a permutation of it such as a transpose): element-wise ops then
-// run on the flat block, and their result keeps t's strides (as PyTorch's do).
-bool IsDense(const Tensor& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.sizes()[d] == 1) continue;
-    if (t.strides()[d] <= 0) return false;
-    dims.emplace_back(t.strides()[d], t.sizes()[d]);
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t expected = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride != expected) return false;
-    expected *= size;
-  }
-  return true;
-}
-
-// A new tensor with dense t's sizes and strides.
-Tensor EmptyLike(const Tensor& t) {
-  Tensor block = Tensor::Empty({t.numel()}, t.dtype());
-  return Tensor::FromStorage(block.storage(), t.dtype(), t.sizes(), t.strides(), 0);
-}
 
 // The algorithm and alpha of a oneDNN eltwise primitive.
 struct DnnlEltwiseOp {

@@ -471,22 +471,9 @@ NormGrads DnnlBackward(std::string_view op, const DataShape& data, const Tensor&
 
 bool OnDnnl(const Tensor& x) { return x.dtype() == DType::kFloat32 && x.numel() > 0; }
 
-// [N, C, H, W] stored as [N, H, W, C] (what convolutions on oneDNN may hand over).
-bool IsChannelsLast(const Tensor& t) {
-  if (t.dim() != 4) return false;
-  const Shape& s = t.sizes();
-  const Shape& st = t.strides();
-  return st[1] == 1 && st[3] == s[1] && st[2] == s[3] * s[1] && st[0] == s[2] * s[3] * s[1];
-}
-
-// A new channels-last tensor of the given [N, C, H, W] sizes.
-Tensor EmptyChannelsLast(const Shape& s) {
-  return Permute(Tensor::Empty({s[0], s[2], s[3], s[1]}, DType::kFloat32), {0, 3, 1, 2});
-}
-
-Tensor ToChannelsLast(const Tensor& t) {
-  return IsChannelsLast(t) ? t : Permute(Contiguous(Permute(t, {0, 2, 3, 1})), {0, 3, 1, 2});
-}
+using internal::EmptyChannelsLast;
+using internal::IsChannelsLast;
+using internal::ToChannelsLast;
 
 // Batch norm on oneDNN: float32 channels-last inputs (see above).
 bool BatchNormOnDnnl(const Tensor& x) { return OnDnnl(x) && x.sizes()[1] > 1 && IsChannelsLast(x); }

@@ -229,22 +229,30 @@ Tensor MaxBackward(const Tensor& grad, const Tensor& indices, const PoolGeometry
 
 // ---------------------------------------------------------------- oneDNN (float32)
 
-// oneDNN's pooling of a contiguous float32 [n, c, h, w] input to a contiguous output.
+// oneDNN's pooling of a float32 [n, c, h, w] input to an output of the same layout:
+// contiguous, or channels-last (`nhwc`, run in place by oneDNN's nhwc kernels).
 struct DnnlPool {
   dnnl::pooling_v2_forward::primitive_desc fwd_pd;
   dnnl::pooling_v2_forward fwd;
   dnnl::pooling_v2_backward::primitive_desc bwd_pd;
   dnnl::pooling_v2_backward bwd;
+  bool nhwc;
 };
 
-std::shared_ptr<const DnnlPool> GetDnnlPool(const PoolGeometry& g, dnnl::algorithm alg) {
+std::shared_ptr<const DnnlPool> GetDnnlPool(const PoolGeometry& g, dnnl::algorithm alg,
+                                            bool nhwc) {
   const std::vector<int64_t> key = {static_cast<int64_t>(alg), g.n, g.c, g.h.in, g.w.in,
                                     g.h.k, g.w.k, g.h.s, g.w.s, g.h.p, g.w.p, g.h.d, g.w.d,
-                                    g.h.out, g.w.out};
+                                    g.h.out, g.w.out, nhwc};
   static internal::PrimitiveCache<DnnlPool> cache;
   return cache.Get(key, [&] {
-    const memory::desc src = internal::ContiguousDesc({g.n, g.c, g.h.in, g.w.in});
-    const memory::desc dst = internal::ContiguousDesc({g.n, g.c, g.h.out, g.w.out});
+    auto desc = [nhwc](const Shape& sizes) {
+      return nhwc ? memory::desc(internal::DnnlDims(sizes), memory::data_type::f32,
+                                 memory::format_tag::nhwc)
+                  : internal::ContiguousDesc(sizes);
+    };
+    const memory::desc src = desc({g.n, g.c, g.h.in, g.w.in});
+    const memory::desc dst = desc({g.n, g.c, g.h.out, g.w.out});
     const memory::dims strides{g.h.s, g.w.s}, kernel{g.h.k, g.w.k},
         dilation{g.h.d - 1, g.w.d - 1}, pad_l{g.h.p, g.w.p}, pad_r{g.h.PadR(), g.w.PadR()};
     dnnl::pooling_v2_forward::primitive_desc fwd_pd(
@@ -255,26 +263,52 @@ std::shared_ptr<const DnnlPool> GetDnnlPool(const PoolGeometry& g, dnnl::algorit
         {alg, src, dst, strides, kernel, dilation, pad_l, pad_r}, internal::CpuEngine(),
         fwd_pd);
     return DnnlPool{fwd_pd, dnnl::pooling_v2_forward(fwd_pd), bwd_pd,
-                    dnnl::pooling_v2_backward(bwd_pd)};
+                    dnnl::pooling_v2_backward(bwd_pd), nhwc};
   });
 }
 
-// The workspace of a max pooling as an int64 tensor (an opaque buffer).
-Tensor Workspace(const DnnlPool& pool) {
-  const int64_t bytes = static_cast<int64_t>(pool.fwd_pd.workspace_desc().get_size());
-  return Tensor::Empty({(bytes + 7) / 8}, DType::kInt64);
+// Pooling a float32 x4 runs channels-last when x4 is.
+bool PoolsChannelsLast(const Tensor& x4) { return internal::IsChannelsLast(x4); }
+
+// x4 in the layout `pool` reads (a copy unless it already has it).
+Tensor InLayout(const DnnlPool& pool, const Tensor& x4) {
+  return pool.nhwc ? internal::ToChannelsLast(x4) : Contiguous(x4);
 }
 
-// Runs the forward pooling of the contiguous float32 x4 into a new output.
+// A new [n, c, h, w] float32 tensor in `pool`'s layout.
+Tensor NewInLayout(const DnnlPool& pool, const Shape& sizes) {
+  return pool.nhwc ? internal::EmptyChannelsLast(sizes) : Tensor::Empty(sizes, DType::kFloat32);
+}
+
+memory Mem(const memory::desc& desc, const Tensor& t) {
+  return memory(desc, internal::CpuEngine(), t.raw_data());
+}
+
+// The workspace of a max pooling as an int64 tensor (an opaque buffer), and after it one
+// more element saying which layout the forward ran in (the backward must run in it too).
+Tensor Workspace(const DnnlPool& pool) {
+  const int64_t words = static_cast<int64_t>(pool.fwd_pd.workspace_desc().get_size() + 7) / 8;
+  Tensor ws = Tensor::Empty({words + 1}, DType::kInt64);
+  ws.data<int64_t>()[words] = pool.nhwc;
+  return ws;
+}
+
+bool WorkspaceIsChannelsLast(const Tensor& ws) {
+  GW_CHECK(ws.is_contiguous() && ws.numel() >= 1, "MaxPool2dBackward",
+           "expected the indices MaxPool2d returned, got ", ShapeToString(ws.sizes()));
+  return ws.data<int64_t>()[ws.numel() - 1] != 0;
+}
+
+// Runs the forward pooling of the float32 x4 into a new output of the pool's layout.
 Tensor DnnlForward(std::string_view op, const DnnlPool& pool, const Tensor& x4,
                    const PoolGeometry& g, const Tensor& workspace) {
-  Tensor y = Tensor::Empty({g.n, g.c, g.h.out, g.w.out}, DType::kFloat32);
+  const Tensor x = InLayout(pool, x4);
+  Tensor y = NewInLayout(pool, {g.n, g.c, g.h.out, g.w.out});
   internal::RunDnnl(op, [&](dnnl::stream& stream) {
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, internal::Dnnl(x4)},
-                                         {DNNL_ARG_DST, internal::Dnnl(y)}};
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, Mem(pool.fwd_pd.src_desc(), x)},
+                                         {DNNL_ARG_DST, Mem(pool.fwd_pd.dst_desc(), y)}};
     if (workspace.defined()) {
-      args[DNNL_ARG_WORKSPACE] = memory(pool.fwd_pd.workspace_desc(), internal::CpuEngine(),
-                                        workspace.raw_data());
+      args[DNNL_ARG_WORKSPACE] = Mem(pool.fwd_pd.workspace_desc(), workspace);
     }
     pool.fwd.execute(stream, args);
   });
@@ -283,14 +317,13 @@ Tensor DnnlForward(std::string_view op, const DnnlPool& pool, const Tensor& x4,
 
 Tensor DnnlBackward(std::string_view op, const DnnlPool& pool, const Tensor& grad,
                     const PoolGeometry& g, const Tensor& workspace) {
-  const Tensor gy = Contiguous(grad);
-  Tensor gx = Tensor::Empty({g.n, g.c, g.h.in, g.w.in}, DType::kFloat32);
+  const Tensor gy = InLayout(pool, grad);
+  Tensor gx = NewInLayout(pool, {g.n, g.c, g.h.in, g.w.in});
   internal::RunDnnl(op, [&](dnnl::stream& stream) {
-    std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, internal::Dnnl(gy)},
-                                         {DNNL_ARG_DIFF_SRC, internal::Dnnl(gx)}};
+    std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, Mem(pool.bwd_pd.diff_dst_desc(), gy)},
+                                         {DNNL_ARG_DIFF_SRC, Mem(pool.bwd_pd.diff_src_desc(), gx)}};
     if (workspace.defined()) {
-      args[DNNL_ARG_WORKSPACE] = memory(pool.fwd_pd.workspace_desc(), internal::CpuEngine(),
-                                        workspace.raw_data());
+      args[DNNL_ARG_WORKSPACE] = Mem(pool.fwd_pd.workspace_desc(), workspace);
     }
     pool.bwd.execute(stream, args);
   });
@@ -321,9 +354,9 @@ MaxPool2dResult MaxPool2d(const Tensor& input, const Pool2dArgs& args) {
   const Tensor x4 = As4D(input);
   MaxPool2dResult r;
   if (input.dtype() == DType::kFloat32) {
-    auto pool = GetDnnlPool(g, dnnl::algorithm::pooling_max);
+    auto pool = GetDnnlPool(g, dnnl::algorithm::pooling_max, PoolsChannelsLast(x4));
     r.indices = Workspace(*pool);
-    r.output = DnnlForward("MaxPool2d", *pool, Contiguous(x4), g, r.indices);
+    r.output = DnnlForward("MaxPool2d", *pool, x4, g, r.indices);
   } else {
     r = internal::DispatchFloating("MaxPool2d", input.dtype(),
                                    [&]<typename T>() { return MaxForward<T>(x4, g); });
@@ -341,8 +374,8 @@ Tensor MaxPool2dBackward(const Tensor& grad_output, const Shape& input_sizes,
   const Tensor gy = As4D(grad_output);
   Tensor gx;
   if (grad_output.dtype() == DType::kFloat32) {
-    gx = DnnlBackward("MaxPool2dBackward", *GetDnnlPool(g, dnnl::algorithm::pooling_max), gy, g,
-                      indices);
+    auto pool = GetDnnlPool(g, dnnl::algorithm::pooling_max, WorkspaceIsChannelsLast(indices));
+    gx = DnnlBackward("MaxPool2dBackward", *pool, gy, g, indices);
   } else {
     GW_CHECK(indices.sizes() == grad_output.sizes(), "MaxPool2dBackward", "indices ",
              ShapeToString(indices.sizes()), " do not match grad_output ",
@@ -361,8 +394,9 @@ Tensor AvgPool2d(const Tensor& input, const Pool2dArgs& args) {
   const Tensor x4 = As4D(input);
   Tensor y;
   if (input.dtype() == DType::kFloat32 && DnnlCanAverage(g, args.count_include_pad)) {
-    y = DnnlForward("AvgPool2d", *GetDnnlPool(g, AvgAlgorithm(args.count_include_pad)),
-                    Contiguous(x4), g, Tensor());
+    y = DnnlForward("AvgPool2d",
+                    *GetDnnlPool(g, AvgAlgorithm(args.count_include_pad), PoolsChannelsLast(x4)),
+                    x4, g, Tensor());
   } else {
     y = internal::DispatchFloating("AvgPool2d", input.dtype(), [&]<typename T>() {
       return AverageForward<T>(x4, AvgWindows(g.h, args.count_include_pad),
@@ -373,12 +407,14 @@ Tensor AvgPool2d(const Tensor& input, const Pool2dArgs& args) {
 }
 
 Tensor AvgPool2dBackward(const Tensor& grad_output, const Shape& input_sizes,
-                         const Pool2dArgs& args) {
+                         const Pool2dArgs& args, bool channels_last) {
   const PoolGeometry g = BackwardGeometry("AvgPool2dBackward", grad_output, input_sizes, args);
   const Tensor gy = As4D(grad_output);
   Tensor gx;
   if (grad_output.dtype() == DType::kFloat32 && DnnlCanAverage(g, args.count_include_pad)) {
-    gx = DnnlBackward("AvgPool2dBackward", *GetDnnlPool(g, AvgAlgorithm(args.count_include_pad)),
+    gx = DnnlBackward("AvgPool2dBackward",
+                      *GetDnnlPool(g, AvgAlgorithm(args.count_include_pad),
+                                   channels_last && g.batched),
                       gy, g, Tensor());
   } else {
     gx = internal::DispatchFloating("AvgPool2dBackward", grad_output.dtype(), [&]<typename T>() {
@@ -417,7 +453,8 @@ Tensor AdaptiveAvgPool2d(const Tensor& input, Size2 output_size) {
   return ToRank(y, input.dim() == 4);
 }
 
-Tensor AdaptiveAvgPool2dBackward(const Tensor& grad_output, const Shape& input_sizes) {
+Tensor AdaptiveAvgPool2dBackward(const Tensor& grad_output, const Shape& input_sizes,
+                                 bool channels_last) {
   internal::CheckDefined("AdaptiveAvgPool2dBackward", grad_output);
   GW_CHECK(grad_output.dim() == static_cast<int64_t>(input_sizes.size()) &&
                grad_output.dim() >= 3,
@@ -425,7 +462,7 @@ Tensor AdaptiveAvgPool2dBackward(const Tensor& grad_output, const Shape& input_s
            " does not match input ", ShapeToString(input_sizes));
   const Size2 out(grad_output.sizes()[grad_output.dim() - 2], grad_output.sizes().back());
   if (auto even = EvenWindows(input_sizes, out)) {
-    return AvgPool2dBackward(grad_output, input_sizes, *even);
+    return AvgPool2dBackward(grad_output, input_sizes, *even, channels_last);
   }
   const Tensor gy = As4D(grad_output);
   const Shape in4 = input_sizes.size() == 4

@@ -24,6 +24,9 @@ struct Conv1dArgs {
   int64_t groups = 1;
 };
 
+// kernels::ToChannelsLast, differentiable (the gradient passes through unchanged).
+Tensor ToChannelsLast(const Tensor& input);
+
 Tensor Conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
               const Conv1dArgs& args = {});
 Tensor Conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),

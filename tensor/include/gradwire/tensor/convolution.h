@@ -8,13 +8,19 @@
 //     ConvTranspose2d: weight [C_in, C_out / groups, kH, kW]; output H_out =
 //     (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1.
 //     ConvTranspose2d is the adjoint of the Conv2d with the same weight and arguments.
-//   - Inputs may be strided views (a permuted channels-last tensor, a narrowed batch);
-//     outputs and gradients are new contiguous (NCHW) tensors.
-//   - float32 runs on oneDNN's convolution primitives (algorithm "auto": Winograd where
-//     oneDNN finds it faster, e.g. 3x3 stride-1 layers of 16 channels or more, else direct);
-//     activations are reordered into the blocked layout the primitive prefers and back.
-//     Primitives are built once per geometry and cached (thread-safe). float64 runs on
-//     gradwire's own im2col + GEMM, templated so it also serves as a float32 reference.
+//   - Inputs may be strided views (a permuted channels-last tensor, a narrowed batch).
+//     Outputs and gradients are new tensors laid out as PyTorch's: float32 channels-last
+//     (see ToChannelsLast) when the input (ConvTranspose2d: its input) is channels-last,
+//     else contiguous (NCHW); the weight and bias gradients are always contiguous.
+//   - float32 runs on oneDNN's convolution primitives. Plain inputs: algorithm "auto"
+//     (Winograd where oneDNN finds it faster, e.g. 3x3 stride-1 layers of 16 channels or
+//     more, else direct), activations reordered into the blocked layout the primitive
+//     prefers and back. Channels-last inputs: oneDNN's nhwc kernels on the tensors in
+//     place, except 3x3 stride-1 layers of 16 channels or more, which take Winograd in the
+//     blocked layout (it saves more than the reorders cost). The weight gradient of such
+//     layers is Winograd too. Primitives are built once per geometry and layout and cached
+//     (thread-safe). float64 runs on gradwire's own im2col + GEMM, templated so it also
+//     serves as a float32 reference.
 //   - Conv2dBackward computes only the gradients asked for in `need` (undefined otherwise).
 //   - Errors: gw::Error naming the op and the shapes (rank, channel count, groups,
 //     non-positive sizes, a kernel larger than the padded input, dtype mismatch).
@@ -60,6 +66,17 @@ struct ConvGradMask {
 };
 
 namespace kernels {
+
+// `x` [N, C, H, W] stored channels-last ([N, H, W, C] in memory: strides [H*W*C, 1, W*C, C],
+// PyTorch's x.contiguous(memory_format=torch.channels_last)): x itself when it already is,
+// a view when C == 1 and x is contiguous, else a copy. Any dtype. Convolutions, batch norm,
+// pooling and element-wise ops on channels-last inputs return channels-last outputs, so a
+// network converts its input once and runs oneDNN's nhwc kernels without reorders.
+// Errors: gw::Error unless x is 4-D.
+Tensor ToChannelsLast(const Tensor& x);
+// Whether `x` is stored so: 4-D with channel stride 1 and the other strides as above
+// (dims of size 1 excepted; a contiguous [N, 1, H, W] image is not).
+bool IsChannelsLast(const Tensor& x);
 
 Tensor Conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
               const Conv2dArgs& args = {});

@@ -2,8 +2,8 @@
 // never recording autograd (see gradwire/autograd/pooling.h).
 //
 // Contract
-//   - Input [N, C, H, W] or [C, H, W] (any strides); outputs are new contiguous tensors of
-//     the same rank. Output size per axis, as PyTorch's:
+//   - Input [N, C, H, W] or [C, H, W] (any strides); outputs are new tensors of the same
+//     rank. Output size per axis, as PyTorch's:
 //       out = floor((H + 2 * padding - dilation * (k - 1) - 1) / stride) + 1 (ceil with
 //       ceil_mode, minus one when the last window would start past the padded input).
 //   - Max pooling ignores padding; ties go to the first maximum. AvgPool2d divides by the
@@ -13,9 +13,15 @@
 //   - float32 runs on oneDNN's pooling primitives (cached per shape); float64, and the
 //     average windows oneDNN cannot express (uneven adaptive windows, count_include_pad
 //     windows cut by ceil_mode), run on gradwire's own loops, templated over the dtype.
+//   - Layouts: outputs are contiguous, except that a float32 channels-last input
+//     (ToChannelsLast in convolution.h) gives a channels-last output, pooled in place by
+//     oneDNN's nhwc kernels. The gradient of a float32 MaxPool2d has its input's layout; the
+//     average poolings' gradients are channels-last when `channels_last` says their
+//     input was (no copy of a channels-last gradient then), else contiguous.
 //   - MaxPool2d's `indices` is what MaxPool2dBackward needs: for float64 the flat index
 //     h * W + w of each maximum in its input plane (PyTorch's return_indices), for float32
-//     oneDNN's workspace (an opaque int64 buffer). Pass it back unchanged.
+//     oneDNN's workspace and the layout it was made in (an opaque int64 buffer). Pass it
+//     back unchanged.
 //   - Errors: gw::Error naming the op and the shapes (rank, non-positive kernel or stride,
 //     padding over half the kernel, an empty output).
 //   - Thread safety: all functions may be called concurrently.
@@ -51,10 +57,11 @@ Tensor MaxPool2dBackward(const Tensor& grad_output, const Shape& input_sizes,
 
 Tensor AvgPool2d(const Tensor& input, const Pool2dArgs& args);
 Tensor AvgPool2dBackward(const Tensor& grad_output, const Shape& input_sizes,
-                         const Pool2dArgs& args);
+                         const Pool2dArgs& args, bool channels_last = false);
 
 Tensor AdaptiveAvgPool2d(const Tensor& input, Size2 output_size);
-Tensor AdaptiveAvgPool2dBackward(const Tensor& grad_output, const Shape& input_sizes);
+Tensor AdaptiveAvgPool2dBackward(const Tensor& grad_output, const Shape& input_sizes,
+                                 bool channels_last = false);
 
 }  // namespace kernels
 }  // namespace gw
