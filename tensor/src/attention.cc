@@ -9,6 +9,8 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
+#include <vector>
 
 #include "dispatch.h"
 #include "dnnl_util.h"
@@ -80,11 +82,14 @@ void SoftmaxRows(const Tensor& p) {
     const dnnl::memory::desc md = internal::PlainDesc(p);
     const dnnl::softmax_forward prim = *cache.Get({p.size(0), p.size(1)}, [&] {
       return dnnl::softmax_forward(
-          {{dnnl::prop_kind::forward_training, md, 1}, internal::CpuEngine()});
+          {{dnnl::prop_kind::forward_training, md, 1}, internal::UserScratchpad(), internal::CpuEngine()});
     });
     internal::RunDnnl(kOp, [&](dnnl::stream& stream) {
       dnnl::memory mem = internal::Dnnl(p);
-      prim.execute(stream, {{DNNL_ARG_SRC, mem}, {DNNL_ARG_DST, mem}});
+      std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, mem}, {DNNL_ARG_DST, mem}};
+      std::vector<Tensor> keep;
+      internal::AddScratchpad(prim, args, keep);
+      prim.execute(stream, args);
     });
     return;
   }
@@ -109,13 +114,15 @@ void SoftmaxBackwardRows(const Tensor& p, const Tensor& dp) {
     const dnnl::softmax_backward prim = *cache.Get({p.size(0), p.size(1)}, [&] {
       const dnnl::softmax_forward::primitive_desc hint(
           {dnnl::prop_kind::forward_training, md, 1}, internal::CpuEngine());
-      return dnnl::softmax_backward({{md, md, 1}, internal::CpuEngine(), hint});
+      return dnnl::softmax_backward({{md, md, 1}, internal::UserScratchpad(), internal::CpuEngine(), hint});
     });
     internal::RunDnnl(kBackward, [&](dnnl::stream& stream) {
       dnnl::memory grad = internal::Dnnl(dp);
-      prim.execute(stream, {{DNNL_ARG_DST, internal::Dnnl(p)},
-                            {DNNL_ARG_DIFF_DST, grad},
-                            {DNNL_ARG_DIFF_SRC, grad}});
+      std::unordered_map<int, dnnl::memory> args{
+          {DNNL_ARG_DST, internal::Dnnl(p)}, {DNNL_ARG_DIFF_DST, grad}, {DNNL_ARG_DIFF_SRC, grad}};
+      std::vector<Tensor> keep;
+      internal::AddScratchpad(prim, args, keep);
+      prim.execute(stream, args);
     });
     return;
   }

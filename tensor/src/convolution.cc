@@ -353,7 +353,7 @@ struct DnnlConv {
                                                  Dilates(), PadL(), PadR())
                : dnnl::convolution_forward::desc(prop, alg, X(), W(), Y(), Strides(), Dilates(),
                                                  PadL(), PadR());
-      return internal::Build<dnnl::convolution_forward>({d, internal::CpuEngine()});
+      return internal::Build<dnnl::convolution_forward>({d, internal::UserScratchpad(), internal::CpuEngine()});
     });
   }
 
@@ -363,7 +363,7 @@ struct DnnlConv {
       dnnl::convolution_backward_data::desc d(Algorithm(), X(), W(), Y(), Strides(), Dilates(),
                                               PadL(), PadR());
       return internal::Build<dnnl::convolution_backward_data>(
-          {d, internal::CpuEngine(), Forward(false)->pd});
+          {d, internal::UserScratchpad(), internal::CpuEngine(), Forward(false)->pd});
     });
   }
 
@@ -378,7 +378,7 @@ struct DnnlConv {
                  : dnnl::convolution_backward_weights::desc(alg, X(), W(), Y(), Strides(),
                                                             Dilates(), PadL(), PadR());
         return dnnl::convolution_backward_weights::primitive_desc(
-            d, internal::CpuEngine(), Forward(bias)->pd, allow_empty);
+            d, internal::UserScratchpad(), internal::CpuEngine(), Forward(bias)->pd, allow_empty);
       };
       dnnl::convolution_backward_weights::primitive_desc pd;
       if (layout == Layout::kBlocked && WinogradWeightGradientPays(g)) {
@@ -424,6 +424,9 @@ class Operands {
     return Out(dst, want, internal::PlainDesc(dst));
   }
 
+  // The scratchpad a primitive made with UserScratchpad() needs for this execution.
+  memory Scratchpad(const memory::desc& desc) { return internal::ScratchMemory(desc, keep_); }
+
   // Reorders the outputs written in other layouts into their tensors.
   void Finish() {
     for (auto& [from, to] : pending_) {
@@ -461,7 +464,8 @@ Tensor DnnlForward(const Geometry& g, const Tensor& x, const Tensor& w, const Te
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, ops.In(x, fwd->pd.src_desc())},
         {DNNL_ARG_WEIGHTS, ops.In(w, WeightDesc(g, w), fwd->pd.weights_desc())},
-        {DNNL_ARG_DST, ops.Out(y, fwd->pd.dst_desc())}};
+        {DNNL_ARG_DST, ops.Out(y, fwd->pd.dst_desc())},
+        {DNNL_ARG_SCRATCHPAD, ops.Scratchpad(fwd->pd.scratchpad_desc())}};
     if (bias.defined()) args[DNNL_ARG_BIAS] = ops.In(bias, fwd->pd.bias_desc());
     fwd->prim.execute(stream, args);
     ops.Finish();
@@ -483,7 +487,8 @@ ConvGrads DnnlBackward(const Geometry& g, const Tensor& gy, const Tensor& x, con
       bwd->prim.execute(stream,
                         {{DNNL_ARG_DIFF_DST, ops.In(gy, bwd->pd.diff_dst_desc())},
                          {DNNL_ARG_WEIGHTS, ops.In(w, WeightDesc(g, w), bwd->pd.weights_desc())},
-                         {DNNL_ARG_DIFF_SRC, ops.Out(out.input, bwd->pd.diff_src_desc())}});
+                         {DNNL_ARG_DIFF_SRC, ops.Out(out.input, bwd->pd.diff_src_desc())},
+                         {DNNL_ARG_SCRATCHPAD, ops.Scratchpad(bwd->pd.scratchpad_desc())}});
     }
     if (need.weight || need.bias) {
       auto bwd = conv.BackwardWeights(need.bias);
@@ -492,7 +497,8 @@ ConvGrads DnnlBackward(const Geometry& g, const Tensor& gy, const Tensor& x, con
           {DNNL_ARG_DIFF_DST, ops.In(gy, bwd->pd.diff_dst_desc())},
           {DNNL_ARG_SRC, ops.In(x, bwd->pd.src_desc())},
           {DNNL_ARG_DIFF_WEIGHTS, ops.Out(out.weight, bwd->pd.diff_weights_desc(),
-                                          WeightDesc(g, out.weight))}};
+                                          WeightDesc(g, out.weight))},
+          {DNNL_ARG_SCRATCHPAD, ops.Scratchpad(bwd->pd.scratchpad_desc())}};
       if (need.bias) {
         out.bias = Tensor::Empty({g.oc}, DType::kFloat32);
         args[DNNL_ARG_DIFF_BIAS] = ops.Out(out.bias, bwd->pd.diff_bias_desc());
