@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -103,6 +104,18 @@ void RunDnnl(std::string_view op, F&& body) {
   }
 }
 
+// The attributes of every primitive gradwire caches: a scratchpad the caller passes at each
+// execution (DNNL_ARG_SCRATCHPAD, ScratchMemory of pd.scratchpad_desc()). oneDNN's default
+// (library) mode ties a primitive to a thread-local buffer of the thread that created it
+// (this oneDNN is built without DNNL_ENABLE_CONCURRENT_EXEC), so a cached primitive run on
+// another thread (an RPC handler, a backward pass on a pool thread) wrote through a null
+// pointer with OMP_NUM_THREADS=1, and two threads running primitives would share it.
+inline dnnl::primitive_attr UserScratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
 // Primitives by key, made by `make()` on a miss. Bounded: emptied when full (the working
 // set of a model is a few dozen shapes).
 template <typename Primitive>
@@ -144,6 +157,16 @@ inline dnnl::memory ScratchMemory(const dnnl::memory::desc& desc, std::vector<Te
   const int64_t floats = static_cast<int64_t>((desc.get_size() + sizeof(float) - 1) / sizeof(float));
   keep.push_back(Tensor::Empty({floats}, DType::kFloat32));
   return dnnl::memory(desc, CpuEngine(), keep.back().raw_data());
+}
+
+// Adds to `args` the scratchpad `prim` (made with UserScratchpad()) needs, as ScratchMemory
+// kept in `keep`; nothing when it needs none.
+inline void AddScratchpad(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& args,
+                          std::vector<Tensor>& keep) {
+  const dnnl_memory_desc_t* md =
+      dnnl_primitive_desc_query_md(prim.get_primitive_desc(), dnnl_query_scratchpad_md, 0);
+  if (md == nullptr || dnnl_memory_desc_get_size(md) == 0) return;
+  args[DNNL_ARG_SCRATCHPAD] = ScratchMemory(dnnl::memory::desc(*md), keep);
 }
 
 // Like ToLayout, with the reordered copy in ScratchMemory.

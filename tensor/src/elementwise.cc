@@ -145,7 +145,7 @@ dnnl::eltwise_forward::primitive_desc EltwiseForwardPd(DnnlEltwiseOp op, int64_t
   return dnnl::eltwise_forward::primitive_desc(
       dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, op.algorithm, FlatDesc(n),
                                   op.alpha, 0.f),
-      internal::CpuEngine());
+      internal::UserScratchpad(), internal::CpuEngine());
 }
 
 std::vector<int64_t> EltwiseKey(DnnlEltwiseOp op, int64_t n) {
@@ -163,8 +163,11 @@ Tensor DnnlEltwise(std::string_view name, DnnlEltwiseOp op, const Tensor& x_in) 
       cache.Get(EltwiseKey(op, n), [&] { return dnnl::eltwise_forward(EltwiseForwardPd(op, n)); });
   internal::RunDnnl(name, [&](dnnl::stream& stream) {
     auto& engine = internal::CpuEngine();
-    prim.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(FlatDesc(n), engine, x.raw_data())},
-                          {DNNL_ARG_DST, dnnl::memory(FlatDesc(n), engine, y.raw_data())}});
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(FlatDesc(n), engine, x.raw_data())},
+                                               {DNNL_ARG_DST, dnnl::memory(FlatDesc(n), engine, y.raw_data())}};
+    std::vector<Tensor> keep;
+    internal::AddScratchpad(prim, args, keep);
+    prim.execute(stream, args);
   });
   return y;
 }
@@ -181,13 +184,17 @@ Tensor DnnlEltwiseBackward(std::string_view name, DnnlEltwiseOp op, const Tensor
   const dnnl::eltwise_backward prim = cache.Get(EltwiseKey(op, n), [&] {
     return dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(
         dnnl::eltwise_backward::desc(op.algorithm, FlatDesc(n), FlatDesc(n), op.alpha, 0.f),
-        internal::CpuEngine(), EltwiseForwardPd(op, n)));
+        internal::UserScratchpad(), internal::CpuEngine(), EltwiseForwardPd(op, n)));
   });
   internal::RunDnnl(name, [&](dnnl::stream& stream) {
     auto& engine = internal::CpuEngine();
-    prim.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(FlatDesc(n), engine, x.raw_data())},
-                          {DNNL_ARG_DIFF_DST, dnnl::memory(FlatDesc(n), engine, grad.raw_data())},
-                          {DNNL_ARG_DIFF_SRC, dnnl::memory(FlatDesc(n), engine, dx.raw_data())}});
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, dnnl::memory(FlatDesc(n), engine, x.raw_data())},
+        {DNNL_ARG_DIFF_DST, dnnl::memory(FlatDesc(n), engine, grad.raw_data())},
+        {DNNL_ARG_DIFF_SRC, dnnl::memory(FlatDesc(n), engine, dx.raw_data())}};
+    std::vector<Tensor> keep;
+    internal::AddScratchpad(prim, args, keep);
+    prim.execute(stream, args);
   });
   return dx;
 }

@@ -130,7 +130,7 @@ bool DnnlBatchedMatMul(const Tensor& a, const Tensor& b, const Tensor& out) {
     try {
       dnnl::matmul::primitive_desc pd(
           dnnl::matmul::desc(BatchDesc(a), BatchDesc(b), internal::PlainDesc(out)),
-          internal::CpuEngine());
+          internal::UserScratchpad(), internal::CpuEngine());
       if (std::string_view(pd.impl_info_str()).starts_with("ref")) return dnnl::matmul();
       return dnnl::matmul(pd);
     } catch (const dnnl::error&) {
@@ -141,9 +141,13 @@ bool DnnlBatchedMatMul(const Tensor& a, const Tensor& b, const Tensor& out) {
   out.storage()->BumpVersion();
   internal::RunDnnl("MatMul", [&](dnnl::stream& stream) {
     auto& engine = internal::CpuEngine();
-    prim.execute(stream, {{DNNL_ARG_SRC, dnnl::memory(BatchDesc(a), engine, a.raw_data())},
-                          {DNNL_ARG_WEIGHTS, dnnl::memory(BatchDesc(b), engine, b.raw_data())},
-                          {DNNL_ARG_DST, internal::Dnnl(out)}});
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, dnnl::memory(BatchDesc(a), engine, a.raw_data())},
+        {DNNL_ARG_WEIGHTS, dnnl::memory(BatchDesc(b), engine, b.raw_data())},
+        {DNNL_ARG_DST, internal::Dnnl(out)}};
+    std::vector<Tensor> keep;
+    internal::AddScratchpad(prim, args, keep);
+    prim.execute(stream, args);
   });
   out.storage()->BumpVersion();
   return true;

@@ -411,7 +411,7 @@ std::shared_ptr<const Built<typename P::Fwd>> ForwardPrim(const DataShape& data,
   static PrimitiveCache<typename P::Fwd> cache;
   return cache.Get(MakeKey(data, flags, eps, prop), [&] {
     return typename P::Fwd::primitive_desc(P::FwdDesc(prop, data, eps, flags),
-                                           internal::CpuEngine());
+                                           internal::UserScratchpad(), internal::CpuEngine());
   });
 }
 
@@ -423,7 +423,7 @@ std::shared_ptr<const Built<typename P::Bwd>> BackwardPrim(const DataShape& data
   return cache.Get(MakeKey(data, flags, eps, prop), [&] {
     auto hint = ForwardPrim<P>(data, eps, flags, prop_kind::forward_training);
     return typename P::Bwd::primitive_desc(P::BwdDesc(prop, data, eps, flags),
-                                           internal::CpuEngine(), hint->pd);
+                                           internal::UserScratchpad(), internal::CpuEngine(), hint->pd);
   });
 }
 
@@ -455,6 +455,8 @@ NormResult DnnlForward(std::string_view op, const DataShape& data, int64_t num_s
         {DNNL_ARG_VARIANCE, Vec(r.var)}};
     if (weight.defined()) args[DNNL_ARG_SCALE] = Vec(weight);
     if (bias.defined()) args[DNNL_ARG_SHIFT] = Vec(bias);
+    std::vector<Tensor> keep;
+    internal::AddScratchpad(fwd->prim, args, keep);
     fwd->prim.execute(stream, args);
   });
   return r;
@@ -491,6 +493,8 @@ NormGrads DnnlBackward(std::string_view op, const DataShape& data, const Tensor&
       // The backward never reads the shift, but oneDNN asks for it with use_shift.
       args[DNNL_ARG_SHIFT] = Vec(Tensor::Zeros(param_shape, DType::kFloat32));
     }
+    std::vector<Tensor> keep;
+    internal::AddScratchpad(bwd->prim, args, keep);
     bwd->prim.execute(stream, args);
   });
   if (mask.weight) out.weight = weight.defined() ? dw : Tensor();

@@ -249,10 +249,10 @@ std::shared_ptr<const DnnlPool> GetDnnlPool(const PoolGeometry& g, dnnl::algorit
     dnnl::pooling_v2_forward::primitive_desc fwd_pd(
         {dnnl::prop_kind::forward_training, alg, src, dst, strides, kernel, dilation, pad_l,
          pad_r},
-        internal::CpuEngine());
+        internal::UserScratchpad(), internal::CpuEngine());
     dnnl::pooling_v2_backward::primitive_desc bwd_pd(
-        {alg, src, dst, strides, kernel, dilation, pad_l, pad_r}, internal::CpuEngine(),
-        fwd_pd);
+        {alg, src, dst, strides, kernel, dilation, pad_l, pad_r}, internal::UserScratchpad(),
+        internal::CpuEngine(), fwd_pd);
     return DnnlPool{fwd_pd, dnnl::pooling_v2_forward(fwd_pd), bwd_pd,
                     dnnl::pooling_v2_backward(bwd_pd)};
   });
@@ -275,6 +275,8 @@ Tensor DnnlForward(std::string_view op, const DnnlPool& pool, const Tensor& x4,
       args[DNNL_ARG_WORKSPACE] = memory(pool.fwd_pd.workspace_desc(), internal::CpuEngine(),
                                         workspace.raw_data());
     }
+    std::vector<Tensor> keep;
+    internal::AddScratchpad(pool.fwd, args, keep);
     pool.fwd.execute(stream, args);
   });
   return y;
@@ -291,6 +293,8 @@ Tensor DnnlBackward(std::string_view op, const DnnlPool& pool, const Tensor& gra
       args[DNNL_ARG_WORKSPACE] = memory(pool.fwd_pd.workspace_desc(), internal::CpuEngine(),
                                         workspace.raw_data());
     }
+    std::vector<Tensor> keep;
+    internal::AddScratchpad(pool.bwd, args, keep);
     pool.bwd.execute(stream, args);
   });
   return gx;
