@@ -16,7 +16,7 @@
 // micro-batch with the micro-batch's statistics and update their running statistics
 // micro-batch by micro-batch in batch order (as one process running the micro-batches
 // one after another would), on the stage that holds them; evaluation runs in eval mode.
-// Defaults per model (--epochs=0, --lr=0): mlp 3 epochs at lr 0.05, resnet 3 at 0.05.
+// Defaults per model (--epochs=0, --lr=0): mlp 3 epochs at lr 0.05, resnet 4 at 0.05.
 // Rank 0 holds stage 0 and drives; rank 1 holds stage 1 (with -n 3, ranks 1 and 2 hold
 // the stages and rank 0 only drives). Rank 0 shows the progress and the final test
 // accuracy; exit status 1 below --min_accuracy, 2 when the job cannot be set up.
@@ -38,7 +38,7 @@
 #include "pipeline_stages.h"
 
 ABSL_FLAG(std::string, model, "mlp", "the model cut into 2 stages: mlp or resnet (the zoo's SmallResNet)");
-ABSL_FLAG(int, epochs, 0, "passes over the training set (0: the model's default, mlp 3, resnet 3)");
+ABSL_FLAG(int, epochs, 0, "passes over the training set (0: the model's default, mlp 3, resnet 4)");
 ABSL_FLAG(int, batch_size, 64, "examples per step (split into --chunks micro-batches)");
 ABSL_FLAG(int, chunks, 8, "micro-batches per batch");
 ABSL_FLAG(std::string, schedule, "gpipe", "gpipe or 1f1b");
@@ -54,7 +54,7 @@ namespace {
 using gw::examples::Fail;
 
 // The defaults per model (--epochs=0, --lr=0); the flags' help repeats them.
-const std::vector<gw::examples::Recipe> kRecipes = {{"mlp", 0.05, 3}, {"resnet", 0.05, 3}};
+const std::vector<gw::examples::Recipe> kRecipes = {{"mlp", 0.05, 3}, {"resnet", 0.05, 4}};
 
 int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
   absl::StatusOr<gw::examples::FashionMnist> data =

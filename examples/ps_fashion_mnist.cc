@@ -17,7 +17,7 @@
 //                                         [--show_network] [--save=PATH]
 //
 // Defaults per model (--epochs=0, --lr=0): mlp 10 epochs at lr 0.05, cnn 8 at 0.05,
-// resnet 3 at 0.05, lstm 5 at 0.1, others 3 at 0.02.
+// resnet 4 at 0.05, lstm 5 at 0.1, others 3 at 0.02.
 //
 // Elastic: start it with `gradwire launch -n 4 --max-workers 6 --master-port P ...`, then
 // add a trainer with `gradwire launch --join --master-port P ps_fashion_mnist --epochs=1`
@@ -38,7 +38,7 @@
 ABSL_FLAG(std::string, model, "mlp",
           "the model: mlp, or a model of the zoo (cnn: PyTorch's parameter-server tutorial's network, resnet, lstm)");
 ABSL_FLAG(int, epochs, 0,
-          "passes over the training set (0: the model's default: mlp 10, cnn 8, resnet 3, lstm 5, others 3)");
+          "passes over the training set (0: the model's default: mlp 10, cnn 8, resnet 4, lstm 5, others 3)");
 ABSL_FLAG(int64_t, max_steps, 0, "stop after this many steps in all (0: every step of every epoch), e.g. for a quick test");
 ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy ends below this");
 ABSL_FLAG(double, lr, 0,
@@ -57,7 +57,7 @@ using gw::examples::Fail;
 
 // The defaults per model (--epochs=0, --lr=0); the flags' help and the file comment repeat them.
 const std::vector<gw::examples::Recipe> kRecipes = {
-    {"mlp", 0.05, 10}, {"cnn", 0.05, 8}, {"resnet", 0.05, 3}, {"lstm", 0.1, 5}, {"*", 0.02, 3}};
+    {"mlp", 0.05, 10}, {"cnn", 0.05, 8}, {"resnet", 0.05, 4}, {"lstm", 0.1, 5}, {"*", 0.02, 3}};
 
 gw::examples::Recipe ChosenRecipe() {
   return gw::examples::ChooseRecipe(kRecipes, absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_lr),
