@@ -1,11 +1,17 @@
-// Data-parallel training of an MLP 784-256-128-10 on Fashion-MNIST with
-// DistributedDataParallel: every rank is a replica that trains on its share of the data;
-// gradients are averaged over the replicas during backward, so the replicas stay equal.
-// Run it under the launcher (one replica per core):
+// Data-parallel training on Fashion-MNIST with DistributedDataParallel (--model: the MLP
+// 784-256-128-10 by default, or a model of the zoo): every rank is a replica that trains on
+// its share of the data; gradients are averaged over the replicas during backward, so the
+// replicas stay equal. BatchNorm (--model=resnet): each replica normalises with its own
+// batch's statistics; DDP broadcasts rank 0's running statistics at every forward, so
+// every replica evaluates with rank 0's. Run it under the launcher (one replica per core):
 //
-//   gradwire launch -n 2 ddp_fashion_mnist [--epochs=10] [--batch_size=64] [--lr=0.05]
-//                                          [--momentum=0.9] [--bucket_kb=1024] [--min_accuracy=0.85]
+//   gradwire launch -n 2 ddp_fashion_mnist [--model=mlp|cnn|resnet|lstm] [--epochs=E]
+//                                          [--batch_size=64] [--lr=LR] [--momentum=0.9]
+//                                          [--bucket_kb=1024] [--min_accuracy=0.85]
 //                                          [--stop_at=0.85] [--eval_every=200] [--report]
+//
+// Defaults per model (--epochs=0, --lr=0): mlp 10 epochs at lr 0.05, cnn 8 at 0.05,
+// resnet 4 at 0.05, lstm 5 at 0.1, others (a model added to the zoo later) 3 at 0.02.
 //
 // Rank 0 shows the progress and the test accuracy (every --eval_every steps and at each
 // epoch's end; evaluation time is not counted); exit status 1 when it ends below
@@ -24,9 +30,12 @@
 #include "gradwire/gradwire.h"
 #include "fashion_mnist_mlp.h"
 
-ABSL_FLAG(int, epochs, 10, "passes over the training set");
+ABSL_FLAG(std::string, model, "mlp", "the model: mlp, or a model of the zoo (cnn, resnet, lstm)");
+ABSL_FLAG(int, epochs, 0,
+          "passes over the training set (0: the model's default: mlp 10, cnn 8, resnet 4, lstm 5, others 3)");
 ABSL_FLAG(int, batch_size, 64, "examples per step and replica");
-ABSL_FLAG(double, lr, 0.05, "learning rate");
+ABSL_FLAG(double, lr, 0,
+          "learning rate (0: the model's default: mlp 0.05, cnn 0.05, resnet 0.05, lstm 0.1, others 0.02)");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(int, bucket_kb, 1024, "gradient bucket size in KiB");
 ABSL_FLAG(int, spin_us, 0,
@@ -43,6 +52,10 @@ ABSL_FLAG(bool, report, false,
 namespace {
 
 using gw::examples::Fail;
+
+// The defaults per model (--epochs=0, --lr=0); the flags' help and the file comment repeat them.
+const std::vector<gw::examples::Recipe> kRecipes = {
+    {"mlp", 0.05, 10}, {"cnn", 0.05, 8}, {"resnet", 0.05, 4}, {"lstm", 0.1, 5}, {"*", 0.02, 3}};
 
 int Run() {
   absl::StatusOr<gw::rpc::AgentOptions> options = gw::rpc::AgentOptions::FromEnv();
@@ -64,20 +77,25 @@ int Run() {
   if (!group.ok()) return Fail("cannot make the process group", group.status());
   const int rank = (*group)->rank(), replicas = (*group)->size();
 
+  const std::string model_name = absl::GetFlag(FLAGS_model);
+  const gw::examples::Recipe recipe =
+      gw::examples::ChooseRecipe(kRecipes, model_name, absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_epochs));
   gw::Generator gen(absl::GetFlag(FLAGS_seed) + static_cast<uint64_t>(rank));  // rank 0's wins
-  auto mlp = gw::examples::FashionMnistMlp(gen);
+  absl::StatusOr<std::shared_ptr<gw::nn::Module>> model = gw::examples::ExampleModel(model_name, gen);
+  if (!model.ok()) return Fail("cannot build the model", model.status());
   auto ddp = gw::parallel::DistributedDataParallel::Create(
-      mlp, *group, gw::parallel::DdpOptions{.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_kb)) << 10});
+      *model, *group, gw::parallel::DdpOptions{.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_kb)) << 10});
   if (!ddp.ok()) return Fail("cannot replicate the model", ddp.status());
   gw::optim::Optimizer opt((*ddp)->Parameters(),
-                           gw::optim::Sgd{.lr = absl::GetFlag(FLAGS_lr), .momentum = absl::GetFlag(FLAGS_momentum)});
+                           gw::optim::Sgd{.lr = recipe.lr, .momentum = absl::GetFlag(FLAGS_momentum)});
   gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(rank));
   gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
   loader.Shard(rank, replicas);
   const bool show = rank == 0;
   if (show) {
-    std::printf("%s\n%lld parameters, batch %d per replica\n", (*ddp)->ToString().c_str(),
-                static_cast<long long>(mlp->NumParameters()), absl::GetFlag(FLAGS_batch_size));
+    std::printf("%s\n%lld parameters, batch %d per replica, %d epochs at lr %g (--model=%s)\n",
+                (*ddp)->ToString().c_str(), static_cast<long long>((*model)->NumParameters()),
+                absl::GetFlag(FLAGS_batch_size), recipe.epochs, recipe.lr, model_name.c_str());
     std::fflush(stdout);
   }
 
@@ -85,10 +103,8 @@ int Run() {
   using Clock = std::chrono::steady_clock;
   double trained_s = 0;
   auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
-  auto evaluate = [&] {
-    gw::autograd::NoGradGuard no_grad;
-    return gw::nn::Accuracy((*ddp)->Forward(test->images), test->labels);
-  };
+  // Eval mode (dropout off, BatchNorm's running statistics), 1000 test images at a time.
+  auto evaluate = [&] { return gw::examples::TestAccuracy(**ddp, *test); };
   int64_t steps = 0, samples = 0;  // samples: every replica's
   double test_acc = 0, time_to_85 = -1, samples_to_85 = 0;
   int64_t steps_to_85 = -1;
@@ -104,10 +120,10 @@ int Run() {
     }
     stop = stop_at > 0 && test_acc >= stop_at;
   };
-  for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs) && !stop; ++epoch) {
+  for (int epoch = 1; epoch <= recipe.epochs && !stop; ++epoch) {
     std::unique_ptr<gw::data::ProgressBar> bar;
     if (show) {
-      bar = std::make_unique<gw::data::ProgressBar>(absl::StrFormat("epoch %d/%d", epoch, absl::GetFlag(FLAGS_epochs)),
+      bar = std::make_unique<gw::data::ProgressBar>(absl::StrFormat("epoch %d/%d", epoch, recipe.epochs),
                                                     loader.batches_per_epoch());
     }
     double loss_sum = 0, correct = 0, epoch_s = 0;
@@ -122,7 +138,7 @@ int Run() {
       const auto t0 = Clock::now();
       opt.ZeroGrad();
       gw::Tensor logits = (*ddp)->Forward(batch.inputs);
-      gw::Tensor loss = gw::nn::CrossEntropyLoss(logits, batch.targets);
+      gw::Tensor loss = gw::models::Loss(model_name, logits, batch.targets);
       try {
         gw::autograd::Backward({loss});  // averages the gradients over the replicas
       } catch (const gw::Error& e) {
@@ -172,8 +188,11 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gw::examples::ParseFlags(
-      argc, argv,
-      "Data-parallel training (DistributedDataParallel) of an MLP on Fashion-MNIST; run under `gradwire launch -n 2`.");
+  gw::examples::ParseFlags(argc, argv,
+                           "Data-parallel training (DistributedDataParallel) of an MLP or a model of the zoo (--model) "
+                           "on Fashion-MNIST; run under `gradwire launch -n 2`.");
+  if (absl::Status s = gw::examples::CheckModel(absl::GetFlag(FLAGS_model)); !s.ok()) {
+    return gw::examples::Fail("invalid flags", s);
+  }
   return Run();
 }

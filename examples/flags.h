@@ -7,7 +7,8 @@
 //   - Every other argument goes to Abseil's parser (an unknown flag exits 1 naming it).
 //   - The flags every example shares are checked before anything runs, each error
 //     naming the flag and what it needs (exit 2): --epochs >= 1, --batch_size >= 1,
-//     --lr > 0, --chunks >= 1, --checkpoint_keep >= 1, --checkpoint_every_s >= 0,
+//     --lr > 0, --max_steps >= 0 (in a program with a --model flag, --epochs=0 and --lr=0 mean the chosen
+//     model's default, fashion_mnist_mlp.h's Recipe), --chunks >= 1, --checkpoint_keep >= 1, --checkpoint_every_s >= 0,
 //     --checkpoint_max_failures >= 0. CheckWritable(path), called by the worker that will write
 //     a file (--save) before it trains, fails at once on a directory it cannot write.
 //   - Threads: a program started without OMP_NUM_THREADS (so not by `gradwire launch`,
@@ -79,12 +80,26 @@ inline bool Number(const char* name, double* value) {
          absl::SimpleAtod(flag->CurrentValue(), value);
 }
 
+// Does this program have its own flag `name`?
+inline bool HasOwnFlag(const char* name) {
+  absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  return flag != nullptr && absl::StrContains(flag->Filename(), "examples/");
+}
+
 inline void CheckSharedFlags() {
   double v = 0;
-  if (Number("epochs", &v) && v < 1) Refuse(absl::StrCat("--epochs=", v, ": needs at least one pass (--epochs >= 1)"));
+  // With --model, 0 stands for the model's own default (its Recipe).
+  const bool per_model = HasOwnFlag("model");
+  const char* or_default = per_model ? " (or 0: the model's default)" : "";
+  if (Number("epochs", &v) && v < 1 && !(per_model && v == 0)) {
+    Refuse(absl::StrCat("--epochs=", v, ": needs at least one pass (--epochs >= 1)", or_default));
+  }
   if (Number("batch_size", &v) && v < 1) Refuse(absl::StrCat("--batch_size=", v, ": needs at least 1"));
+  if (Number("max_steps", &v) && v < 0) Refuse(absl::StrCat("--max_steps=", v, ": 0 (no limit) or more"));
   if (Number("chunks", &v) && v < 1) Refuse(absl::StrCat("--chunks=", v, ": needs at least 1 micro-batch"));
-  if (Number("lr", &v) && !(v > 0)) Refuse(absl::StrCat("--lr=", v, ": the learning rate must be positive"));
+  if (Number("lr", &v) && !(v > 0) && !(per_model && v == 0)) {
+    Refuse(absl::StrCat("--lr=", v, ": the learning rate must be positive", or_default));
+  }
   if (Number("checkpoint_keep", &v) && v < 1) Refuse(absl::StrCat("--checkpoint_keep=", v, ": keep at least 1 version"));
   if (Number("checkpoint_every_s", &v) && !(v >= 0)) {
     Refuse(absl::StrCat("--checkpoint_every_s=", v, ": seconds between checkpoints, 0 or more"));

@@ -1,13 +1,22 @@
-// Pipeline-parallel training of an MLP 784-256-128-10 on Fashion-MNIST: the model is
-// split into two stages (784-256 and 256-128-10), each a RemoteModule on its own worker;
-// rank 0 drives: every batch is split into micro-batches that flow through both stages at
-// once (GPipe or 1F1B), one distributed-autograd context per step, and a
-// DistributedOptimizer updates each stage where it lives. Run it under the launcher:
+// Pipeline-parallel training on Fashion-MNIST: the model is split into two stages, each
+// a RemoteModule on its own worker; rank 0 drives: every batch is split into micro-batches
+// that flow through both stages at once (GPipe or 1F1B), one distributed-autograd context
+// per step, and a DistributedOptimizer updates each stage where it lives. Run it under the
+// launcher:
 //
-//   gradwire launch -n 2 pipeline_fashion_mnist [--chunks=8] [--schedule=gpipe|1f1b]
-//                                               [--epochs=3] [--batch_size=64] [--lr=0.05]
-//                                               [--momentum=0.9] [--min_accuracy=0.85]
+//   gradwire launch -n 2 pipeline_fashion_mnist [--model=mlp|resnet] [--chunks=8]
+//                                               [--schedule=gpipe|1f1b] [--epochs=E]
+//                                               [--batch_size=64] [--lr=LR] [--momentum=0.9]
+//                                               [--max_steps=N] [--min_accuracy=0.85]
 //
+// --model=mlp (the default): an MLP 784-256 | 256-128-10. --model=resnet: the zoo's
+// SmallResNet cut from its Pieces() where the two stages' arithmetic balances (stem and 3
+// blocks | 3 blocks and the head); each stage worker builds the whole model from --seed
+// and keeps its pieces (examples/pipeline_stages.h). Its BatchNorm layers normalise each
+// micro-batch with the micro-batch's statistics and update their running statistics
+// micro-batch by micro-batch in batch order (as one process running the micro-batches
+// one after another would), on the stage that holds them; evaluation runs in eval mode.
+// Defaults per model (--epochs=0, --lr=0): mlp 3 epochs at lr 0.05, resnet 4 at 0.05.
 // Rank 0 holds stage 0 and drives; rank 1 holds stage 1 (with -n 3, ranks 1 and 2 hold
 // the stages and rank 0 only drives). Rank 0 shows the progress and the final test
 // accuracy; exit status 1 below --min_accuracy, 2 when the job cannot be set up.
@@ -20,37 +29,32 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "flags.h"
 #include "example_util.h"
+#include "fashion_mnist_mlp.h"
+#include "flags.h"
 #include "gradwire/dist_autograd/distributed_optimizer.h"
 #include "gradwire/gradwire.h"
 #include "gradwire/parallel/pipeline.h"
+#include "pipeline_stages.h"
 
-ABSL_FLAG(int, epochs, 3, "passes over the training set");
+ABSL_FLAG(std::string, model, "mlp", "the model cut into 2 stages: mlp or resnet (the zoo's SmallResNet)");
+ABSL_FLAG(int, epochs, 0, "passes over the training set (0: the model's default, mlp 3, resnet 4)");
 ABSL_FLAG(int, batch_size, 64, "examples per step (split into --chunks micro-batches)");
 ABSL_FLAG(int, chunks, 8, "micro-batches per batch");
 ABSL_FLAG(std::string, schedule, "gpipe", "gpipe or 1f1b");
-ABSL_FLAG(double, lr, 0.05, "learning rate");
+ABSL_FLAG(double, lr, 0, "learning rate (0: the model's default, mlp 0.05, resnet 0.05)");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
 ABSL_FLAG(std::string, data_dir, gw::data::kFashionMnistDir, "directory with the IDX files");
+ABSL_FLAG(int64_t, max_steps, 0, "stop after this many steps in all (0: every step of every epoch), e.g. for a quick test");
 ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy ends below this");
 
 namespace {
 
 using gw::examples::Fail;
 
-// The two stages; a stage worker builds its own from the seed the driver sends.
-std::shared_ptr<gw::nn::Module> Stage(int64_t which, int64_t seed) {
-  gw::Generator gen(static_cast<uint64_t>(seed));
-  if (which == 0) {
-    return std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
-        std::make_shared<gw::nn::Linear>(784, 256, gen), std::make_shared<gw::nn::ReLU>()});
-  }
-  return std::make_shared<gw::nn::Sequential>(std::vector<std::shared_ptr<gw::nn::Module>>{
-      std::make_shared<gw::nn::Linear>(256, 128, gen), std::make_shared<gw::nn::ReLU>(),
-      std::make_shared<gw::nn::Linear>(128, 10, gen)});
-}
+// The defaults per model (--epochs=0, --lr=0); the flags' help repeats them.
+const std::vector<gw::examples::Recipe> kRecipes = {{"mlp", 0.05, 3}, {"resnet", 0.05, 4}};
 
 int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
   absl::StatusOr<gw::examples::FashionMnist> data =
@@ -59,12 +63,17 @@ int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
   const gw::data::Dataset* train = &data->train;
   const gw::data::Dataset* test = &data->test;
   const int world = static_cast<int>(agent.workers().size());
+  const std::string model = absl::GetFlag(FLAGS_model);
+  const gw::examples::Recipe recipe =
+      gw::examples::ChooseRecipe(kRecipes, model, absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_epochs));
+  const int epochs = recipe.epochs;
   std::vector<gw::dist_nn::RemoteModule> stages;
   std::vector<gw::rpc::RRef<gw::Tensor>> params;
   for (int64_t s = 0; s < 2; ++s) {
     const std::string worker = agent.workers()[static_cast<size_t>(world == 2 ? s : s + 1)].name;
-    auto m = gw::dist_nn::RemoteModule::Create(agent, worker, "stage", s,
-                                               static_cast<int64_t>(absl::GetFlag(FLAGS_seed)) + s);
+    auto m = gw::dist_nn::RemoteModule::Create(agent, worker, "pipeline_stage", model, s,
+                                               static_cast<int64_t>(absl::GetFlag(FLAGS_seed)),
+                                               static_cast<int64_t>(gw::DType::kFloat32));
     if (!m.ok()) return Fail("cannot build a stage", m.status());
     auto p = m->RemoteParameters();
     if (!p.ok()) return Fail("cannot reach a stage's parameters", p.status());
@@ -72,7 +81,7 @@ int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
     stages.push_back(*m);
   }
   auto opt = gw::dist_autograd::DistributedOptimizer::Create(
-      agent, gw::optim::Sgd{.lr = absl::GetFlag(FLAGS_lr), .momentum = absl::GetFlag(FLAGS_momentum)}, params);
+      agent, gw::optim::Sgd{.lr = recipe.lr, .momentum = absl::GetFlag(FLAGS_momentum)}, params);
   if (!opt.ok()) return Fail("cannot make the optimizer", opt.status());
   const std::string schedule = absl::GetFlag(FLAGS_schedule);
   if (schedule != "gpipe" && schedule != "1f1b") {
@@ -82,17 +91,26 @@ int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
       stages, gw::parallel::PipelineOptions{.chunks = absl::GetFlag(FLAGS_chunks),
                                             .schedule = schedule == "gpipe" ? gw::parallel::Schedule::kGPipe
                                                                             : gw::parallel::Schedule::k1F1B});
-  std::printf("pipeline of 2 stages on %s and %s, %d micro-batches per batch of %d (%s)\n",
-              stages[0].worker().c_str(), stages[1].worker().c_str(), absl::GetFlag(FLAGS_chunks),
-              absl::GetFlag(FLAGS_batch_size), schedule.c_str());
+  for (const gw::dist_nn::RemoteModule& stage : stages) {
+    absl::StatusOr<std::string> text = stage.Describe();
+    if (!text.ok()) return Fail("cannot describe a stage", text.status());
+    std::printf("stage on %s: %s\n", stage.worker().c_str(), text->c_str());
+  }
+  std::printf("pipeline of 2 stages (--model=%s) on %s and %s, %d micro-batches per batch of %d (%s), "
+              "%d epochs at lr %g\n",
+              model.c_str(), stages[0].worker().c_str(), stages[1].worker().c_str(), absl::GetFlag(FLAGS_chunks),
+              absl::GetFlag(FLAGS_batch_size), schedule.c_str(), epochs, recipe.lr);
   std::fflush(stdout);
   gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1);
   gw::data::DataLoader loader(*train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
   const auto start = std::chrono::steady_clock::now();
   double test_acc = 0;
-  int64_t samples = 0;
-  for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
-    gw::data::ProgressBar bar(absl::StrFormat("epoch %d/%d", epoch, absl::GetFlag(FLAGS_epochs)),
+  int64_t samples = 0, steps = 0;
+  const int64_t max_steps = absl::GetFlag(FLAGS_max_steps);
+  auto more = [&] { return max_steps == 0 || steps < max_steps; };
+  gw::examples::PipelineModel whole(pipe);  // the pipeline as a module, to evaluate it
+  for (int epoch = 1; epoch <= epochs && more(); ++epoch) {
+    gw::data::ProgressBar bar(absl::StrFormat("epoch %d/%d", epoch, epochs),
                               loader.batches_per_epoch());
     const auto epoch_start = std::chrono::steady_clock::now();
     double loss_sum = 0;
@@ -104,11 +122,14 @@ int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
     };
     gw::data::Batch batch;
     loader.Reset();
-    while (loader.Next(&batch)) {
+    while (more() && loader.Next(&batch)) {
+      ++steps;
       gw::dist_autograd::Context ctx(engine);
-      absl::StatusOr<double> loss = pipe.ForwardBackward(ctx, batch.inputs, batch.targets, [](auto& out, auto& y) {
-        return gw::nn::CrossEntropyLoss(out, y);
-      });
+      absl::StatusOr<double> loss =
+          pipe.ForwardBackward(ctx, gw::examples::TagRows(batch.inputs), batch.targets,
+                               [&model](const gw::Tensor& out, const gw::Tensor& y) {
+                                 return gw::models::Loss(model, out, y);
+                               });
       if (!loss.ok()) return Fail("training step", loss.status());
       if (absl::Status s = (*opt)->Step(ctx); !s.ok()) return Fail("optimizer step", s);
       loss_sum += *loss;
@@ -116,9 +137,14 @@ int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
       bar.Update(++step, fields());
     }
     samples += seen;
-    absl::StatusOr<gw::Tensor> logits = pipe.Forward(test->images);
-    if (!logits.ok()) return Fail("evaluation", logits.status());
-    test_acc = gw::nn::Accuracy(*logits, test->labels);
+    // In eval mode (BatchNorm's running statistics), 1000 test images at a time.
+    if (absl::Status s = gw::examples::SetStagesTraining(stages, false); !s.ok()) return Fail("evaluation", s);
+    try {
+      test_acc = gw::examples::TestAccuracy(whole, *test);
+    } catch (const gw::Error& e) {
+      return Fail("evaluation", absl::InternalError(e.what()));
+    }
+    if (absl::Status s = gw::examples::SetStagesTraining(stages, true); !s.ok()) return Fail("evaluation", s);
     bar.Finish(fields() + absl::StrFormat(" test_acc=%.4f", test_acc));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -145,7 +171,7 @@ int Run() {
   std::shared_ptr<gw::dist_autograd::DistAutograd> engine;
   auto agent = gw::rpc::Agent::Start(*options, [&](gw::rpc::Agent& a) -> absl::Status {
     if (absl::Status s = gw::rpc::Assign(gw::dist_autograd::DistAutograd::Install(a), engine); !s.ok()) return s;
-    return gw::dist_nn::RegisterModuleFactory(a, "stage", Stage);
+    return gw::examples::RegisterPipelineStages(a);
   });
   if (!agent.ok()) return Fail("cannot join the group", agent.status());
   int code = 0;
@@ -161,8 +187,11 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gw::examples::ParseFlags(
-      argc, argv,
-      "Pipeline-parallel training of an MLP on Fashion-MNIST (2 stages); run under `gradwire launch -n 2`.");
+  gw::examples::ParseFlags(argc, argv,
+                           "Pipeline-parallel training of an MLP or a ResNet on Fashion-MNIST (2 stages); run under "
+                           "`gradwire launch -n 2`.");
+  if (absl::Status s = gw::examples::CheckModel(absl::GetFlag(FLAGS_model), gw::examples::PipelineModels()); !s.ok()) {
+    return gw::examples::Fail("cannot cut the model into pipeline stages", s);
+  }
   return Run();
 }

@@ -261,10 +261,17 @@ inline int Finish(rpc::Agent& agent, bool show, double test_acc, double required
 
 // Parses flags and runs the rank's role: Serve, or train(options, servers). `tables`: the
 // tables a server that joins takes a share of (none: servers cannot join this example).
+// `check` (optional) vets the program's own flags on every rank before anything starts: an
+// error is said and the exit status is 2 (e.g. an unknown --model, on servers and
+// trainers alike).
 inline int Main(int argc, char** argv, const char* usage,
                 const std::function<int(rpc::AgentOptions, int servers)>& train,
-                const std::function<std::vector<std::string>()>& tables = {}) {
+                const std::function<std::vector<std::string>()>& tables = {},
+                const std::function<absl::Status()>& check = {}) {
   ParseFlags(argc, argv, usage);
+  if (check) {
+    if (absl::Status s = check(); !s.ok()) return Fail("invalid flags", s);
+  }
   absl::StatusOr<rpc::AgentOptions> options = rpc::AgentOptions::FromEnv();
   if (!options.ok()) return Fail("not started by a launcher", options.status());
   options->start_timeout = absl::Seconds(120);  // servers wait for trainers loading data
