@@ -291,6 +291,18 @@ struct DnnlConv {
     dnnl::convolution_backward_weights prim;
   };
 
+  // Every primitive gets its scratchpad from the caller (Operands::Scratchpad): oneDNN's
+  // own ("library" mode) is, in builds without DNNL_ENABLE_CONCURRENT_EXEC (Debian's,
+  // OpenMP runtime), a thread-local buffer sized by the primitives created on the calling
+  // thread, so a cached primitive run on another thread (an RPC handler's forward, the
+  // autograd engine's backward) wrote past it (SIGSEGV in Winograd kernels, seen with
+  // TutorialCnn served by examples/rpc_ps_fashion_mnist).
+  static dnnl::primitive_attr UserScratchpad() {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    return attr;
+  }
+
   std::vector<int64_t> Key(bool bias) const {
     std::vector<int64_t> key = g.Key();
     key.push_back(bias);
@@ -308,7 +320,7 @@ struct DnnlConv {
                                                  Dilates(), PadL(), PadR())
                : dnnl::convolution_forward::desc(prop, alg, x, w, y, Strides(), Dilates(),
                                                  PadL(), PadR());
-      dnnl::convolution_forward::primitive_desc pd(d, internal::CpuEngine());
+      dnnl::convolution_forward::primitive_desc pd(d, UserScratchpad(), internal::CpuEngine());
       return Fwd{pd, dnnl::convolution_forward(pd)};
     });
   }
@@ -318,7 +330,7 @@ struct DnnlConv {
       dnnl::convolution_backward_data::desc d(
           Algorithm(), AnyDesc(g.x_sizes()), AnyDesc(DnnlWeightSizes(g)),
           AnyDesc(g.y_sizes()), Strides(), Dilates(), PadL(), PadR());
-      dnnl::convolution_backward_data::primitive_desc pd(d, internal::CpuEngine(),
+      dnnl::convolution_backward_data::primitive_desc pd(d, UserScratchpad(), internal::CpuEngine(),
                                                          Forward(false)->pd);
       return BwdData{pd, dnnl::convolution_backward_data(pd)};
     });
@@ -334,7 +346,7 @@ struct DnnlConv {
                                                           Dilates(), PadL(), PadR())
                : dnnl::convolution_backward_weights::desc(alg, x, w, y, Strides(), Dilates(),
                                                           PadL(), PadR());
-      dnnl::convolution_backward_weights::primitive_desc pd(d, internal::CpuEngine(),
+      dnnl::convolution_backward_weights::primitive_desc pd(d, UserScratchpad(), internal::CpuEngine(),
                                                             Forward(bias)->pd);
       return BwdWeights{pd, dnnl::convolution_backward_weights(pd)};
     });
@@ -372,6 +384,14 @@ class Operands {
     return Out(dst, want, internal::PlainDesc(dst));
   }
 
+  // The scratchpad a primitive of `pd` needs (none when it needs none).
+  template <typename Pd>
+  memory Scratchpad(const Pd& pd) {
+    const memory::desc want = pd.scratchpad_desc();
+    if (want.get_size() == 0) return memory(want, internal::CpuEngine(), nullptr);
+    return internal::ScratchMemory(want, keep_);
+  }
+
   // Reorders the outputs written in other layouts into their tensors.
   void Finish() {
     for (auto& [from, to] : pending_) {
@@ -402,7 +422,8 @@ Tensor DnnlForward(const Geometry& g, const Tensor& x, const Tensor& w, const Te
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, ops.In(x, fwd->pd.src_desc())},
         {DNNL_ARG_WEIGHTS, ops.In(w, WeightDesc(g, w), fwd->pd.weights_desc())},
-        {DNNL_ARG_DST, ops.Out(y, fwd->pd.dst_desc())}};
+        {DNNL_ARG_DST, ops.Out(y, fwd->pd.dst_desc())},
+        {DNNL_ARG_SCRATCHPAD, ops.Scratchpad(fwd->pd)}};
     if (bias.defined()) args[DNNL_ARG_BIAS] = ops.In(bias, fwd->pd.bias_desc());
     fwd->prim.execute(stream, args);
     ops.Finish();
@@ -423,7 +444,8 @@ ConvGrads DnnlBackward(const Geometry& g, const Tensor& gy, const Tensor& x, con
       bwd->prim.execute(stream,
                         {{DNNL_ARG_DIFF_DST, ops.In(gy, bwd->pd.diff_dst_desc())},
                          {DNNL_ARG_WEIGHTS, ops.In(w, WeightDesc(g, w), bwd->pd.weights_desc())},
-                         {DNNL_ARG_DIFF_SRC, ops.Out(out.input, bwd->pd.diff_src_desc())}});
+                         {DNNL_ARG_DIFF_SRC, ops.Out(out.input, bwd->pd.diff_src_desc())},
+                         {DNNL_ARG_SCRATCHPAD, ops.Scratchpad(bwd->pd)}});
     }
     if (need.weight || need.bias) {
       auto bwd = conv.BackwardWeights(need.bias);
@@ -432,7 +454,8 @@ ConvGrads DnnlBackward(const Geometry& g, const Tensor& gy, const Tensor& x, con
           {DNNL_ARG_DIFF_DST, ops.In(gy, bwd->pd.diff_dst_desc())},
           {DNNL_ARG_SRC, ops.In(x, bwd->pd.src_desc())},
           {DNNL_ARG_DIFF_WEIGHTS, ops.Out(out.weight, bwd->pd.diff_weights_desc(),
-                                          WeightDesc(g, out.weight))}};
+                                          WeightDesc(g, out.weight))},
+          {DNNL_ARG_SCRATCHPAD, ops.Scratchpad(bwd->pd)}};
       if (need.bias) {
         out.bias = Tensor::Empty({g.oc}, DType::kFloat32);
         args[DNNL_ARG_DIFF_BIAS] = ops.Out(out.bias, bwd->pd.diff_bias_desc());
