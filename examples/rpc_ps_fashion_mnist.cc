@@ -6,8 +6,9 @@
 // rank is a trainer that, each step, inside one distributed-autograd context, runs the
 // model through RPC (RemoteModule::Forward), computes the NLL loss here, runs the
 // distributed backward (the gradients land on the server) and steps a
-// DistributedOptimizer over the server's parameter RRefs. The trainers update the shared
-// model concurrently, without waiting for each other, as in the tutorial.
+// DistributedOptimizer over the server's parameter RRefs. The trainers train concurrently
+// on the shared model, their steps taking turns at the server (the tutorial lets them
+// overlap, which fails with 2+ trainers: see ParameterServer in rpc_tutorial.h).
 //
 //   gradwire launch -n 3 rpc_ps_fashion_mnist [--model=cnn] [--epochs=2] [--batch_size=32]
 //                                             [--lr=0.03] [--momentum=0.5] [--stop_at=0.9]
@@ -96,6 +97,7 @@ int Train(gw::examples::TutorialWorker& w) {
     loader.Reset();
     for (int64_t step = 0; step < steps && loader.Next(&batch); ++step) {
       Tensor out, loss;
+      if (absl::Status s = net.BeginStep(); !s.ok()) return Fail("waiting for this trainer's turn", s);
       {
         gw::dist_autograd::Context ctx(*w.engine);
         absl::StatusOr<Tensor> y = net.Forward(batch.inputs);  // on the server
@@ -105,6 +107,7 @@ int Train(gw::examples::TutorialWorker& w) {
         if (absl::Status s = ctx.Backward({loss}); !s.ok()) return Fail("distributed backward", s);
         if (absl::Status s = (*opt)->Step(ctx); !s.ok()) return Fail("optimizer step", s);
       }
+      if (absl::Status s = net.EndStep(); !s.ok()) return Fail("ending the step", s);
       samples += w.trainers * batch.targets.size(0);
       progress.Step(loss, out, batch.targets);
     }

@@ -13,12 +13,17 @@
 //     however many trainers ask for it (RegisterParameterServer's factory
 //     "parameter_server"(model, seed) returns the same module to every caller, as the
 //     tutorial's get_parameter_server; asking for another model or seed is an error). It
-//     wraps a zoo model (models::Create) and runs one Forward at a time, in training mode
-//     (dropout draws from the model's generator, BatchNorm updates its statistics, neither
-//     safe concurrently); the backward passes and the optimizer steps of the trainers
-//     run concurrently, as the tutorial's. Evaluate(images) is Forward in eval mode without
-//     gradients (the function "evaluate" on the module's RRef), the model back in training
-//     mode afterwards.
+//     wraps a zoo model (models::Create), in training mode. The trainers run concurrently,
+//     but their steps on the shared model take turns: a trainer's step (forward, backward,
+//     optimizer step) runs between BeginStep and EndStep (the functions "begin_step" and
+//     "end_step" on the module's RRef; BeginStep answers once the step before has ended).
+//     The tutorial as written lets them overlap, and then a backward pass finds a weight
+//     it saved updated in place by another trainer's optimizer step (PyTorch fails with
+//     "modified by an inplace operation" with 2+ trainers: pytorch/tutorials#2095;
+//     pytorch/examples#842 takes turns the same way). Forward runs one at a time (dropout
+//     draws from the model's generator, BatchNorm updates its statistics). Evaluate(images)
+//     is Forward in eval mode without gradients (the function "evaluate"), the model back
+//     in training mode afterwards.
 //   - RowRnn (rnn): the tutorial's RNNModel over image rows: encoder Linear(W, E) (the
 //     tutorial's EmbeddingTable) on the server, applied to every row of [N, H*W] or
 //     [N, 1, H, W] images; a local LSTM(E, hidden, layers, batch_first); decoder
@@ -37,8 +42,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -195,9 +202,39 @@ class ParameterServer final : public nn::Module {
     return model_->Forward(images);
   }
 
+  // Completes once every step begun before has ended.
+  Future<bool> BeginStep(rpc::Executor& executor) {
+    Promise<bool> turn(executor);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stepping_) {
+        waiting_.push_back(turn);
+        return turn.future();
+      }
+      stepping_ = true;
+    }
+    turn.Set(true);
+    return turn.future();
+  }
+  void EndStep() {
+    std::optional<Promise<bool>> next;
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiting_.empty()) {
+        stepping_ = false;
+      } else {
+        next = waiting_.front();
+        waiting_.pop_front();
+      }
+    }
+    if (next) next->Set(true);
+  }
+
  private:
   absl::Mutex mu_;
   std::shared_ptr<nn::Module> model_;
+  bool stepping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Promise<bool>> waiting_ ABSL_GUARDED_BY(mu_);
 };
 
 // The server's one ParameterServer, built by the first trainer's request.
@@ -249,15 +286,39 @@ inline absl::Status RegisterParameterServer(rpc::Agent& agent, std::shared_ptr<P
   if (absl::Status s = dist_nn::RegisterModuleFactory(agent, "parameter_server", Factory{std::move(host)}); !s.ok()) {
     return s;
   }
-  return agent.Register("evaluate",
-                        [](std::shared_ptr<nn::Module> m, Tensor images) -> absl::StatusOr<Tensor> {
-                          auto* ps = dynamic_cast<ParameterServer*>(m.get());
-                          if (ps == nullptr) {
-                            return absl::InvalidArgumentError(absl::StrCat(
-                                "evaluate needs the parameter server's module, got ", m->type_name()));
-                          }
-                          return ps->Evaluate(images);
-                        });
+  auto server_of = [](const std::shared_ptr<nn::Module>& m, const char* what) -> absl::StatusOr<ParameterServer*> {
+    auto* ps = dynamic_cast<ParameterServer*>(m.get());
+    if (ps == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " needs the parameter server's module (TrainerNet), got ", m->type_name()));
+    }
+    return ps;
+  };
+  rpc::Agent* a = &agent;
+  if (absl::Status s = agent.Register("begin_step",
+                                      [server_of, a](std::shared_ptr<nn::Module> m) -> Future<bool> {
+                                        absl::StatusOr<ParameterServer*> ps = server_of(m, "begin_step");
+                                        if (!ps.ok()) return MakeReadyFuture<bool>(a->executor(), ps.status());
+                                        return (*ps)->BeginStep(a->executor());
+                                      });
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = agent.Register("end_step",
+                                      [server_of](std::shared_ptr<nn::Module> m) -> absl::StatusOr<bool> {
+                                        absl::StatusOr<ParameterServer*> ps = server_of(m, "end_step");
+                                        if (!ps.ok()) return ps.status();
+                                        (*ps)->EndStep();
+                                        return true;
+                                      });
+      !s.ok()) {
+    return s;
+  }
+  return agent.Register("evaluate", [server_of](std::shared_ptr<nn::Module> m, Tensor images) -> absl::StatusOr<Tensor> {
+    absl::StatusOr<ParameterServer*> ps = server_of(m, "evaluate");
+    if (!ps.ok()) return ps.status();
+    return (*ps)->Evaluate(images);
+  });
 }
 
 // The tutorial's TrainerNet: the server's model, called through RPC.
@@ -267,6 +328,9 @@ struct TrainerNet {
   absl::StatusOr<Tensor> Evaluate(const Tensor& images) const {
     return server.module_rref().Sync<Tensor>("evaluate", images);
   }
+  // This trainer's turn on the shared model (see ParameterServer), and its end.
+  absl::Status BeginStep() const { return server.module_rref().Sync<bool>("begin_step").status(); }
+  absl::Status EndStep() const { return server.module_rref().Sync<bool>("end_step").status(); }
 };
 
 // ---- rnn: the model over image rows ----
