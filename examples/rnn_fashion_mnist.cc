@@ -9,7 +9,7 @@
 // loss here, one distributed backward, then a DistributedOptimizer steps the encoder's
 // and decoder's parameters on the server and the LSTM's here (RRefs of both).
 //
-//   gradwire launch -n 2 rnn_fashion_mnist [--epochs=2] [--batch_size=64] [--lr=0.05]
+//   gradwire launch -n 2 rnn_fashion_mnist [--epochs=3] [--batch_size=64] [--lr=0.05]
 //                                          [--momentum=0.9] [--max_steps=N] [--min_accuracy=0.85]
 //
 // The trainer shows the progress and the test accuracy (the whole model, through the
@@ -25,7 +25,7 @@
 #include "flags.h"
 #include "rpc_tutorial.h"
 
-ABSL_FLAG(int, epochs, 2, "passes over the training set");
+ABSL_FLAG(int, epochs, 3, "passes over the training set");
 ABSL_FLAG(int, batch_size, 64, "examples per step");
 ABSL_FLAG(double, lr, 0.05, "learning rate (SGD; the tutorial's 0.05)");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum (the tutorial: 0)");
