@@ -10,10 +10,13 @@
 // on the shared model, their steps taking turns at the server (the tutorial lets them
 // overlap, which fails with 2+ trainers: see ParameterServer in rpc_tutorial.h).
 //
-//   gradwire launch -n 3 rpc_ps_fashion_mnist [--model=cnn] [--epochs=2] [--batch_size=32]
+//   gradwire launch -n 3 rpc_ps_fashion_mnist [--model=cnn] [--epochs=8] [--batch_size=32]
 //                                             [--lr=0.03] [--momentum=0.5] [--stop_at=0.9]
 //                                             [--max_steps=N] [--min_accuracy=0.9] [--report]
 //
+// With the defaults (the tutorial's SGD lr 0.03 and batch 32, momentum 0.5) the CNN
+// reaches 90% test accuracy after about 5 epochs (measured: 90.08% after 5, 304 s on a
+// busy 2-core machine), and the job stops there (--stop_at).
 // Differences from the tutorial: each trainer trains on its shard of the training set
 // (DataLoader::Shard; the tutorial's trainers each read all of it), the test accuracy is
 // measured in eval mode (the tutorial's model.eval() reaches only the local TrainerNet,
@@ -37,12 +40,12 @@
 #include "rpc_tutorial.h"
 
 ABSL_FLAG(std::string, model, "cnn", "the model the server holds, from the zoo (models::Create: cnn, resnet, lstm, ...)");
-ABSL_FLAG(int, epochs, 2, "passes over the training set (each trainer its shard)");
+ABSL_FLAG(int, epochs, 8, "at most this many passes over the training set (each trainer its shard)");
 ABSL_FLAG(int, batch_size, 32, "examples per step and trainer");
 ABSL_FLAG(double, lr, 0.03, "learning rate (SGD)");
 ABSL_FLAG(double, momentum, 0.5, "SGD momentum (the tutorial: 0)");
 ABSL_FLAG(int64_t, max_steps, 0, "at most this many steps per epoch and trainer (0: the whole shard)");
-ABSL_FLAG(double, stop_at, 0, "stop after the first epoch whose test accuracy reaches this (0: run every epoch)");
+ABSL_FLAG(double, stop_at, 0.90, "stop after the first epoch whose test accuracy reaches this (0: run every epoch)");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation, dropout and shuffling");
 ABSL_FLAG(std::string, data_dir, gw::data::kFashionMnistDir, "directory with the IDX files");
 ABSL_FLAG(double, min_accuracy, 0.90, "exit with status 1 if the test accuracy ends below this");
