@@ -9,9 +9,11 @@
 // loss here, one distributed backward, then a DistributedOptimizer steps the encoder's
 // and decoder's parameters on the server and the LSTM's here (RRefs of both).
 //
-//   gradwire launch -n 2 rnn_fashion_mnist [--epochs=3] [--batch_size=64] [--lr=0.05]
+//   gradwire launch -n 2 rnn_fashion_mnist [--epochs=4] [--batch_size=64] [--lr=0.05]
 //                                          [--momentum=0.9] [--max_steps=N] [--min_accuracy=0.85]
 //
+// With the defaults, 4 epochs reach 86.8% test accuracy (79.7, 84.2, 84.3, 86.8; a 5th
+// gives 88.2%), about 3 minutes on a 2-core machine.
 // The trainer shows the progress and the test accuracy (the whole model, through the
 // server, in batches of 1,000); exit status 1 when the final test accuracy is below
 // --min_accuracy, 2 when the job cannot be set up. A seeded run repeats exactly.
@@ -25,7 +27,7 @@
 #include "flags.h"
 #include "rpc_tutorial.h"
 
-ABSL_FLAG(int, epochs, 3, "passes over the training set");
+ABSL_FLAG(int, epochs, 4, "passes over the training set");
 ABSL_FLAG(int, batch_size, 64, "examples per step");
 ABSL_FLAG(double, lr, 0.05, "learning rate (SGD; the tutorial's 0.05)");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum (the tutorial: 0)");
