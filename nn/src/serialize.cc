@@ -21,6 +21,7 @@
 #include "gradwire/nn/crc32c.h"
 #include "gradwire/nn/file_io.h"
 #include "gradwire/tensor/kernels.h"
+#include "gradwire/tensor/vector_math.h"
 
 namespace gw::nn {
 namespace {
@@ -170,13 +171,7 @@ inline uint64_t FirstNonFinite(const char* p, uint64_t n) {
   return n;
 }
 
-// On x86-64, compiled for AVX-512, AVX2 and the baseline, chosen when the program starts
-// (target_clones): the pass runs at the width of the CPU's vectors.
-#if defined(__x86_64__)
-#define GW_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define GW_VECTOR_CLONES
-#endif
+// Compiled for the CPU's vector width (GW_VECTOR_CLONES, gradwire/tensor/vector_math.h).
 GW_VECTOR_CLONES uint64_t FirstNonFiniteFloat(const char* p, uint64_t n) {
   return FirstNonFinite<uint32_t, 0x7f800000u>(p, n);
 }
@@ -184,7 +179,6 @@ GW_VECTOR_CLONES uint64_t FirstNonFiniteDouble(const char* p, uint64_t n) {
   return FirstNonFinite<uint64_t, 0x7ff0000000000000u>(p, n);
 }
 
-#undef GW_VECTOR_CLONES
 
 // FirstNonFinite for `numel` values of `dtype` (numel for the types without NaN).
 uint64_t FirstNonFinite(DType dtype, const char* p, uint64_t numel) {

@@ -62,6 +62,7 @@ class NllLossModule : public Module {
  public:
   explicit NllLossModule(ClassLossOptions options = {});
   Tensor Forward(const Tensor& log_probs, const Tensor& targets);
+  using Module::Forward;
   const ClassLossOptions& options() const { return options_; }
 
  private:
@@ -73,6 +74,7 @@ class CrossEntropyLossModule : public Module {
  public:
   explicit CrossEntropyLossModule(ClassLossOptions options = {});
   Tensor Forward(const Tensor& logits, const Tensor& targets);
+  using Module::Forward;
   const ClassLossOptions& options() const { return options_; }
 
  private:
@@ -84,6 +86,7 @@ class MseLossModule : public Module {
  public:
   explicit MseLossModule(Reduction reduction = Reduction::kMean);
   Tensor Forward(const Tensor& input, const Tensor& target);
+  using Module::Forward;
 
  private:
   Reduction reduction_;
