@@ -123,8 +123,8 @@ class PipelineStage final : public nn::Module {
     std::optional<autograd::NoGradGuard> no_grad;
     if (!is_training()) no_grad.emplace();
     const int64_t n = tagged.size(0);
-    Shape shape{n};
-    shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
+    Shape shape = sample_shape_;
+    shape.insert(shape.begin(), n);
     const Tensor x = Reshape(Contiguous(Narrow(tagged, 1, 0, features_)), shape);
     const Tensor tags = Narrow(tagged, 1, features_, 2);
     const Tensor out = is_training() && ordered_ ? InBatchOrder(x, tags) : RunPieces(pieces_, x);
