@@ -55,6 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gradwire/autograd/convolution.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/dist_nn/remote_module.h"
@@ -125,7 +126,11 @@ class PipelineStage final : public nn::Module {
     const int64_t n = tagged.size(0);
     Shape shape = sample_shape_;
     shape.insert(shape.begin(), n);
-    const Tensor x = Reshape(Contiguous(Narrow(tagged, 1, 0, features_)), shape);
+    Tensor x = Reshape(Contiguous(Narrow(tagged, 1, 0, features_)), shape);
+    // Images arrive contiguous (NCHW) from the previous stage; the zoo's conv nets run in
+    // the channels-last layout they convert to at their stem, so a later stage does too
+    // (the same kernels as the model in one process, and no reorders).
+    if (x.dim() == 4) x = ToChannelsLast(x);
     const Tensor tags = Narrow(tagged, 1, features_, 2);
     const Tensor out = is_training() && ordered_ ? InBatchOrder(x, tags) : RunPieces(pieces_, x);
     if (last_) return out;
