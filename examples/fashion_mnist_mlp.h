@@ -66,9 +66,11 @@ struct Recipe {
   std::string model;  // "*": every model without a row of its own
   double lr = 0.05;
   int epochs = 1;
+  std::string optimizer = "sgd";  // "sgd" (with the program's --momentum) or "adamw"
 };
 
-inline Recipe ChooseRecipe(const std::vector<Recipe>& recipes, const std::string& name, double lr, int epochs) {
+inline Recipe ChooseRecipe(const std::vector<Recipe>& recipes, const std::string& name, double lr, int epochs,
+                           const std::string& optimizer = "") {
   Recipe r{name};
   auto row = std::find_if(recipes.begin(), recipes.end(), [&](const Recipe& x) { return x.model == name; });
   if (row == recipes.end()) {
@@ -78,6 +80,7 @@ inline Recipe ChooseRecipe(const std::vector<Recipe>& recipes, const std::string
   r.model = name;
   if (lr > 0) r.lr = lr;
   if (epochs > 0) r.epochs = epochs;
+  if (!optimizer.empty()) r.optimizer = optimizer;
   return r;
 }
 

@@ -201,19 +201,23 @@ TEST(PipelineStageTest, MicroBatchesOutOfOrderLeaveTheStatisticsOfBatchOrder) {
   }
 }
 
-TEST(ZooDdpTest, TwoReplicasOfTheTutorialCnnGiveTheGradientsOfTheConcatenatedBatch) {
+// The DDP tutorials' models (the README's ddp_fashion_mnist --model=cnn and --model=vit).
+class ZooDdpTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ZooDdpTest, TwoReplicasGiveTheGradientsOfTheConcatenatedBatch) {
+  const std::string model = GetParam();
   constexpr int kReplicas = 2;
   constexpr int64_t kPerReplica = 3;
   constexpr double kTol = 1e-10;
-  auto make = [](uint64_t seed) {
+  auto make = [&](uint64_t seed) {
     Generator gen(seed);
-    absl::StatusOr<std::shared_ptr<nn::Module>> m = models::Create("cnn", gen, DType::kFloat64);
+    absl::StatusOr<std::shared_ptr<nn::Module>> m = models::Create(model, gen, DType::kFloat64);
     EXPECT_TRUE(m.ok()) << m.status();
     (*m)->Eval();  // dropout off (see the file comment)
     return *m;
   };
   auto batch = [](int step, int replica) { return MakeBatch(10 * step + replica, kPerReplica, DType::kFloat64); };
-  const auto loss = [](const Tensor& out, const Tensor& y) { return models::Loss("cnn", out, y); };
+  const auto loss = [&](const Tensor& out, const Tensor& y) { return models::Loss(model, out, y); };
 
   std::shared_ptr<nn::Module> local = make(0);
   optim::Optimizer local_opt(local->Parameters(), kSgd);
@@ -253,6 +257,9 @@ TEST(ZooDdpTest, TwoReplicasOfTheTutorialCnnGiveTheGradientsOfTheConcatenatedBat
     }
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, ZooDdpTest, ::testing::Values("cnn", "vit"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // Pipeline stages compute on threads that did not make the cached oneDNN primitives: RPC
 // handlers and backward passes on pool threads. With one OpenMP thread (what `gradwire
