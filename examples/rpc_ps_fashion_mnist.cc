@@ -7,8 +7,9 @@
 // model through RPC (RemoteModule::Forward), computes the NLL loss here, runs the
 // distributed backward (the gradients land on the server) and steps a
 // DistributedOptimizer over the server's parameter RRefs. The trainers train concurrently
-// on the shared model, their steps taking turns at the server (the tutorial lets them
-// overlap, which fails with 2+ trainers: see ParameterServer in rpc_tutorial.h).
+// on the shared model: their forward and backward passes run at the server at once, their
+// optimizer steps one at a time while no pass runs (the tutorial lets steps overlap
+// passes, which fails with 2+ trainers: see ParameterServer in rpc_tutorial.h).
 //
 //   gradwire launch -n 3 rpc_ps_fashion_mnist [--model=cnn] [--epochs=8] [--batch_size=32]
 //                                             [--lr=0.03] [--momentum=0.5] [--stop_at=0.9]
@@ -100,7 +101,7 @@ int Train(gw::examples::TutorialWorker& w) {
     loader.Reset();
     for (int64_t step = 0; step < steps && loader.Next(&batch); ++step) {
       Tensor out, loss;
-      if (absl::Status s = net.BeginStep(); !s.ok()) return Fail("waiting for this trainer's turn", s);
+      if (absl::Status s = net.BeginStep(); !s.ok()) return Fail("waiting for an update to end", s);
       {
         gw::dist_autograd::Context ctx(*w.engine);
         absl::StatusOr<Tensor> y = net.Forward(batch.inputs);  // on the server
@@ -108,6 +109,7 @@ int Train(gw::examples::TutorialWorker& w) {
         out = *y;
         loss = gw::models::Loss(model, out, batch.targets);  // here
         if (absl::Status s = ctx.Backward({loss}); !s.ok()) return Fail("distributed backward", s);
+        if (absl::Status s = net.BeginUpdate(); !s.ok()) return Fail("waiting for this trainer's update", s);
         if (absl::Status s = (*opt)->Step(ctx); !s.ok()) return Fail("optimizer step", s);
       }
       if (absl::Status s = net.EndStep(); !s.ok()) return Fail("ending the step", s);

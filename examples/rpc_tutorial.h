@@ -13,17 +13,22 @@
 //     however many trainers ask for it (RegisterParameterServer's factory
 //     "parameter_server"(model, seed) returns the same module to every caller, as the
 //     tutorial's get_parameter_server; asking for another model or seed is an error). It
-//     wraps a zoo model (models::Create), in training mode. The trainers run concurrently,
-//     but their steps on the shared model take turns: a trainer's step (forward, backward,
-//     optimizer step) runs between BeginStep and EndStep (the functions "begin_step" and
-//     "end_step" on the module's RRef; BeginStep answers once the step before has ended).
-//     The tutorial as written lets them overlap, and then a backward pass finds a weight
-//     it saved updated in place by another trainer's optimizer step (PyTorch fails with
+//     wraps a zoo model (models::Create), in training mode. The trainers run concurrently;
+//     a trainer's step has two phases on the shared model: computing (forward and
+//     backward, between BeginStep and BeginUpdate) and updating (the optimizer step,
+//     between BeginUpdate and EndStep); the functions "begin_step", "begin_update" and
+//     "end_step" on the module's RRef answer once the phase may start. Any number of
+//     trainers compute at once; an update runs alone, once no trainer computes (so no
+//     backward pass finds a weight it saved changed in place); steps wait while an update
+//     runs or waits, and updates run in the order they asked. So concurrent trainers
+//     compute their gradients on the same weights, then apply them one after the other.
+//     The tutorial as written lets updates overlap backward passes (PyTorch fails with
 //     "modified by an inplace operation" with 2+ trainers: pytorch/tutorials#2095;
-//     pytorch/examples#842 takes turns the same way). Forward runs one at a time (dropout
-//     draws from the model's generator, BatchNorm updates its statistics). Evaluate(images)
-//     is Forward in eval mode without gradients (the function "evaluate"), the model back
-//     in training mode afterwards.
+//     pytorch/examples#842 makes the whole step take turns). Forward runs one at a time
+//     (dropout draws from the model's generator, BatchNorm updates its statistics); the
+//     backward passes run at once on the server's threads. Evaluate(images) is Forward in
+//     eval mode without gradients (the function "evaluate"), the model back in training
+//     mode afterwards (the example evaluates between epochs, when no step is under way).
 //   - RowRnn (rnn): the tutorial's RNNModel over image rows: encoder Linear(W, E) (the
 //     tutorial's EmbeddingTable) on the server, applied to every row of [N, H*W] or
 //     [N, 1, H, W] images; a local LSTM(E, hidden, layers, batch_first); decoder
@@ -202,39 +207,63 @@ class ParameterServer final : public nn::Module {
     return model_->Forward(images);
   }
 
-  // Completes once every step begun before has ended.
+  // Completes once the trainer may compute (no update runs or waits).
   Future<bool> BeginStep(rpc::Executor& executor) {
-    Promise<bool> turn(executor);
-    {
-      absl::MutexLock lock(&mu_);
-      if (stepping_) {
-        waiting_.push_back(turn);
-        return turn.future();
-      }
-      stepping_ = true;
-    }
-    turn.Set(true);
-    return turn.future();
+    Promise<bool> go(executor);
+    Grant(Enqueue(&waiting_steps_, go, 0));
+    return go.future();
   }
+  // This trainer stops computing; completes once its update may run (alone).
+  Future<bool> BeginUpdate(rpc::Executor& executor) {
+    Promise<bool> go(executor);
+    Grant(Enqueue(&waiting_updates_, go, -1));
+    return go.future();
+  }
+  // The update has run.
   void EndStep() {
-    std::optional<Promise<bool>> next;
+    std::vector<Promise<bool>> go;
     {
       absl::MutexLock lock(&mu_);
-      if (waiting_.empty()) {
-        stepping_ = false;
-      } else {
-        next = waiting_.front();
-        waiting_.pop_front();
-      }
+      updating_ = false;
+      go = Next();
     }
-    if (next) next->Set(true);
+    Grant(std::move(go));
   }
 
  private:
+  std::vector<Promise<bool>> Enqueue(std::deque<Promise<bool>>* queue, Promise<bool> p, int computing_change) {
+    absl::MutexLock lock(&mu_);
+    computing_ += computing_change;
+    queue->push_back(std::move(p));
+    return Next();
+  }
+  // The phases that may start now (their promises are set outside the lock).
+  std::vector<Promise<bool>> Next() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<Promise<bool>> go;
+    if (updating_) return go;
+    if (!waiting_updates_.empty()) {
+      if (computing_ == 0) {
+        updating_ = true;
+        go.push_back(std::move(waiting_updates_.front()));
+        waiting_updates_.pop_front();
+      }
+      return go;
+    }
+    computing_ += static_cast<int>(waiting_steps_.size());
+    go.assign(std::make_move_iterator(waiting_steps_.begin()), std::make_move_iterator(waiting_steps_.end()));
+    waiting_steps_.clear();
+    return go;
+  }
+  static void Grant(std::vector<Promise<bool>> go) {
+    for (Promise<bool>& p : go) p.Set(true);
+  }
+
   absl::Mutex mu_;
   std::shared_ptr<nn::Module> model_;
-  bool stepping_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<Promise<bool>> waiting_ ABSL_GUARDED_BY(mu_);
+  int computing_ ABSL_GUARDED_BY(mu_) = 0;  // trainers between BeginStep and BeginUpdate
+  bool updating_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Promise<bool>> waiting_steps_ ABSL_GUARDED_BY(mu_);
+  std::deque<Promise<bool>> waiting_updates_ ABSL_GUARDED_BY(mu_);
 };
 
 // The server's one ParameterServer, built by the first trainer's request.
@@ -304,6 +333,15 @@ inline absl::Status RegisterParameterServer(rpc::Agent& agent, std::shared_ptr<P
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = agent.Register("begin_update",
+                                      [server_of, a](std::shared_ptr<nn::Module> m) -> Future<bool> {
+                                        absl::StatusOr<ParameterServer*> ps = server_of(m, "begin_update");
+                                        if (!ps.ok()) return MakeReadyFuture<bool>(a->executor(), ps.status());
+                                        return (*ps)->BeginUpdate(a->executor());
+                                      });
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = agent.Register("end_step",
                                       [server_of](std::shared_ptr<nn::Module> m) -> absl::StatusOr<bool> {
                                         absl::StatusOr<ParameterServer*> ps = server_of(m, "end_step");
@@ -328,8 +366,9 @@ struct TrainerNet {
   absl::StatusOr<Tensor> Evaluate(const Tensor& images) const {
     return server.module_rref().Sync<Tensor>("evaluate", images);
   }
-  // This trainer's turn on the shared model (see ParameterServer), and its end.
+  // This trainer's phases on the shared model (see ParameterServer).
   absl::Status BeginStep() const { return server.module_rref().Sync<bool>("begin_step").status(); }
+  absl::Status BeginUpdate() const { return server.module_rref().Sync<bool>("begin_update").status(); }
   absl::Status EndStep() const { return server.module_rref().Sync<bool>("end_step").status(); }
 };
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch's side of examples/rpc_ps_fashion_mnist.cc (workload rpc_ps_cnn).
 
-    rpc_ps_tutorial.py [--epochs N] [--target 0.90]
+    rpc_ps_tutorial.py [--epochs N] [--target 0.90] [--turns]
 
 PyTorch's tutorial "Implementing a Parameter Server Using Distributed RPC Framework"
 (pytorch/examples distributed/rpc/parameter_server/rpc_parameter_server.py), adapted
@@ -18,10 +18,14 @@ to Fashion-MNIST exactly as the gradwire example is, so that both run the same j
 - Net: the tutorial's (conv 1-32-64, max pool, dropout 0.25, fc 9216-128, dropout 0.5,
   fc 128-10, log_softmax; the tutorial's second Dropout2d on [N, 128] is a Dropout, as
   it behaves). SGD lr 0.03 (the tutorial's) with momentum 0.5 (gradwire's default).
-- The trainers' steps take turns at the server (begin_step / end_step around forward,
-  backward and optimizer step): the tutorial as written fails with two trainers
-  ("modified by an inplace operation", pytorch/tutorials#2095); pytorch/examples#842
-  takes turns the same way. gradwire's example does the same.
+- A step has two phases at the server, as in gradwire's example (ParameterServer in
+  examples/rpc_tutorial.h): computing (forward and backward, after begin_step; any
+  number of trainers at once, the forwards one at a time) and updating (the optimizer
+  step, between begin_update and end_step; alone, once no trainer computes; steps wait
+  while an update runs or waits; updates in the order asked). The tutorial as written
+  lets updates overlap backward passes and fails with two trainers ("modified by an
+  inplace operation", pytorch/tutorials#2095); pytorch/examples#842 makes whole steps
+  take turns (`--turns`: that, as gradwire's example did before).
 - At every epoch end the trainers meet at the server, trainer 1 evaluates the server's
   model in eval mode in batches of 1000 (rpc "evaluate"), and all stop once it reaches
   --target. Prints `workload=rpc_ps_cnn impl=pytorch metric=time_to_90 value=... unit=s`
@@ -41,6 +45,7 @@ from ps_fashion_mnist_bench import load, data_path  # noqa: E402
 
 WORLD_SIZE = 3
 WORKLOAD = "rpc_ps_cnn"
+TURNS = False  # --turns: whole steps take turns (pytorch/examples#842)
 BATCH = 32
 LR, MOMENTUM = 0.03, 0.5
 DEFAULT_EPOCHS = 5
@@ -78,7 +83,11 @@ class ParameterServer:
     def __init__(self):
         self.model = make_net()
         self.forward_lock = threading.Lock()
-        self.turn = threading.Lock()
+        self.phases = threading.Condition()
+        self.computing = 0          # trainers between begin_step and begin_update
+        self.updating = False
+        self.updates = []           # tickets of the updates waiting, in the order asked
+        self.next_ticket = 0
 
     def forward(self, x):
         with self.forward_lock:
@@ -122,12 +131,37 @@ def remote_method(method, rref, *args):
 
 
 def begin_step(ps):
-    ps.turn.acquire()   # blocks this rpc thread until the step before has ended
+    """Blocks this rpc thread while an update runs or waits; then this trainer computes."""
+    with ps.phases:
+        if TURNS:
+            ps.phases.wait_for(lambda: not ps.updating)
+            ps.updating = True
+            return True
+        ps.phases.wait_for(lambda: not ps.updating and not ps.updates)
+        ps.computing += 1
+    return True
+
+
+def begin_update(ps):
+    """Stops computing; blocks until this trainer's update may run alone."""
+    if TURNS:
+        return True
+    with ps.phases:
+        ps.computing -= 1
+        ticket = ps.next_ticket
+        ps.next_ticket += 1
+        ps.updates.append(ticket)
+        ps.phases.notify_all()
+        ps.phases.wait_for(lambda: not ps.updating and ps.computing == 0 and ps.updates[0] == ticket)
+        ps.updates.pop(0)
+        ps.updating = True
     return True
 
 
 def end_step(ps):
-    ps.turn.release()
+    with ps.phases:
+        ps.updating = False
+        ps.phases.notify_all()
     return True
 
 
@@ -178,6 +212,7 @@ def train(rank, epochs, target):
                 out = remote_method(ParameterServer.forward, ps, x)
                 loss = F.nll_loss(out, y)
                 dist_autograd.backward(cid, [loss])
+                remote_method(begin_update, ps)
                 opt.step(cid)
             remote_method(end_step, ps)
             samples += trainers * len(idx)
@@ -225,11 +260,17 @@ def worker(rank, epochs, target):
 
 
 def main():
+    global TURNS
     argv = sys.argv[1:]
     epochs, target, rank, args = DEFAULT_EPOCHS, 0.90, None, []
     i = 0
     while i < len(argv):
         a = argv[i]
+        if a == "--turns":
+            TURNS = True
+            args.append(a)
+            i += 1
+            continue
         if a in ("--epochs", "--target", "--rank") and i + 1 < len(argv):
             v = argv[i + 1]
             if a == "--epochs":
@@ -243,7 +284,7 @@ def main():
             i += 2
             continue
         print(f"rpc_ps_tutorial: unexpected argument {a}\nusage: rpc_ps_tutorial.py [--epochs N] "
-              f"[--target 0.90]", file=sys.stderr)
+              f"[--target 0.90] [--turns]", file=sys.stderr)
         return 2
     if rank is not None:
         worker(rank, epochs, target)

@@ -93,6 +93,7 @@ TEST(RpcTutorialsTest, ParameterServerStepGradientsEqualOneProcess) {
       EXPECT_EQ(served[i].first, "model." + want[i].first);
       ExpectNear(engines[0]->GradOf(ctx.id(), served[i].second), want[i].second.grad(), served[i].first);
     }
+    ASSERT_TRUE(net.BeginUpdate().ok());  // alone: at once
     ASSERT_TRUE(net.EndStep().ok());
 
     // Evaluation: eval mode (no dropout) without gradients, the model back in training mode.
@@ -108,35 +109,37 @@ TEST(RpcTutorialsTest, ParameterServerStepGradientsEqualOneProcess) {
   EXPECT_TRUE(group->ShutdownAll().ok());
 }
 
-TEST(RpcTutorialsTest, ParameterServerStepsTakeTurns) {
-  std::vector<std::shared_ptr<DistAutograd>> engines(3);
+// The phases of the trainers' steps at the server (ParameterServer's contract), driven
+// directly so that the order of the requests is known.
+TEST(RpcTutorialsTest, ParameterServerTrainersComputeTogetherAndUpdateAlone) {
   auto host = std::make_shared<ParameterServerHost>(DType::kFloat32);
-  auto group = rpc::testing::AgentGroup::Start(3, [&](rpc::Agent& a) -> absl::Status {
-    if (absl::Status s = rpc::Assign(DistAutograd::Install(a), engines[static_cast<size_t>(a.self().rank)]);
-        !s.ok()) {
-      return s;
-    }
-    return a.self().rank == 0 ? RegisterParameterServer(a, host) : absl::OkStatus();
-  });
+  auto group = rpc::testing::AgentGroup::Start(1);
   ASSERT_NE(group, nullptr);
-  {
-    absl::StatusOr<dist_nn::RemoteModule> m1 =
-        dist_nn::RemoteModule::Create((*group)[1], "worker0", "parameter_server", std::string("cnn"), int64_t{0});
-    absl::StatusOr<dist_nn::RemoteModule> m2 =
-        dist_nn::RemoteModule::Create((*group)[2], "worker0", "parameter_server", std::string("cnn"), int64_t{0});
-    ASSERT_TRUE(m1.ok() && m2.ok());
-    const TrainerNet t1{*m1}, t2{*m2};
-    ASSERT_TRUE(t1.BeginStep().ok());
-    // The second trainer's turn comes only once the first has ended its step.
-    Future<bool> second = t2.server.module_rref().Async<bool>("begin_step");
-    // A call from the same trainer answered after it (no sleeping): still not its turn.
-    ASSERT_TRUE(t2.server.Describe().ok());
-    EXPECT_FALSE(second.IsReady());
-    ASSERT_TRUE(t1.EndStep().ok());
-    absl::StatusOr<bool> got = second.Get(absl::Seconds(20));
-    ASSERT_TRUE(got.ok()) << got.status();
-    ASSERT_TRUE(t2.EndStep().ok());
-  }
+  ASSERT_TRUE(host->Get("cnn", 0).ok());
+  ParameterServer& ps = *host->server();
+  rpc::Executor& executor = (*group)[0].executor();
+  const absl::Duration wait = absl::Seconds(20);
+  // Two trainers compute at once.
+  Future<bool> step1 = ps.BeginStep(executor), step2 = ps.BeginStep(executor);
+  ASSERT_TRUE(step1.Get(wait).ok());
+  ASSERT_TRUE(step2.Get(wait).ok());
+  // Trainer 1's update waits for trainer 2's backward pass.
+  Future<bool> update1 = ps.BeginUpdate(executor);
+  EXPECT_FALSE(update1.IsReady());
+  Future<bool> update2 = ps.BeginUpdate(executor);
+  ASSERT_TRUE(update1.Get(wait).ok());  // no one computes: the first asked runs
+  EXPECT_FALSE(update2.IsReady());      // updates run alone
+  Future<bool> next1 = ps.BeginStep(executor);
+  EXPECT_FALSE(next1.IsReady());  // steps wait while an update runs or waits
+  ps.EndStep();
+  ASSERT_TRUE(update2.Get(wait).ok());
+  EXPECT_FALSE(next1.IsReady());
+  ps.EndStep();
+  ASSERT_TRUE(next1.Get(wait).ok());
+  // Alone, a trainer's update runs as soon as it asks.
+  Future<bool> update3 = ps.BeginUpdate(executor);
+  ASSERT_TRUE(update3.Get(wait).ok());
+  ps.EndStep();
   EXPECT_TRUE(group->ShutdownAll().ok());
 }
 
