@@ -8,8 +8,14 @@
 //        stage 2 on worker 1, the batch in 1, 4 and 8 micro-batches, so the two workers
 //        compute at the same time.
 // Both also time the same model in one process (the floor).
+//   W16_pipeline (`pipeline_resnet`): the zoo's SmallResNet cut into the two stages of
+//        pipeline_fashion_mnist --model=resnet (examples/pipeline_stages.h; stage 0 on
+//        worker 0, which drives, stage 1 on worker 1), batch 64 of [1, 28, 28] images in
+//        1, 4 and 8 micro-batches, GPipe and 1F1B, SGD lr 0.05 momentum 0.9 (the
+//        example's step), next to the same model's step in one process (batch 64, and the
+//        micro-batches one after another: what the stages compute without the overlap).
 //
-//   bench_model_parallel [pipeline] [--quick]
+//   bench_model_parallel [pipeline | pipeline_resnet] [--quick]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +28,8 @@
 #include "gradwire/gradwire.h"
 #include "gradwire/dist_autograd/distributed_optimizer.h"
 #include "gradwire/parallel/pipeline.h"
+#include "gradwire/models/zoo.h"
+#include "pipeline_stages.h"
 #include "w5_model.h"
 
 namespace {
@@ -40,6 +48,7 @@ gw::rpc::AgentOptions Options(int rank, int port) {
 
 absl::Status Setup(gw::rpc::Agent& a, std::shared_ptr<gw::dist_autograd::DistAutograd>* engine) {
   if (absl::Status s = gw::rpc::Assign(gw::dist_autograd::DistAutograd::Install(a), *engine); !s.ok()) return s;
+  if (absl::Status s = gw::examples::RegisterPipelineStages(a); !s.ok()) return s;
   if (absl::Status s = gw::dist_nn::RegisterModuleFactory(a, "stage1", [] { return W5Stage(true, 1); }); !s.ok()) {
     return s;
   }
@@ -167,6 +176,87 @@ void PipelineMlp(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine, bo
   }
 }
 
+// W16_pipeline: the SmallResNet's step in one process, batch [64, 784] in `chunks`
+// micro-batches one after the other (gradients accumulated, one SGD step).
+double LocalResNetMs(const gw::Tensor& x, const gw::Tensor& y, int warmup, int iters, int chunks) {
+  gw::Generator gen(0);
+  absl::StatusOr<std::shared_ptr<gw::nn::Module>> net = gw::models::Create("resnet", gen);
+  if (!net.ok()) Fail("resnet", net.status());
+  (*net)->Train();
+  gw::optim::Optimizer opt((*net)->Parameters(), gw::optim::Sgd{.lr = 0.05, .momentum = 0.9});
+  const gw::Tensor images = gw::Reshape(x, {x.size(0), 1, 28, 28});
+  const int64_t rows = x.size(0) / chunks;
+  return gw::bench::Quantile(gw::bench::TimeMs(warmup, iters,
+                                               [&] {
+                                                 opt.ZeroGrad();
+                                                 for (int c = 0; c < chunks; ++c) {
+                                                   gw::Tensor loss = gw::models::Loss(
+                                                       "resnet", (*net)->Forward(gw::Narrow(images, 0, c * rows, rows)),
+                                                       gw::kernels::Narrow(y, 0, c * rows, rows));
+                                                   gw::autograd::Backward({loss * (1.0 / chunks)});
+                                                 }
+                                                 opt.Step();
+                                               }),
+                             0.5);
+}
+
+// W16_pipeline: the example's two ResNet stages (stage 0 here, stage 1 on worker 1).
+void PipelineResNet(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine, bool quick) {
+  constexpr int64_t kBatch = 64;
+  const int warmup = quick ? 2 : 5, iters = quick ? 5 : 20;
+  gw::Generator gen(1);
+  const gw::Tensor x = gw::Tensor::Randn({kBatch, 28 * 28}, gen);
+  std::vector<int64_t> labels(kBatch);
+  for (auto& l : labels) l = static_cast<int64_t>(gen.NextBelow(10));
+  const gw::Tensor y = gw::Tensor::FromVector<int64_t>(labels);
+  const double local = LocalResNetMs(x, y, warmup, iters, 1);
+  gw::bench::Report("pipeline_resnet", "local_ms_per_iter", local, "ms");
+  const auto loss = [](const gw::Tensor& out, const gw::Tensor& target) {
+    return gw::models::Loss("resnet", out, target);
+  };
+  const gw::Tensor tagged = gw::examples::TagRows(x);
+  for (const auto& [schedule, name] : {std::pair{gw::parallel::Schedule::kGPipe, "gpipe"},
+                                       std::pair{gw::parallel::Schedule::k1F1B, "1f1b"}}) {
+    for (int chunks : {1, 4, 8}) {
+      if (chunks == 1 && schedule == gw::parallel::Schedule::k1F1B) continue;  // the same as GPipe
+      std::vector<gw::dist_nn::RemoteModule> stages;
+      std::vector<gw::rpc::RRef<gw::Tensor>> params;
+      for (int64_t s = 0; s < 2; ++s) {
+        absl::StatusOr<gw::dist_nn::RemoteModule> stage = gw::dist_nn::RemoteModule::Create(
+            w0, s == 0 ? "worker0" : "worker1", "pipeline_stage", std::string("resnet"), s, int64_t{0},
+            static_cast<int64_t>(gw::DType::kFloat32));
+        if (!stage.ok()) Fail("remote module", stage.status());
+        absl::StatusOr<std::vector<gw::rpc::RRef<gw::Tensor>>> p = stage->RemoteParameters();
+        if (!p.ok()) Fail("remote parameters", p.status());
+        params.insert(params.end(), p->begin(), p->end());
+        stages.push_back(*stage);
+      }
+      auto opt = gw::dist_autograd::DistributedOptimizer::Create(
+          w0, gw::optim::Sgd{.lr = 0.05, .momentum = 0.9}, params);
+      if (!opt.ok()) Fail("optimizer", opt.status());
+      gw::parallel::Pipeline pipe(stages, {.chunks = chunks, .schedule = schedule});
+      std::fprintf(stderr, "pipeline_resnet: gradwire, %s, %d micro-batches, %d warm-up + %d timed iterations\n", name,
+                   chunks, warmup, iters);
+      const std::vector<double> ms = gw::bench::TimeMs(warmup, iters, [&] {
+        gw::dist_autograd::Context ctx(engine);
+        absl::StatusOr<double> l = pipe.ForwardBackward(ctx, tagged, y, loss);
+        if (!l.ok()) Fail("pipeline step", l.status());
+        if (absl::Status s = (*opt)->Step(ctx); !s.ok()) Fail("step", s);
+      });
+      const double median = gw::bench::Quantile(ms, 0.5);
+      gw::bench::Report("pipeline_resnet", absl::StrCat("pipe_", name, "_ms_per_iter_chunks", chunks), median, "ms");
+      gw::bench::Report("pipeline_resnet", absl::StrCat("pipe_", name, "_over_local_chunks", chunks),
+                        median / local, "x");
+      if (schedule == gw::parallel::Schedule::kGPipe) {  // diagnostic: the micro-batches without the overlap
+        gw::bench::Report("pipeline_resnet", absl::StrCat("local_ms_per_iter_chunks", chunks),
+                          LocalResNetMs(x, y, warmup, iters, chunks), "ms");
+      }
+      std::fprintf(stderr, "pipeline_resnet: %s, %d micro-batches: %.1f ms/iter = %.2fx the one-process step\n",
+                   name, chunks, median, median / local);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -175,12 +265,13 @@ int main(int argc, char** argv) {
     if (std::strcmp(role, "server") != 0 || !absl::SimpleAtoi(std::getenv("GW_BENCH_PORT"), &port)) return 2;
     return Server(port);
   }
-  bool quick = false, pipeline = false;
+  bool quick = false, pipeline = false, resnet = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     else if (std::strcmp(argv[i], "pipeline") == 0) pipeline = true;
+    else if (std::strcmp(argv[i], "pipeline_resnet") == 0) resnet = true;
     else {
-      std::fprintf(stderr, "usage: bench_model_parallel [pipeline] [--quick]\n");
+      std::fprintf(stderr, "usage: bench_model_parallel [pipeline | pipeline_resnet] [--quick]\n");
       return 2;
     }
   }
@@ -192,7 +283,9 @@ int main(int argc, char** argv) {
   auto agent = gw::rpc::Agent::Start(Options(0, *port), [&](gw::rpc::Agent& a) { return Setup(a, &engine); });
   if (!agent.ok()) Fail("start", agent.status());
   gw::rpc::Agent& w0 = **agent;
-  if (pipeline) {
+  if (resnet) {
+    PipelineResNet(w0, *engine, quick);
+  } else if (pipeline) {
     PipelineMlp(w0, *engine, quick);
   } else {
     ModelParallel(w0, *engine, quick);
