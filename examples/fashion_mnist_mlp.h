@@ -20,6 +20,7 @@
 #define GRADWIRE_EXAMPLES_FASHION_MNIST_MLP_H_
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,7 +68,15 @@ struct Recipe {
   double lr = 0.05;
   int epochs = 1;
   std::string optimizer = "sgd";  // "sgd" (with the program's --momentum) or "adamw"
+  bool cosine = false;             // the learning rate decays to 0 over the run (a half cosine)
 };
+
+// The learning rate of step `step` (0-based) of `total` under `recipe`.
+inline double ScheduledLr(const Recipe& recipe, int64_t step, int64_t total) {
+  if (!recipe.cosine || total <= 0) return recipe.lr;
+  constexpr double kPi = 3.14159265358979323846;
+  return 0.5 * recipe.lr * (1 + std::cos(kPi * static_cast<double>(step) / static_cast<double>(total)));
+}
 
 inline Recipe ChooseRecipe(const std::vector<Recipe>& recipes, const std::string& name, double lr, int epochs,
                            const std::string& optimizer = "") {
