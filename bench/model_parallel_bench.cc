@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -28,6 +29,8 @@
 #include "gradwire/gradwire.h"
 #include "gradwire/dist_autograd/distributed_optimizer.h"
 #include "gradwire/parallel/pipeline.h"
+#include "gradwire/autograd/grad_mode.h"
+#include "gradwire/models/resnet.h"
 #include "gradwire/models/zoo.h"
 #include "pipeline_stages.h"
 #include "w5_model.h"
@@ -200,6 +203,45 @@ double LocalResNetMs(const gw::Tensor& x, const gw::Tensor& y, int warmup, int i
                              0.5);
 }
 
+// W16_pipeline diagnostic: each stage's forward and backward on one micro-batch of
+// `rows` in one process (the stages the pipeline runs, cut the same way): median ms of
+// {stage 0 forward, stage 1 forward, stage 1 backward, stage 0 backward}.
+std::vector<double> StageMs(const gw::Tensor& x, const gw::Tensor& y, int warmup, int iters, int64_t rows) {
+  gw::Generator gen(0);
+  gw::models::SmallResNet net(gen);
+  net.Train();
+  const auto stages = gw::examples::CutResNet(net, gw::DType::kFloat32);
+  const gw::Tensor in = gw::examples::TagRows(gw::Narrow(x, 0, 0, rows));
+  const gw::Tensor target = gw::kernels::Narrow(y, 0, 0, rows);
+  std::vector<std::vector<double>> ms(4);
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
+  for (int i = 0; i < warmup + iters; ++i) {
+    auto t = Clock::now();
+    const gw::Tensor out0 = stages[0]->Forward(in);
+    const double f0 = since(t);
+    const gw::Tensor in1 = gw::kernels::Clone(out0).set_requires_grad(true);
+    t = Clock::now();
+    const gw::Tensor loss = gw::models::Loss("resnet", stages[1]->Forward(in1), target);
+    const double f1 = since(t);
+    t = Clock::now();
+    gw::autograd::Backward({loss});
+    const double b1 = since(t);
+    t = Clock::now();
+    gw::autograd::Backward({out0}, {in1.grad()});
+    const double b0 = since(t);
+    if (i >= warmup) {
+      ms[0].push_back(f0);
+      ms[1].push_back(f1);
+      ms[2].push_back(b1);
+      ms[3].push_back(b0);
+    }
+  }
+  std::vector<double> out;
+  for (const auto& v : ms) out.push_back(gw::bench::Quantile(v, 0.5));
+  return out;
+}
+
 // W16_pipeline: the example's two ResNet stages (stage 0 here, stage 1 on worker 1).
 void PipelineResNet(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine, bool quick) {
   constexpr int64_t kBatch = 64;
@@ -209,16 +251,41 @@ void PipelineResNet(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine,
   std::vector<int64_t> labels(kBatch);
   for (auto& l : labels) l = static_cast<int64_t>(gen.NextBelow(10));
   const gw::Tensor y = gw::Tensor::FromVector<int64_t>(labels);
+  (void)LocalResNetMs(x, y, warmup, iters, 1);  // warm-up (the first primitives, the pool threads)
   const double local = LocalResNetMs(x, y, warmup, iters, 1);
+  {  // diagnostic: the forward alone (no gradients recorded)
+    gw::Generator g(0);
+    gw::models::SmallResNet net(g);
+    gw::autograd::NoGradGuard no_grad;
+    const gw::Tensor images = gw::Reshape(x, {x.size(0), 1, 28, 28});
+    gw::bench::Report("pipeline_resnet", "local_forward_ms",
+                      gw::bench::Quantile(gw::bench::TimeMs(warmup, iters, [&] { (void)net.Forward(images); }), 0.5),
+                      "ms");
+  }
   gw::bench::Report("pipeline_resnet", "local_ms_per_iter", local, "ms");
   const auto loss = [](const gw::Tensor& out, const gw::Tensor& target) {
     return gw::models::Loss("resnet", out, target);
   };
+  for (int64_t rows : {kBatch, kBatch / 4}) {
+    const std::vector<double> st = StageMs(x, y, warmup, iters, rows);
+    const char* what[] = {"stage0_forward", "stage1_forward", "stage1_backward", "stage0_backward"};
+    for (size_t i = 0; i < st.size(); ++i) {
+      gw::bench::Report("pipeline_resnet", absl::StrCat(what[i], "_ms_rows", rows), st[i], "ms");
+    }
+    std::fprintf(stderr, "pipeline_resnet: %lld rows in one process: stage 0 %.1f + %.1f ms, stage 1 %.1f + %.1f ms\n",
+                 static_cast<long long>(rows), st[0], st[3], st[1], st[2]);
+  }
   const gw::Tensor tagged = gw::examples::TagRows(x);
-  for (const auto& [schedule, name] : {std::pair{gw::parallel::Schedule::kGPipe, "gpipe"},
-                                       std::pair{gw::parallel::Schedule::k1F1B, "1f1b"}}) {
+  struct Variant {
+    gw::parallel::Schedule schedule;
+    bool ordered_backward;
+    const char* name;
+  };
+  for (const auto& [schedule, ordered, name] : {Variant{gw::parallel::Schedule::kGPipe, true, "gpipe"},
+                                                Variant{gw::parallel::Schedule::kGPipe, false, "gpipe_overlap"},
+                                                Variant{gw::parallel::Schedule::k1F1B, true, "1f1b"}}) {
     for (int chunks : {1, 4, 8}) {
-      if (chunks == 1 && schedule == gw::parallel::Schedule::k1F1B) continue;  // the same as GPipe
+      if (chunks == 1 && (schedule == gw::parallel::Schedule::k1F1B || !ordered)) continue;  // the same as GPipe
       std::vector<gw::dist_nn::RemoteModule> stages;
       std::vector<gw::rpc::RRef<gw::Tensor>> params;
       for (int64_t s = 0; s < 2; ++s) {
@@ -234,7 +301,7 @@ void PipelineResNet(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine,
       auto opt = gw::dist_autograd::DistributedOptimizer::Create(
           w0, gw::optim::Sgd{.lr = 0.05, .momentum = 0.9}, params);
       if (!opt.ok()) Fail("optimizer", opt.status());
-      gw::parallel::Pipeline pipe(stages, {.chunks = chunks, .schedule = schedule});
+      gw::parallel::Pipeline pipe(stages, {.chunks = chunks, .schedule = schedule, .ordered_backward = ordered});
       std::fprintf(stderr, "pipeline_resnet: gradwire, %s, %d micro-batches, %d warm-up + %d timed iterations\n", name,
                    chunks, warmup, iters);
       const std::vector<double> ms = gw::bench::TimeMs(warmup, iters, [&] {
@@ -244,10 +311,22 @@ void PipelineResNet(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine,
         if (absl::Status s = (*opt)->Step(ctx); !s.ok()) Fail("step", s);
       });
       const double median = gw::bench::Quantile(ms, 0.5);
+      if (ordered) {  // diagnostic: the forward alone (no gradients recorded)
+        gw::autograd::NoGradGuard no_grad;
+        const double fwd = gw::bench::Quantile(gw::bench::TimeMs(warmup, iters,
+                                                                 [&] {
+                                                                   if (absl::StatusOr<gw::Tensor> out = pipe.Forward(tagged);
+                                                                       !out.ok()) {
+                                                                     Fail("pipeline forward", out.status());
+                                                                   }
+                                                                 }),
+                                               0.5);
+        gw::bench::Report("pipeline_resnet", absl::StrCat("pipe_", name, "_forward_ms_chunks", chunks), fwd, "ms");
+      }
       gw::bench::Report("pipeline_resnet", absl::StrCat("pipe_", name, "_ms_per_iter_chunks", chunks), median, "ms");
       gw::bench::Report("pipeline_resnet", absl::StrCat("pipe_", name, "_over_local_chunks", chunks),
                         median / local, "x");
-      if (schedule == gw::parallel::Schedule::kGPipe) {  // diagnostic: the micro-batches without the overlap
+      if (schedule == gw::parallel::Schedule::kGPipe && ordered) {  // diagnostic: without the overlap
         gw::bench::Report("pipeline_resnet", absl::StrCat("local_ms_per_iter_chunks", chunks),
                           LocalResNetMs(x, y, warmup, iters, chunks), "ms");
       }

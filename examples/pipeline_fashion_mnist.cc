@@ -5,7 +5,8 @@
 // launcher:
 //
 //   gradwire launch -n 2 pipeline_fashion_mnist [--model=mlp|resnet] [--chunks=8]
-//                                               [--schedule=gpipe|1f1b] [--epochs=E]
+//                                               [--schedule=gpipe|1f1b] [--overlap_backward]
+//                                               [--epochs=E]
 //                                               [--batch_size=64] [--lr=LR] [--momentum=0.9]
 //                                               [--max_steps=N] [--min_accuracy=0.85]
 //
@@ -42,6 +43,10 @@ ABSL_FLAG(int, epochs, 0, "passes over the training set (0: the model's default,
 ABSL_FLAG(int, batch_size, 64, "examples per step (split into --chunks micro-batches)");
 ABSL_FLAG(int, chunks, 8, "micro-batches per batch");
 ABSL_FLAG(std::string, schedule, "gpipe", "gpipe or 1f1b");
+ABSL_FLAG(bool, overlap_backward, false,
+          "GPipe: one backward pass over every micro-batch, so the stages compute gradients at the same time "
+          "(faster; gradients equal up to float rounding, which varies from run to run); off: one pass per "
+          "micro-batch in order (bitwise reproducible)");
 ABSL_FLAG(double, lr, 0, "learning rate (0: the model's default, mlp 0.05, resnet 0.05)");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation and shuffling");
@@ -90,7 +95,8 @@ int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
   const gw::parallel::Pipeline pipe(
       stages, gw::parallel::PipelineOptions{.chunks = absl::GetFlag(FLAGS_chunks),
                                             .schedule = schedule == "gpipe" ? gw::parallel::Schedule::kGPipe
-                                                                            : gw::parallel::Schedule::k1F1B});
+                                                                            : gw::parallel::Schedule::k1F1B,
+                                            .ordered_backward = !absl::GetFlag(FLAGS_overlap_backward)});
   for (const gw::dist_nn::RemoteModule& stage : stages) {
     absl::StatusOr<std::string> text = stage.Describe();
     if (!text.ok()) return Fail("cannot describe a stage", text.status());

@@ -27,9 +27,13 @@ std::vector<std::pair<int64_t, int64_t>> Pipeline::Split(int64_t rows) const {
   return out;
 }
 
-Future<Tensor> Pipeline::Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx) const {
-  // Stage s's result, its error named after the stage.
-  auto call = [this, m](size_t s, const Tensor& x) {
+Future<Tensor> Pipeline::Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx,
+                                std::vector<std::optional<Future<Tensor>>>& last) const {
+  // Stage s's result, its error named after the stage; issued on the calling thread with
+  // the step's context current.
+  auto call = [this, m, ctx](size_t s, const Tensor& x) {
+    std::optional<dist_autograd::Context::Scope> scope;  // the call joins the step's context
+    if (ctx != nullptr) scope.emplace(*ctx);
     const dist_nn::RemoteModule& stage = stages_[s];
     return Map<Tensor>(stage.ForwardAsync(x, options_.call),
                        [s, m, worker = stage.worker()](const absl::StatusOr<Tensor>& r) -> absl::StatusOr<Tensor> {
@@ -39,16 +43,20 @@ Future<Tensor> Pipeline::Launch(const Tensor& micro, int m, const dist_autograd:
                                                           ") failed on micro-batch ", m, ": ", r.status().message()));
                        });
   };
-  std::optional<dist_autograd::Context::Scope> scope;
-  if (ctx != nullptr) scope.emplace(*ctx);
-  Future<Tensor> f = call(0, micro);
+  // Stage s's call on x once the stage answered the micro-batch before (whatever it said).
+  auto in_order = [call](size_t s, const Tensor& x, const std::optional<Future<Tensor>>& before) -> Future<Tensor> {
+    if (!before) return call(s, x);
+    return before->Then([call, s, x](const absl::StatusOr<Tensor>&) { return call(s, x); });
+  };
+  Future<Tensor> f = in_order(0, micro, last[0]);
+  last[0] = f;
   for (size_t s = 1; s < stages_.size(); ++s) {
-    f = f.Then([call, s, ctx, executor = f.executor()](const absl::StatusOr<Tensor>& r) -> Future<Tensor> {
+    f = f.Then([in_order, s, before = last[s], executor = f.executor()](
+                   const absl::StatusOr<Tensor>& r) -> Future<Tensor> {
       if (!r.ok()) return MakeReadyFuture<Tensor>(*executor, r.status());
-      std::optional<dist_autograd::Context::Scope> scope;  // the next call joins the step's context
-      if (ctx != nullptr) scope.emplace(*ctx);
-      return call(s, *r);
+      return in_order(s, *r, before);
     });
+    last[s] = f;
   }
   return f;
 }
@@ -63,8 +71,9 @@ absl::StatusOr<double> Pipeline::ForwardBackward(dist_autograd::Context& ctx, co
   const size_t k = parts.size();
   std::vector<Future<Tensor>> outputs;
   outputs.reserve(k);
+  std::vector<std::optional<Future<Tensor>>> last(stages_.size());
   auto launch = [&](size_t m) {
-    outputs.push_back(Launch(Narrow(input, 0, parts[m].first, parts[m].second), static_cast<int>(m), &ctx));
+    outputs.push_back(Launch(Narrow(input, 0, parts[m].first, parts[m].second), static_cast<int>(m), &ctx, last));
   };
   // Micro-batch m's loss, weighted by its share of the batch (undefined if it failed).
   absl::Status failed;
@@ -94,6 +103,19 @@ absl::StatusOr<double> Pipeline::ForwardBackward(dist_autograd::Context& ctx, co
   // pass reaches) whenever there is more than one.
   dist_autograd::BackwardOptions backward = options_.backward;
   if (k > 1) backward.mode = dist_autograd::Mode::kSmart;
+  if (!options_.ordered_backward && options_.schedule == Schedule::kGPipe && k > 1) {
+    // Every forward, then one pass over every micro-batch: the stages' backward overlaps.
+    for (size_t m = 0; m < k; ++m) launch(m);
+    std::vector<Tensor> losses;
+    for (size_t m = 0; m < k; ++m) {
+      Tensor l = loss_of(m);
+      if (failed.ok()) losses.push_back(l);
+    }
+    if (failed.ok()) failed = ctx.Backward(losses, backward);
+    wait_all();
+    if (!failed.ok()) return failed;
+    return total;
+  }
   const size_t depth = options_.schedule == Schedule::kGPipe ? k : stages_.size();
   size_t next = 0;
   for (; next < std::min(depth, k); ++next) launch(next);
@@ -114,8 +136,9 @@ absl::StatusOr<double> Pipeline::ForwardBackward(dist_autograd::Context& ctx, co
 absl::StatusOr<Tensor> Pipeline::Forward(const Tensor& input) const {
   GW_CHECK(input.dim() >= 1, "Pipeline::Forward", "the input needs a batch dimension");
   std::vector<Future<Tensor>> outputs;
+  std::vector<std::optional<Future<Tensor>>> last(stages_.size());
   for (const auto& [begin, n] : Split(input.size(0))) {
-    outputs.push_back(Launch(Narrow(input, 0, begin, n), static_cast<int>(outputs.size()), nullptr));
+    outputs.push_back(Launch(Narrow(input, 0, begin, n), static_cast<int>(outputs.size()), nullptr, last));
   }
   std::vector<Tensor> parts;
   absl::Status failed;

@@ -9,12 +9,15 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "collectives_job.h"
 #include "gradwire/autograd/engine.h"
+#include "gradwire/autograd/functions.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/dist_autograd/distributed_optimizer.h"
 #include "gradwire/nn/layers.h"
@@ -335,6 +338,78 @@ TEST(PipelineTest, TwoRunsGiveBitIdenticalParametersAndBothSchedulesTheSame) {
       }
     }
   }
+}
+
+// A stage that records the first row's first value of each micro-batch it gets (its
+// output: the input times a parameter of 1).
+class Recorder : public nn::Module {
+ public:
+  Recorder() : nn::Module("Recorder") { w_ = RegisterParameter("w", Tensor::Ones({1}, DType::kFloat64)); }
+  Tensor Forward(const Tensor& x) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seen_.push_back(kernels::Contiguous(x).ToVector<double>()[0]);
+    }
+    return x * w_;
+  }
+  std::vector<double> seen() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_;
+  }
+
+ private:
+  Tensor w_;
+  std::mutex mu_;
+  std::vector<double> seen_;
+};
+
+TEST(PipelineTest, EveryStageReceivesTheMicroBatchesInOrder) {
+  struct Kept {
+    std::mutex mu;
+    std::map<int, std::shared_ptr<Recorder>> by_rank;
+  };
+  auto kept = std::make_shared<Kept>();
+  std::vector<std::shared_ptr<dist_autograd::DistAutograd>> engines(3);
+  auto* engines_ptr = &engines;
+  Job job = Job::Start(3, {}, [kept, engines_ptr](rpc::Agent& agent) -> absl::Status {
+    const int rank = agent.self().rank;
+    if (absl::Status s = rpc::Assign(dist_autograd::DistAutograd::Install(agent),
+                                     (*engines_ptr)[static_cast<size_t>(rank)]);
+        !s.ok()) {
+      return s;
+    }
+    return dist_nn::RegisterModuleFactory(agent, "recorder", [kept, rank] {
+      auto m = std::make_shared<Recorder>();
+      std::lock_guard<std::mutex> lock(kept->mu);
+      kept->by_rank[rank] = m;
+      return m;
+    });
+  });
+  rpc::Agent& driver = (*job.agents)[0];
+  std::vector<dist_nn::RemoteModule> stages;
+  for (int s = 1; s <= 2; ++s) {
+    auto m = dist_nn::RemoteModule::Create(driver, absl::StrCat("worker", s), "recorder");
+    ASSERT_TRUE(m.ok()) << m.status();
+    stages.push_back(*m);
+  }
+  constexpr int64_t kRows = 64, kChunks = 16;
+  std::vector<double> rows(kRows * 2);
+  for (int64_t i = 0; i < kRows; ++i) rows[static_cast<size_t>(2 * i)] = static_cast<double>(i);
+  const Tensor x = Tensor::FromVector(rows, {kRows, 2});
+  const Tensor y = Tensor::Zeros({kRows}, DType::kInt64);
+  const auto mean = [](const Tensor& out, const Tensor&) { return Mean(out); };
+  std::vector<double> want;
+  for (bool ordered : {true, false}) {
+    for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
+      const Pipeline pipe(stages, PipelineOptions{.chunks = kChunks, .schedule = schedule, .ordered_backward = ordered});
+      dist_autograd::Context ctx(*engines[0]);
+      absl::StatusOr<double> loss = pipe.ForwardBackward(ctx, x, y, mean);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      for (int64_t c = 0; c < kChunks; ++c) want.push_back(static_cast<double>(c * (kRows / kChunks)));
+    }
+  }
+  std::lock_guard<std::mutex> lock(kept->mu);
+  for (int rank : {1, 2}) EXPECT_EQ(kept->by_rank.at(rank)->seen(), want) << "the stage on worker" << rank;
 }
 
 TEST(PipelineTest, AFailingStageIsNamedWithItsWorker) {

@@ -15,15 +15,26 @@
 //   - Schedules: kGPipe issues every micro-batch's forward at once (a stage starts
 //     micro-batch m+1 as soon as it sent micro-batch m on); k1F1B keeps at most as many
 //     micro-batches in flight as there are stages, so activations of at most that many
-//     are alive. In both, micro-batch m's backward (a distributed backward pass of its
-//     own in the same context; gradients accumulate there) runs as soon as its forward
-//     is done, while the forwards of the next ones go on, and the passes run one after
-//     another in micro-batch order: each stage adds the micro-batches' gradients in the
-//     same order on every run. Deterministic: for stages whose forward depends only on its
-//     input and parameters (no dropout or running statistics, whose state would follow
-//     the order micro-batches reach the stage), the same inputs and parameters give
-//     bitwise the same gradients on every run, and both schedules give the same ones.
-//     With more than one micro-batch the passes run in SMART mode whatever
+//     are alive. Each stage receives the micro-batches in order: micro-batch m+1's call
+//     to stage s is issued once stage s answered micro-batch m's (so a stage that keeps
+//     state in order, like pipeline_fashion_mnist's batch-norm stages, never sees one
+//     early). Backward, options.ordered_backward (the default): micro-batch m's backward
+//     (a distributed backward pass of its own in the same context; gradients accumulate
+//     there) runs as soon as its forward is done, while the forwards of the next ones go
+//     on, and the passes run one after another in micro-batch order: each stage adds the
+//     micro-batches' gradients in the same order on every run. Deterministic: for stages
+//     whose forward depends only on its input and parameters (no dropout or running
+//     statistics, whose state would follow the order micro-batches reach the stage), the
+//     same inputs and parameters give bitwise the same gradients on every run, and both
+//     schedules give the same ones. But the stages then never run backward at the same
+//     time (a pass reaches stage s-1 once it left stage s, and the next pass starts once
+//     it ended), so backward, about two thirds of a step, is not pipelined.
+//     ordered_backward = false (GPipe): once every forward is done, one distributed
+//     backward pass over all the micro-batches' losses, so that stage s computes
+//     micro-batch m+1's gradients while stage s-1 computes micro-batch m's: the same
+//     gradients up to float rounding (each stage adds the micro-batches' gradients in the
+//     order they reach it, which may differ from run to run). 1F1B always runs its passes
+//     in order. With more than one micro-batch the passes run in SMART mode whatever
 //     options.backward.mode says (a FAST pass would wait for the later micro-batches'
 //     gradients, dist_autograd.h).
 //   - Forward(input) runs the batch through the stages (micro-batches, no context) and
@@ -62,6 +73,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -78,6 +90,7 @@ enum class Schedule { kGPipe, k1F1B };
 struct PipelineOptions {
   int chunks = 1;
   Schedule schedule = Schedule::kGPipe;
+  bool ordered_backward = true;  // see the contract: false overlaps the stages' backward (GPipe)
   dist_autograd::BackwardOptions backward = {};
   rpc::CallOptions call = {};
 };
@@ -103,9 +116,11 @@ class Pipeline {
 
  private:
   // Micro-batch number `m` through every stage (each stage's call issued as soon as the
-  // previous stage answered); with a context, it is current on every thread that issues
-  // a stage's call.
-  Future<Tensor> Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx) const;
+  // previous stage answered and this stage answered the micro-batch before, whose futures
+  // `last` holds per stage and is updated with this one's); with a context, it is current
+  // on every thread that issues a stage's call.
+  Future<Tensor> Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx,
+                        std::vector<std::optional<Future<Tensor>>>& last) const;
   std::vector<std::pair<int64_t, int64_t>> Split(int64_t rows) const;
   // Sends every stage its StageSync message (stage_messages.h) and waits for them all.
   absl::Status SyncStages(int64_t kind, rpc::GlobalId context, const std::vector<std::vector<int>>& stage_hosts) const;
