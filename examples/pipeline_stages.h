@@ -23,8 +23,9 @@
 //     from the first tag which micro-batch it computes.
 //   - Training mode: forwards are serialised (they share the buffers), and the buffer
 //     updates (BatchNorm's running statistics) of a batch's micro-batches are applied in
-//     batch order however the calls arrive (GPipe sends them all at once and the worker's
-//     pool threads take them in any order): a micro-batch that comes early runs at once
+//     batch order however the calls arrive (parallel::Pipeline sends a stage its
+//     micro-batches in order, but a caller may not, and a worker's pool threads may take
+//     concurrent calls in any order): a micro-batch that comes early runs at once
 //     (in training mode its output does not depend on the running statistics), the
 //     buffers are put back as they were, and its forward is replayed without gradients
 //     when its turn comes. The statistics then equal those of the model run on the
