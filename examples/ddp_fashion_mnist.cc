@@ -10,7 +10,8 @@
 //                                          [--lr_schedule=constant|cosine]
 //                                          [--momentum=0.9] [--weight_decay=0.01]
 //                                          [--bucket_kb=1024] [--min_accuracy=0.85]
-//                                          [--stop_at=0.85] [--eval_every=200] [--report]
+//                                          [--stop_at=0.85] [--eval_every=200] [--max_steps=N]
+//                                          [--report]
 //
 // Defaults per model (--epochs=0, --lr=0, --optimizer=""): mlp 10 epochs of SGD at lr 0.05,
 // cnn 8 at 0.05, resnet 4 at 0.05, lstm 5 at 0.1, vit 5 of AdamW at lr 0.001 decaying to
@@ -20,6 +21,7 @@
 // Rank 0 shows the progress and the test accuracy (every --eval_every steps and at each
 // epoch's end; evaluation time is not counted); exit status 1 when it ends below
 // --min_accuracy, 2 when the data or the group cannot be set up.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -54,6 +56,9 @@ ABSL_FLAG(uint64_t, seed, 0, "seed for initialisation (rank 0's is broadcast) an
 ABSL_FLAG(std::string, data_dir, gw::data::kFashionMnistDir, "directory with the IDX files");
 ABSL_FLAG(double, min_accuracy, 0.85, "exit with status 1 if the test accuracy ends below this");
 ABSL_FLAG(double, stop_at, 0, "stop once the test accuracy reaches this (0: run every epoch)");
+ABSL_FLAG(int64_t, max_steps, 0,
+          "stop after this many steps in all (0: every step of every epoch), e.g. for a quick test; the learning-rate "
+          "schedule then spans these steps");
 ABSL_FLAG(int, eval_every, 200, "evaluate on the test set every this many steps (and at each epoch's end)");
 ABSL_FLAG(bool, report, false,
           "print benchmark W11's result lines (time_to_85, steps_to_85, samples_per_s, final_test_acc)");
@@ -147,7 +152,10 @@ int Run() {
     }
     stop = stop_at > 0 && test_acc >= stop_at;
   };
-  for (int epoch = 1; epoch <= recipe.epochs && !stop; ++epoch) {
+  const int64_t max_steps = absl::GetFlag(FLAGS_max_steps);
+  const int64_t all_steps = recipe.epochs * loader.batches_per_epoch();
+  const int64_t total_steps = max_steps > 0 ? std::min(max_steps, all_steps) : all_steps;
+  for (int epoch = 1; epoch <= recipe.epochs && !stop && steps < total_steps; ++epoch) {
     std::unique_ptr<gw::data::ProgressBar> bar;
     if (show) {
       bar = std::make_unique<gw::data::ProgressBar>(absl::StrFormat("epoch %d/%d", epoch, recipe.epochs),
@@ -161,9 +169,9 @@ int Run() {
     };
     gw::data::Batch batch;
     loader.Reset();
-    while (!stop && loader.Next(&batch)) {
+    while (!stop && steps < total_steps && loader.Next(&batch)) {
       const auto t0 = Clock::now();
-      opt.set_lr(gw::examples::ScheduledLr(recipe, steps, recipe.epochs * loader.batches_per_epoch()));
+      opt.set_lr(gw::examples::ScheduledLr(recipe, steps, total_steps));
       opt.ZeroGrad();
       gw::Tensor logits = (*ddp)->Forward(batch.inputs);
       gw::Tensor loss = gw::models::Loss(model_name, logits, batch.targets);

@@ -324,23 +324,21 @@ inline absl::Status RegisterParameterServer(rpc::Agent& agent, std::shared_ptr<P
     return ps;
   };
   rpc::Agent* a = &agent;
-  if (absl::Status s = agent.Register("begin_step",
-                                      [server_of, a](std::shared_ptr<nn::Module> m) -> Future<bool> {
-                                        absl::StatusOr<ParameterServer*> ps = server_of(m, "begin_step");
-                                        if (!ps.ok()) return MakeReadyFuture<bool>(a->executor(), ps.status());
-                                        return (*ps)->BeginStep(a->executor());
-                                      });
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = agent.Register("begin_update",
-                                      [server_of, a](std::shared_ptr<nn::Module> m) -> Future<bool> {
-                                        absl::StatusOr<ParameterServer*> ps = server_of(m, "begin_update");
-                                        if (!ps.ok()) return MakeReadyFuture<bool>(a->executor(), ps.status());
-                                        return (*ps)->BeginUpdate(a->executor());
-                                      });
-      !s.ok()) {
-    return s;
+  // The phases that may have to wait: answered once the phase may start.
+  using Phase = Future<bool> (ParameterServer::*)(rpc::Executor&);
+  for (const auto& entry : {std::pair<const char*, Phase>{"begin_step", &ParameterServer::BeginStep},
+                            std::pair<const char*, Phase>{"begin_update", &ParameterServer::BeginUpdate}}) {
+    const char* name = entry.first;
+    const Phase phase = entry.second;
+    if (absl::Status s = agent.Register(name,
+                                        [server_of, a, name, phase](std::shared_ptr<nn::Module> m) -> Future<bool> {
+                                          absl::StatusOr<ParameterServer*> ps = server_of(m, name);
+                                          if (!ps.ok()) return MakeReadyFuture<bool>(a->executor(), ps.status());
+                                          return ((*ps)->*phase)(a->executor());
+                                        });
+        !s.ok()) {
+      return s;
+    }
   }
   if (absl::Status s = agent.Register("end_step",
                                       [server_of](std::shared_ptr<nn::Module> m) -> absl::StatusOr<bool> {
