@@ -46,6 +46,7 @@ gw::rpc::AgentOptions Options(int rank, int port) {
   o.rendezvous = "127.0.0.1:" + std::to_string(port);
   o.start_timeout = absl::Seconds(60);
   o.default_timeout = absl::Seconds(120);
+  o.shutdown_timeout = absl::Hours(1);  // worker 1 serves until worker 0 is done, however long it runs
   return o;
 }
 
