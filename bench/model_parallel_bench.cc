@@ -70,26 +70,32 @@ void Fail(const char* what, const absl::Status& s) {
   std::fprintf(stderr, "model_parallel_mlp: %s: %s\n", what, std::string(s.message()).c_str());
   std::exit(1);
 }
-// The same 4-layer model in one process: median ms per iteration. With chunks > 1 the
-// batch goes through in that many micro-batches one after the other (gradients
-// accumulated, one step): what the pipeline's stages compute, without the overlap.
-double LocalMedianMs(const gw::Tensor& x, const gw::Tensor& y, int warmup, int iters, int chunks = 1) {
-  auto model = std::make_shared<gw::nn::Sequential>(
-      std::vector<std::shared_ptr<gw::nn::Module>>{W5Stage(true, 1), W5Stage(false, 2)});
-  gw::optim::Optimizer opt(model->Parameters(), gw::optim::Sgd{.lr = 0.01});
+// Median ms of a training step of `model` in one process: the batch in `chunks`
+// micro-batches one after the other (gradients accumulated), then one optimizer step.
+double LocalStepMs(gw::nn::Module& model, gw::optim::Optimizer& opt, const gw::Tensor& x, const gw::Tensor& y,
+                   const gw::parallel::PipelineLoss& loss, int warmup, int iters, int chunks) {
   const int64_t rows = x.size(0) / chunks;
   return gw::bench::Quantile(gw::bench::TimeMs(warmup, iters,
                                                [&] {
                                                  opt.ZeroGrad();
                                                  for (int c = 0; c < chunks; ++c) {
-                                                   gw::Tensor loss = gw::nn::CrossEntropyLoss(
-                                                       model->Forward(gw::Narrow(x, 0, c * rows, rows)),
-                                                       gw::kernels::Narrow(y, 0, c * rows, rows));
-                                                   gw::autograd::Backward({loss * (1.0 / chunks)});
+                                                   gw::Tensor l = loss(model.Forward(gw::Narrow(x, 0, c * rows, rows)),
+                                                                       gw::kernels::Narrow(y, 0, c * rows, rows));
+                                                   gw::autograd::Backward({l * (1.0 / chunks)});
                                                  }
                                                  opt.Step();
                                                }),
                              0.5);
+}
+
+// The same 4-layer model in one process: median ms per iteration. With chunks > 1: what
+// the pipeline's stages compute, without the overlap.
+double LocalMedianMs(const gw::Tensor& x, const gw::Tensor& y, int warmup, int iters, int chunks = 1) {
+  auto model = std::make_shared<gw::nn::Sequential>(
+      std::vector<std::shared_ptr<gw::nn::Module>>{W5Stage(true, 1), W5Stage(false, 2)});
+  gw::optim::Optimizer opt(model->Parameters(), gw::optim::Sgd{.lr = 0.01});
+  const auto loss = [](const gw::Tensor& out, const gw::Tensor& target) { return gw::nn::CrossEntropyLoss(out, target); };
+  return LocalStepMs(*model, opt, x, y, loss, warmup, iters, chunks);
 }
 
 // W5: stage 1 here, stage 2 behind a RemoteModule, one after the other.
@@ -188,20 +194,10 @@ double LocalResNetMs(const gw::Tensor& x, const gw::Tensor& y, int warmup, int i
   if (!net.ok()) Fail("resnet", net.status());
   (*net)->Train();
   gw::optim::Optimizer opt((*net)->Parameters(), gw::optim::Sgd{.lr = 0.05, .momentum = 0.9});
-  const gw::Tensor images = gw::Reshape(x, {x.size(0), 1, 28, 28});
-  const int64_t rows = x.size(0) / chunks;
-  return gw::bench::Quantile(gw::bench::TimeMs(warmup, iters,
-                                               [&] {
-                                                 opt.ZeroGrad();
-                                                 for (int c = 0; c < chunks; ++c) {
-                                                   gw::Tensor loss = gw::models::Loss(
-                                                       "resnet", (*net)->Forward(gw::Narrow(images, 0, c * rows, rows)),
-                                                       gw::kernels::Narrow(y, 0, c * rows, rows));
-                                                   gw::autograd::Backward({loss * (1.0 / chunks)});
-                                                 }
-                                                 opt.Step();
-                                               }),
-                             0.5);
+  const auto loss = [](const gw::Tensor& out, const gw::Tensor& target) {
+    return gw::models::Loss("resnet", out, target);
+  };
+  return LocalStepMs(**net, opt, gw::Reshape(x, {x.size(0), 1, 28, 28}), y, loss, warmup, iters, chunks);
 }
 
 // W16_pipeline diagnostic: each stage's forward and backward on one micro-batch of
