@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "etcd_store.h"
 #include "gradwire/proto/store.grpc.pb.h"
+#include "gradwire/rpc/internal/grpc_server.h"
 #include "grpc_credentials.h"
 #include "refusal_log.h"
 #include "store_sessions.h"
@@ -22,8 +23,7 @@ namespace pb = ::gradwire::proto;
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
 }
 
 absl::Time DeadlineFromMs(int64_t ms) {
@@ -54,7 +54,8 @@ class StoreService final : public pb::Store::Service {
                           "this store does not authenticate (its host runs without a job secret)");
     }
     const std::string peer = ctx->peer();  // "ipv4:1.2.3.4:5678": its address without the port
-    absl::StatusOr<internal::StoreSessions::Challenge> c = sessions_->Hello(peer.substr(0, peer.rfind(':')), req->hello());
+    absl::StatusOr<internal::StoreSessions::Challenge> c =
+        sessions_->Hello(peer.substr(0, peer.rfind(':')), req->hello());
     if (!c.ok()) return Refuse(ctx, c.status());
     resp->set_challenge(c->bytes);
     resp->set_handshake(c->handshake);
@@ -144,8 +145,8 @@ class StoreService final : public pb::Store::Service {
 
   // Waits (bounded, and at most 100 ms at a time so that cancelled calls and shutdown
   // are noticed) until every key exists.
-  bool AwaitKeys(const std::vector<std::string>& keys, absl::Time deadline,
-                 grpc::ServerContext* ctx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool AwaitKeys(const std::vector<std::string>& keys, absl::Time deadline, grpc::ServerContext* ctx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (stopping_) return true;
       for (const auto& k : keys) {
@@ -186,11 +187,9 @@ class GrpcStoreServer final : public StoreServer {
     int bound = 0;
     builder.AddListeningPort(absl::StrCat(host, ":", port), *creds, &bound);
     builder.RegisterService(&server->service_);
-    server->server_ = builder.BuildAndStart();
-    if (!server->server_ || bound == 0) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot start the rendezvous store on ", host, ":", port,
-          " (port in use? choose another MASTER_PORT)"));
+    if (!server->server_.Start(builder) || bound == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot start the rendezvous store on ", host, ":", port,
+                                                 " (port in use? choose another MASTER_PORT)"));
     }
     server->port_ = bound;
     server->host_ = host;
@@ -200,18 +199,12 @@ class GrpcStoreServer final : public StoreServer {
   int port() const override { return port_; }
   std::string address() const override { return absl::StrCat(host_, ":", port_); }
   void Shutdown() override {
-    absl::MutexLock lock(&mu_);
-    if (!server_) return;
-    service_.Stop();
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    server_->Wait();
-    server_.reset();
+    server_.Stop(absl::Seconds(1), [this] { service_.Stop(); });
   }
 
  private:
   StoreService service_;
-  absl::Mutex mu_;
-  std::unique_ptr<grpc::Server> server_;
+  internal::GrpcServer server_;
   int port_ = 0;
   std::string host_;
 };
@@ -275,7 +268,8 @@ class GrpcStore final : public Store {
     req.set_key(key);
     req.set_timeout_ms(TimeoutMs(timeout));
     pb::GetResponse resp;
-    if (absl::Status s = FromGrpc(Call("Get", &pb::Store::Stub::Get, req, &resp, timeout + kRpcTimeout), What("Get", key));
+    if (absl::Status s =
+            FromGrpc(Call("Get", &pb::Store::Stub::Get, req, &resp, timeout + kRpcTimeout), What("Get", key));
         !s.ok()) {
       return s;
     }
@@ -287,7 +281,8 @@ class GrpcStore final : public Store {
     req.set_key(key);
     req.set_delta(delta);
     pb::AddResponse resp;
-    if (absl::Status s = FromGrpc(Call("Add", &pb::Store::Stub::Add, req, &resp, kRpcTimeout), What("Add", key)); !s.ok()) {
+    if (absl::Status s = FromGrpc(Call("Add", &pb::Store::Stub::Add, req, &resp, kRpcTimeout), What("Add", key));
+        !s.ok()) {
       return s;
     }
     return resp.value();
@@ -306,7 +301,8 @@ class GrpcStore final : public Store {
     pb::DeleteRequest req;
     req.set_key(key);
     pb::DeleteResponse resp;
-    if (absl::Status s = FromGrpc(Call("Delete", &pb::Store::Stub::Delete, req, &resp, kRpcTimeout), What("Delete", key));
+    if (absl::Status s =
+            FromGrpc(Call("Delete", &pb::Store::Stub::Delete, req, &resp, kRpcTimeout), What("Delete", key));
         !s.ok()) {
       return s;
     }
@@ -321,8 +317,7 @@ class GrpcStore final : public Store {
   }
   static void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
     if (d < absl::Hours(24 * 365)) {
-      ctx->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::milliseconds(absl::ToInt64Milliseconds(d)));
+      ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d)));
     }
   }
 
@@ -373,7 +368,7 @@ class GrpcStore final : public Store {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host, int port,
-                                                               const Security& security) {
+                                                                const Security& security) {
   return GrpcStoreServer::Start(host, port, security);
 }
 
@@ -394,10 +389,10 @@ absl::StatusOr<std::unique_ptr<Store>> ConnectStore(const std::string& address, 
   const auto tp = std::chrono::system_clock::now() +
                   std::chrono::milliseconds(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
   if (!channel->WaitForConnected(tp)) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot reach the rendezvous store at ", address,
-        " (is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same on every worker?",
-        security.tls.enabled() ? " With TLS: is its certificate signed by this job's CA?" : "", ")"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the rendezvous store at ", address,
+                     " (is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same on every worker?",
+                     security.tls.enabled() ? " With TLS: is its certificate signed by this job's CA?" : "", ")"));
   }
   auto store = std::make_unique<GrpcStore>(address, channel);
   if (security.authenticates()) {

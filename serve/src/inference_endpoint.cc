@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gradwire/proto/inference.grpc.pb.h"
+#include "gradwire/rpc/internal/grpc_server.h"
 #include "gradwire/serve/router.h"
 #include "gradwire/tensor/kernels.h"
 
@@ -18,8 +19,7 @@ namespace {
 namespace pb = ::gradwire::serve;
 
 grpc::Status ToGrpc(const absl::Status& s) {
-  return s.ok() ? grpc::Status::OK
-                : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& address) {
@@ -34,10 +34,17 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& address) {
 absl::StatusOr<Tensor> FromProto(const pb::Tensor& p) {
   DType dtype;
   switch (p.dtype()) {
-    case pb::Tensor::FLOAT32: dtype = DType::kFloat32; break;
-    case pb::Tensor::FLOAT64: dtype = DType::kFloat64; break;
-    case pb::Tensor::INT64: dtype = DType::kInt64; break;
-    default: return absl::InvalidArgumentError(absl::StrCat("tensor: unknown dtype ", p.dtype()));
+    case pb::Tensor::FLOAT32:
+      dtype = DType::kFloat32;
+      break;
+    case pb::Tensor::FLOAT64:
+      dtype = DType::kFloat64;
+      break;
+    case pb::Tensor::INT64:
+      dtype = DType::kInt64;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("tensor: unknown dtype ", p.dtype()));
   }
   Shape shape(p.shape().begin(), p.shape().end());
   int64_t numel = 1;
@@ -46,7 +53,7 @@ absl::StatusOr<Tensor> FromProto(const pb::Tensor& p) {
     numel *= d;
   }
   const size_t elem = ElementSize(dtype);
-  const int64_t given = !p.raw_data().empty() ? static_cast<int64_t>(p.raw_data().size() / elem)
+  const int64_t given = !p.raw_data().empty()      ? static_cast<int64_t>(p.raw_data().size() / elem)
                         : dtype == DType::kFloat32 ? p.float_data_size()
                         : dtype == DType::kFloat64 ? p.double_data_size()
                                                    : p.int64_data_size();
@@ -57,7 +64,7 @@ absl::StatusOr<Tensor> FromProto(const pb::Tensor& p) {
   }
   Tensor t = Tensor::Empty(shape, dtype);
   if (numel == 0) return t;
-  const void* src = !p.raw_data().empty() ? static_cast<const void*>(p.raw_data().data())
+  const void* src = !p.raw_data().empty()      ? static_cast<const void*>(p.raw_data().data())
                     : dtype == DType::kFloat32 ? static_cast<const void*>(p.float_data().data())
                     : dtype == DType::kFloat64 ? static_cast<const void*>(p.double_data().data())
                                                : static_cast<const void*>(p.int64_data().data());
@@ -91,9 +98,8 @@ class Service final : public pb::Inference::Service {
     absl::StatusOr<Prediction> p = router->PredictSync(*std::move(input), timeout);
     if (!p.ok()) return ToGrpc(p.status());
     if (!req->version().empty() && p->version != req->version()) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat("model '", req->model(), "': ", p->replica,
-                                                               " serves version ", p->version, ", not ",
-                                                               req->version())));
+      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+          "model '", req->model(), "': ", p->replica, " serves version ", p->version, ", not ", req->version())));
     }
     ToProto(p->output, resp->mutable_output());
     resp->set_model(req->model());
@@ -171,8 +177,7 @@ class GrpcEndpoint final : public InferenceEndpoint {
     builder.SetMaxReceiveMessageSize(options.max_message_bytes);
     builder.SetMaxSendMessageSize(options.max_message_bytes);
     builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    if (!server_ || port_ == 0) {
+    if (!server_.Start(builder) || port_ == 0) {
       return absl::UnavailableError(
           absl::StrCat("cannot start the inference endpoint on ", host, ":", port, " (port in use? choose another)"));
     }
@@ -183,18 +188,12 @@ class GrpcEndpoint final : public InferenceEndpoint {
   int port() const override { return port_; }
   std::string address() const override { return absl::StrCat(host_, ":", port_); }
   void Shutdown() override {
-    absl::MutexLock lock(&mu_);
-    if (!server_) return;
-    service_.Stopping();
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    server_->Wait();
-    server_.reset();
+    server_.Stop(absl::Seconds(5), [this] { service_.Stopping(); });
   }
 
  private:
   Service service_;
-  absl::Mutex mu_;
-  std::unique_ptr<grpc::Server> server_;
+  rpc::internal::GrpcServer server_;
   int port_ = 0;
   std::string host_;
 };
@@ -248,8 +247,8 @@ class GrpcClient final : public InferenceClient {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<InferenceEndpoint>> InferenceEndpoint::Start(std::shared_ptr<Serving> serving,
-                                                                           const std::string& host, int port,
-                                                                           EndpointOptions options) {
+                                                                            const std::string& host, int port,
+                                                                            EndpointOptions options) {
   if (!serving) return absl::InvalidArgumentError("InferenceEndpoint::Start: no Serving");
   auto endpoint = std::make_unique<GrpcEndpoint>(std::move(serving), options);
   if (absl::Status s = endpoint->Start(host, port, options); !s.ok()) return s;
@@ -257,12 +256,11 @@ absl::StatusOr<std::unique_ptr<InferenceEndpoint>> InferenceEndpoint::Start(std:
 }
 
 absl::StatusOr<std::unique_ptr<InferenceClient>> InferenceClient::Connect(const std::string& address,
-                                                                         absl::Duration timeout) {
+                                                                          absl::Duration timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
     return absl::UnavailableError(absl::StrCat("cannot reach the inference endpoint at ", address, " within ",
                                                absl::FormatDuration(timeout), " (is it started? right port?)"));

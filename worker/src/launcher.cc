@@ -1,11 +1,12 @@
 #include "gradwire/worker/launcher.h"
 
+#include "process.h"
+
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -15,7 +16,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -36,6 +36,19 @@ extern char** environ;
 namespace gw::worker {
 namespace {
 
+using internal::DescribeStatus;
+using internal::ErrnoError;
+using internal::ExitCodeOf;
+using internal::Fd;
+using internal::JobSecret;
+using internal::LaunchSlot;
+using internal::MakePipe;
+using internal::NofileRestore;
+using internal::SignalName;
+using internal::SignalPipe;
+using internal::SubreaperScope;
+using internal::WaitBlocking;
+
 // LaunchOptions::rdzv's scheme (the workers parse the whole address: rpc/store.h).
 constexpr char kEtcdScheme[] = "etcd://";
 // Lines longer than this are written in pieces, so a worker that never prints '\n'
@@ -47,7 +60,6 @@ constexpr absl::Duration kMaxPollWait = absl::Milliseconds(200);
 // Once every worker has exited, how much longer than kill_grace to wait for processes
 // that escaped their process group but still hold a worker's stdout/stderr open.
 constexpr absl::Duration kDrainSlack = absl::Seconds(1);
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGCHLD};
 // At most this many workers per launcher unless GRADWIRE_LAUNCH_MAX_WORKERS allows more:
 // a larger -n is almost always a typo, and each worker is a process and two pipes here.
 constexpr int kDefaultMaxLocalWorkers = 1024;
@@ -55,165 +67,6 @@ constexpr char kMaxLocalWorkersVar[] = "GRADWIRE_LAUNCH_MAX_WORKERS";
 // File descriptors the launcher needs besides two per worker (its own, the signal pipe,
 // /dev/null, a worker's pipes while it starts, the secret).
 constexpr rlim_t kBaseDescriptors = 32;
-
-// Signal plumbing is process-wide by nature: the handler writes the signal number to the
-// self-pipe of the Launch() that is running (at most one, see g_launch_running).
-std::atomic<int> g_signal_pipe{-1};
-std::atomic<bool> g_launch_running{false};
-
-void OnSignal(int sig) {
-  const int saved_errno = errno;
-  const int fd = g_signal_pipe.load();
-  if (fd >= 0) {
-    const unsigned char byte = static_cast<unsigned char>(sig);
-    [[maybe_unused]] const ssize_t n = ::write(fd, &byte, 1);  // full pipe: already woken
-  }
-  errno = saved_errno;
-}
-
-std::string SignalName(int sig) {
-  const char* abbrev = ::sigabbrev_np(sig);
-  return abbrev != nullptr ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", sig);
-}
-
-absl::Status ErrnoError(const std::string& what, int err) {
-  const std::string message = absl::StrCat(what, ": ", std::strerror(err));
-  switch (err) {
-    case EMFILE:
-    case ENFILE:
-    case EAGAIN:
-    case ENOMEM:
-      return absl::ResourceExhaustedError(
-          absl::StrCat(message, "; start fewer workers or raise the limits (ulimit -n / -u)"));
-    default:
-      return absl::InternalError(message);
-  }
-}
-
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { Reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void Reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// A close-on-exec pipe; `flags` may add O_NONBLOCK (to both ends).
-absl::Status MakePipe(Fd* read_end, Fd* write_end, int flags = 0) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC | flags) != 0) return ErrnoError("cannot create a pipe", errno);
-  *read_end = Fd(fds[0]);
-  *write_end = Fd(fds[1]);
-  return absl::OkStatus();
-}
-
-// Marks the one Launch() running in this process.
-class LaunchSlot {
- public:
-  LaunchSlot() : acquired_(!g_launch_running.exchange(true)) {}
-  ~LaunchSlot() {
-    if (acquired_) g_launch_running.store(false);
-  }
-  LaunchSlot(const LaunchSlot&) = delete;
-  LaunchSlot& operator=(const LaunchSlot&) = delete;
-  bool acquired() const { return acquired_; }
-
- private:
-  bool acquired_;
-};
-
-// Installs the SIGINT/SIGTERM/SIGCHLD handlers feeding a self-pipe; restores the previous
-// handlers on destruction.
-class SignalPipe {
- public:
-  SignalPipe() = default;
-  SignalPipe(const SignalPipe&) = delete;
-  SignalPipe& operator=(const SignalPipe&) = delete;
-  ~SignalPipe() {
-    if (installed_) {
-      for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
-        ::sigaction(kHandledSignals[i], &previous_[i], nullptr);
-      }
-      g_signal_pipe.store(-1);
-    }
-  }
-
-  absl::Status Install() {
-    if (absl::Status s = MakePipe(&read_, &write_, O_NONBLOCK); !s.ok()) return s;
-    g_signal_pipe.store(write_.get());
-    struct sigaction action {};
-    action.sa_handler = OnSignal;
-    sigemptyset(&action.sa_mask);
-    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
-      action.sa_flags = SA_RESTART | (kHandledSignals[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
-      ::sigaction(kHandledSignals[i], &action, &previous_[i]);
-    }
-    installed_ = true;
-    return absl::OkStatus();
-  }
-
-  int read_fd() const { return read_.get(); }
-
-  // The signals received since the last call, in order.
-  std::vector<int> Drain() {
-    std::vector<int> signals;
-    unsigned char buf[64];
-    ssize_t n;
-    while ((n = ::read(read_.get(), buf, sizeof buf)) > 0) {
-      signals.insert(signals.end(), buf, buf + n);
-    }
-    return signals;
-  }
-
- private:
-  Fd read_, write_;
-  bool installed_ = false;
-  struct sigaction previous_[std::size(kHandledSignals)] {};
-};
-
-// Makes the launcher a child subreaper (PR_SET_CHILD_SUBREAPER) while it runs, so the
-// orphans of a worker's process group become its children and can be reaped instead of
-// being left to PID 1 (which in a container may never reap them).
-class SubreaperScope {
- public:
-  SubreaperScope() {
-    int previous = 0;
-    if (::prctl(PR_GET_CHILD_SUBREAPER, &previous) == 0 && previous != 0) {
-      active_ = true;
-    } else if (::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0) {
-      active_ = set_by_us_ = true;
-    }
-  }
-  ~SubreaperScope() {
-    if (set_by_us_) ::prctl(PR_SET_CHILD_SUBREAPER, 0);
-  }
-  SubreaperScope(const SubreaperScope&) = delete;
-  SubreaperScope& operator=(const SubreaperScope&) = delete;
-  bool active() const { return active_; }
-
- private:
-  bool active_ = false;
-  bool set_by_us_ = false;
-};
 
 struct Stream {
   Fd fd;
@@ -227,8 +80,8 @@ struct Worker {
   int rank = 0;
   std::vector<std::string> env;  // as started, less GRADWIRE_RESTART_COUNT
   int restarts = 0;              // earlier incarnations of this rank
-  pid_t pid = -1;      // also its process group id
-  bool reaped = false;  // the main process
+  pid_t pid = -1;                // also its process group id
+  bool reaped = false;           // the main process
   int wait_status = 0;
   // Once the main process is reaped: no child of the launcher is left in the group. With
   // the launcher a child subreaper, orphans of the group are its children, so this means
@@ -240,29 +93,12 @@ struct Worker {
   bool HasOpenStreams() const { return streams[0].fd.valid() || streams[1].fd.valid(); }
   // Whether its process group may still have members worth signalling (and so still
   // owns its id): an unreaped child of the launcher in it, or something holding its pipes.
-  bool MayHaveProcesses() const {
-    return pid > 0 && (!reaped || !group_empty || HasOpenStreams());
-  }
+  bool MayHaveProcesses() const { return pid > 0 && (!reaped || !group_empty || HasOpenStreams()); }
   void SignalGroup(int sig) const {
     if (!MayHaveProcesses()) return;
     if (::kill(-pid, sig) != 0 && !reaped) ::kill(pid, sig);
   }
 };
-
-std::string DescribeStatus(int wait_status) {
-  if (WIFEXITED(wait_status)) return absl::StrCat("exited with status ", WEXITSTATUS(wait_status));
-  if (WIFSIGNALED(wait_status)) {
-    const int sig = WTERMSIG(wait_status);
-    return absl::StrCat("was killed by signal ", sig, " (", SignalName(sig), ")");
-  }
-  return absl::StrCat("ended with wait status ", wait_status);
-}
-
-int ExitCodeOf(int wait_status) {
-  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
-  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
-  return 1;
-}
 
 // The most workers Launch() starts: kDefaultMaxLocalWorkers, or GRADWIRE_LAUNCH_MAX_WORKERS.
 absl::StatusOr<int> MaxLocalWorkers() {
@@ -284,11 +120,11 @@ absl::Status CheckResourceLimits(int num_workers, rlimit* original_nofile) {
   rlimit nproc{};
   if (::geteuid() != 0 && ::getrlimit(RLIMIT_NPROC, &nproc) == 0 && nproc.rlim_cur != RLIM_INFINITY &&
       static_cast<rlim_t>(num_workers) >= nproc.rlim_cur) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot start ", num_workers, " workers: this user may run at most ", nproc.rlim_cur,
-        " processes (ulimit -u; hard limit ",
-        nproc.rlim_max == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(nproc.rlim_max),
-        "), and some already run; raise it with `ulimit -u N` or start fewer workers"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start ", num_workers, " workers: this user may run at most ", nproc.rlim_cur,
+                     " processes (ulimit -u; hard limit ",
+                     nproc.rlim_max == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(nproc.rlim_max),
+                     "), and some already run; raise it with `ulimit -u N` or start fewer workers"));
   }
   rlimit nofile{};
   if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0) return absl::OkStatus();
@@ -304,16 +140,15 @@ absl::Status CheckResourceLimits(int num_workers, rlimit* original_nofile) {
   rlimit raised = nofile;
   raised.rlim_cur = needed;
   if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) {
-    return ErrnoError(absl::StrCat("cannot raise the limit on open files to ", needed, " for ", num_workers, " workers"),
-                      errno);
+    return ErrnoError(
+        absl::StrCat("cannot raise the limit on open files to ", needed, " for ", num_workers, " workers"), errno);
   }
   return absl::OkStatus();
 }
 
 absl::Status ValidateOptions(const LaunchOptions& options, std::FILE* out, std::FILE* err) {
   if (options.num_workers < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_workers must be at least 1, got ", options.num_workers));
+    return absl::InvalidArgumentError(absl::StrCat("num_workers must be at least 1, got ", options.num_workers));
   }
   if (absl::StatusOr<int> most = MaxLocalWorkers(); !most.ok()) {
     return most.status();
@@ -330,8 +165,7 @@ absl::Status ValidateOptions(const LaunchOptions& options, std::FILE* out, std::
         options.num_workers, options.max_workers > 0 ? absl::StrCat(", max_workers ", options.max_workers) : ""));
   }
   if (options.command.empty() || options.command[0].empty()) {
-    return absl::InvalidArgumentError(
-        "command is empty; give the program to run and its arguments");
+    return absl::InvalidArgumentError("command is empty; give the program to run and its arguments");
   }
   if (options.nnodes < 1 || options.node_rank < 0 || options.node_rank >= options.nnodes) {
     return absl::InvalidArgumentError(absl::StrCat("node_rank must be in [0, nnodes) with nnodes >= 1, got node_rank ",
@@ -342,40 +176,42 @@ absl::Status ValidateOptions(const LaunchOptions& options, std::FILE* out, std::
     if (!options.rdzv.starts_with(kEtcdScheme) || slash == std::string::npos || slash + 1 == options.rdzv.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rdzv (--rdzv) must be etcd://HOST:PORT/JOB: an etcd's client address and a name for the job, "
-                       "alike on every node; got '", options.rdzv, "'"));
+                       "alike on every node; got '",
+                       options.rdzv, "'"));
     }
   } else if (options.nnodes > 1 && options.master_port == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a job over ", options.nnodes, " nodes needs master_port: every node's launcher must be given the same port "
-        "(a free port picked here means nothing on the other machines), e.g. --master-port 29500, "
-        "or meet through etcd (rdzv)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a job over ", options.nnodes,
+                     " nodes needs master_port: every node's launcher must be given the same port "
+                     "(a free port picked here means nothing on the other machines), e.g. --master-port 29500, "
+                     "or meet through etcd (rdzv)"));
   }
   if (options.master_addr.empty()) {
     return absl::InvalidArgumentError("master_addr is empty; use e.g. 127.0.0.1");
   }
   if (options.master_port < 0 || options.master_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "master_port must be in [0, 65535] (0 picks a free port), got ", options.master_port));
+    return absl::InvalidArgumentError(
+        absl::StrCat("master_port must be in [0, 65535] (0 picks a free port), got ", options.master_port));
   }
   if (options.max_restarts < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_restarts must not be negative, got ", options.max_restarts));
   }
   if (options.kill_grace < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kill_grace must not be negative, got ", absl::FormatDuration(options.kill_grace)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kill_grace must not be negative, got ", absl::FormatDuration(options.kill_grace)));
   }
   if (out == nullptr || err == nullptr) {
     return absl::InvalidArgumentError("out and err must be open streams, got a null FILE*");
   }
   for (const auto& [name, value] : options.extra_env) {
     if (name.empty() || name.find('=') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "extra_env has an invalid variable name '", name, "' (empty or containing '=')"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("extra_env has an invalid variable name '", name, "' (empty or containing '=')"));
     }
     for (const char* reserved : kLaunchEnvVars) {
       if (name == reserved) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "extra_env sets ", name, ", which Launch() sets for every worker; remove it"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("extra_env sets ", name, ", which Launch() sets for every worker; remove it"));
       }
     }
   }
@@ -427,28 +263,28 @@ absl::Status ExecError(const std::string& worker, const std::string& program, in
   switch (err) {
     case ENOENT:
     case ENOTDIR:
-      return absl::NotFoundError(absl::StrCat(
-          "cannot start ", worker, ": program '", program, "' not found",
-          has_slash ? "" : " in PATH", "; check the spelling or give its full path"));
+      return absl::NotFoundError(absl::StrCat("cannot start ", worker, ": program '", program, "' not found",
+                                              has_slash ? "" : " in PATH",
+                                              "; check the spelling or give its full path"));
     case EACCES:
-      return absl::PermissionDeniedError(absl::StrCat(
-          "cannot start ", worker, ": program '", program,
-          "' is not executable (permission denied); check its mode (chmod +x) and path"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot start ", worker, ": program '", program,
+                       "' is not executable (permission denied); check its mode (chmod +x) and path"));
     default:
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot start ", worker, ": executing '", program, "' failed: ", std::strerror(err)));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot start ", worker, ": executing '", program, "' failed: ", std::strerror(err)));
   }
 }
 
 // What every worker inherits from the launcher besides its environment.
 struct Inherited {
-  int secret_fd = -1;                // the job secret's memfd (close-on-exec here), kept open in workers
-  std::optional<rlimit> nofile;      // the limit on open files to give back (CheckResourceLimits raised it)
+  int secret_fd = -1;            // the job secret's memfd (close-on-exec here), kept open in workers
+  std::optional<rlimit> nofile;  // the limit on open files to give back (CheckResourceLimits raised it)
 };
 
 // Child side of StartWorker, between fork and exec: async-signal-safe calls only.
-[[noreturn]] void RunChild(pid_t parent, int stdin_fd, int stdout_fd, int stderr_fd,
-                           int exec_error_fd, const Inherited& inherited, char* const* argv, char* const* envp) {
+[[noreturn]] void RunChild(pid_t parent, int stdin_fd, int stdout_fd, int stderr_fd, int exec_error_fd,
+                           const Inherited& inherited, char* const* argv, char* const* envp) {
   struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;
   sigemptyset(&default_action.sa_mask);
@@ -457,8 +293,7 @@ struct Inherited {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
   // Move the three sources above 2 first so no dup2 clobbers another source.
-  const int sources[3] = {::fcntl(stdin_fd, F_DUPFD_CLOEXEC, 3),
-                          ::fcntl(stdout_fd, F_DUPFD_CLOEXEC, 3),
+  const int sources[3] = {::fcntl(stdin_fd, F_DUPFD_CLOEXEC, 3), ::fcntl(stdout_fd, F_DUPFD_CLOEXEC, 3),
                           ::fcntl(stderr_fd, F_DUPFD_CLOEXEC, 3)};
   for (int target = 0; target < 3; ++target) {
     if (sources[target] < 0 || ::dup2(sources[target], target) < 0) {
@@ -480,17 +315,9 @@ struct Inherited {
   ::_exit(127);
 }
 
-pid_t WaitBlocking(pid_t pid, int* status) {
-  pid_t r;
-  do {
-    r = ::waitpid(pid, status, 0);
-  } while (r < 0 && errno == EINTR);
-  return r;
-}
-
 // Forks and execs one worker; on success fills worker->pid and its streams.
-absl::Status StartWorker(const std::vector<std::string>& command, std::vector<std::string> env,
-                         int devnull, const Inherited& inherited, std::FILE* out, std::FILE* err, Worker* worker) {
+absl::Status StartWorker(const std::vector<std::string>& command, std::vector<std::string> env, int devnull,
+                         const Inherited& inherited, std::FILE* out, std::FILE* err, Worker* worker) {
   Fd out_r, out_w, err_r, err_w, exec_r, exec_w;
   if (absl::Status s = MakePipe(&out_r, &out_w); !s.ok()) return s;
   if (absl::Status s = MakePipe(&err_r, &err_w); !s.ok()) return s;
@@ -524,8 +351,7 @@ absl::Status StartWorker(const std::vector<std::string>& command, std::vector<st
   int exec_errno = 0;
   size_t got = 0;
   while (got < sizeof exec_errno) {
-    const ssize_t n =
-        ::read(exec_r.get(), reinterpret_cast<char*>(&exec_errno) + got, sizeof exec_errno - got);
+    const ssize_t n = ::read(exec_r.get(), reinterpret_cast<char*>(&exec_errno) + got, sizeof exec_errno - got);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     got += static_cast<size_t>(n);
@@ -619,7 +445,8 @@ class Supervisor {
                    options_.max_restarts);
       if (absl::Status s = Start(w, devnull); !s.ok()) {
         w.reaped = w.group_empty = true;  // never ran
-        Fail(w, LaunchResult{.exit_code = 1, .failed_worker = w.name,
+        Fail(w, LaunchResult{.exit_code = 1,
+                             .failed_worker = w.name,
                              .reason = absl::StrCat("could not be restarted: ", s.message())});
       }
     }
@@ -644,8 +471,7 @@ class Supervisor {
     for (;;) {
       const absl::Time now = absl::Now();
       RunTimers(now);
-      const bool all_reaped =
-          std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.reaped; });
+      const bool all_reaped = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.reaped; });
       const bool any_busy = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
         return w.HasOpenStreams() || (subreaper_.active() && !w.group_empty);
       });
@@ -828,8 +654,10 @@ class Supervisor {
       }
       return;
     }
-    Fail(w, LaunchResult{.exit_code = known ? ExitCodeOf(w.wait_status) : 1, .failed_worker = w.name,
-                         .reason = w.restarts > 0 ? absl::StrCat(reason, " (after ", w.restarts, " restart(s))") : reason});
+    Fail(w, LaunchResult{
+                .exit_code = known ? ExitCodeOf(w.wait_status) : 1,
+                .failed_worker = w.name,
+                .reason = w.restarts > 0 ? absl::StrCat(reason, " (after ", w.restarts, " restart(s))") : reason});
   }
 
   // The job fails with `result`: every other worker gets SIGTERM, then SIGKILL.
@@ -854,10 +682,10 @@ class Supervisor {
   LaunchResult Result() const {
     if (failure_) return *failure_;
     if (launcher_signals_ > 0) {
-      return LaunchResult{.exit_code = 128 + first_launcher_signal_,
-                          .failed_worker = "",
-                          .reason = absl::StrCat("received ", SignalName(first_launcher_signal_),
-                                                 "; forwarded it to the workers")};
+      return LaunchResult{
+          .exit_code = 128 + first_launcher_signal_,
+          .failed_worker = "",
+          .reason = absl::StrCat("received ", SignalName(first_launcher_signal_), "; forwarded it to the workers")};
     }
     return LaunchResult{};
   }
@@ -868,8 +696,8 @@ class Supervisor {
   std::FILE* err_;
   SignalPipe signals_;
   SubreaperScope subreaper_;
-  std::deque<Worker> workers_;          // every incarnation (references stay valid as it grows)
-  std::vector<size_t> restart_pending_;  // indices into workers_, from OnExit
+  std::deque<Worker> workers_;                // every incarnation (references stay valid as it grows)
+  std::vector<size_t> restart_pending_;       // indices into workers_, from OnExit
   std::optional<absl::Time> kill_at_;         // SIGKILL every group at this time
   std::optional<absl::Time> drain_deadline_;  // stop waiting for output at this time
   std::optional<LaunchResult> failure_;
@@ -885,9 +713,9 @@ absl::StatusOr<int> PickFreePort(const std::string& address) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   if (const int rc = ::getaddrinfo(address.c_str(), "0", &hints, &found); rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot pick a free port: cannot resolve master address '", address, "': ",
-        ::gai_strerror(rc), "; use an address of this machine such as 127.0.0.1"));
+    return absl::InvalidArgumentError(absl::StrCat("cannot pick a free port: cannot resolve master address '", address,
+                                                   "': ", ::gai_strerror(rc),
+                                                   "; use an address of this machine such as 127.0.0.1"));
   }
   std::string why = "no usable address";
   std::optional<int> port;
@@ -915,9 +743,9 @@ absl::StatusOr<int> PickFreePort(const std::string& address) {
   }
   ::freeaddrinfo(found);
   if (!port) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot pick a free port on '", address, "' (", why,
-        "); the master address must belong to this machine, or set the port explicitly"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot pick a free port on '", address, "' (", why,
+                     "); the master address must belong to this machine, or set the port explicitly"));
   }
   return *port;
 }
@@ -935,53 +763,6 @@ bool UserGaveSecret(const LaunchOptions& options) {
   return off == "off" || off == "OFF" || off == "Off";
 }
 
-// A fresh job secret that never touches a file system: a sealed memfd (only this user may
-// read it, nobody may change it), close-on-exec here and kept open across the exec of
-// every worker (RunChild), restarts included, which reads it as
-// GRADWIRE_SECRET_FILE=/proc/self/fd/N like any secret file. The worker then marks it
-// close-on-exec (rpc/src/security.cc): the programs a worker starts do not get the
-// secret, and a wrapper that closed it on the way (Python's subprocess without pass_fds)
-// is named in the worker's error. It goes away with the last process holding it, however
-// the launcher ends (even by SIGKILL): nothing is left behind.
-class JobSecret {
- public:
-  absl::Status Make() {
-    Fd fd(::memfd_create("gradwire-job-secret", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-    if (!fd.valid()) return ErrnoError("cannot make a memfd for the job secret", errno);
-    // Above stdin, stdout and stderr, which RunChild overwrites in the child.
-    fd_ = Fd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
-    if (!fd_.valid()) return ErrnoError("cannot move the job secret's memfd", errno);
-    const std::string secret = rpc::MakeJobSecret();
-    if (::write(fd_.get(), secret.data(), secret.size()) != static_cast<ssize_t>(secret.size())) {
-      return ErrnoError("cannot write the job secret to its memfd", errno);
-    }
-    if (::fchmod(fd_.get(), 0400) != 0 ||
-        ::fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
-      return ErrnoError("cannot seal the job secret's memfd", errno);
-    }
-    return absl::OkStatus();
-  }
-  int fd() const { return fd_.get(); }
-  std::string path() const { return absl::StrCat("/proc/self/fd/", fd_.get()); }
-
- private:
-  Fd fd_;
-};
-
-// Puts back the limit on open files that CheckResourceLimits raised for the launch.
-class NofileRestore {
- public:
-  explicit NofileRestore(std::optional<rlimit> original) : original_(original) {}
-  ~NofileRestore() {
-    if (original_) ::setrlimit(RLIMIT_NOFILE, &*original_);
-  }
-  NofileRestore(const NofileRestore&) = delete;
-  NofileRestore& operator=(const NofileRestore&) = delete;
-
- private:
-  std::optional<rlimit> original_;
-};
-
 absl::Status CheckLaunchOptions(const LaunchOptions& options) {
   if (absl::Status s = ValidateOptions(options, stdout, stderr); !s.ok()) return s;
   if (UserGaveSecret(options)) return absl::OkStatus();
@@ -993,7 +774,8 @@ absl::Status CheckLaunchOptions(const LaunchOptions& options) {
                            : "a job that others may join (max_workers, --max-workers)",
         " needs one secret shared by every launcher, and none is set: make one with `gradwire secret > job.secret` "
         "(then chmod 600 job.secret; copy it to every machine), and set GRADWIRE_SECRET_FILE=job.secret for every "
-        "launcher", options.join ? ", the one that started the job too" : "",
+        "launcher",
+        options.join ? ", the one that started the job too" : "",
         " (or GRADWIRE_AUTH=off on a network where every process is trusted)"));
   }
   return absl::OkStatus();
