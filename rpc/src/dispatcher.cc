@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gradwire/rpc/errors.h"
+#include "gradwire/rpc/message.h"
 
 namespace gw::rpc::internal {
 

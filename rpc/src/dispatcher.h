@@ -34,10 +34,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "codec.h"
-#include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/call_hooks.h"
 #include "gradwire/rpc/executor.h"
 #include "gradwire/rpc/transport.h"
+#include "gradwire/rpc/worker.h"
 
 namespace gw::rpc::internal {
 

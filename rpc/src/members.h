@@ -33,7 +33,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/worker.h"
 
 namespace gw::rpc::internal {
 

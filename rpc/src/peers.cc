@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gradwire/rpc/errors.h"
+#include "gradwire/rpc/global_id.h"
 
 namespace gw::rpc::internal {
 namespace {

@@ -46,9 +46,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "codec.h"
-#include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/message.h"
 #include "gradwire/rpc/transport.h"
+#include "gradwire/rpc/worker.h"
 #include "members.h"
 #include "rendezvous.h"
 

@@ -61,12 +61,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "etcd_store.h"
-#include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/store.h"
+#include "gradwire/rpc/worker.h"
 
 namespace gw::rpc::internal {
 

@@ -21,9 +21,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
-#include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/global_id.h"
 #include "gradwire/rpc/rref.h"
+#include "gradwire/rpc/worker.h"
 #include "rref_messages.h"
 
 namespace gw::rpc::internal {

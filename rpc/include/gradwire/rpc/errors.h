@@ -1,5 +1,33 @@
-// The failure model's vocabulary: how every layer words the errors that agent.h's
-// contract defines, so that a caller can tell them apart by code alone.
+// The failure model and its vocabulary: what each error code means for a call, an RRef
+// operation or a backward pass, and how every layer words it, so that a caller can tell
+// them apart by code alone.
+//
+// The failure model (agent.h's calls and every layer above follow it):
+//     CANCELLED          this agent is shutting down or has shut down: calls made then
+//                        (but those its handlers and the RRef protocol still make while a
+//                        graceful shutdown runs), calls pending when it closes, RRef
+//                        operations and backward passes cut short by it. "<self> is
+//                        shutting down: ...".
+//     UNAVAILABLE        the peer is dead, unreachable, or shutting down; always names it
+//                        ("<peer> is unavailable: ..." or "call to <peer>.<function>
+//                        failed: ..."). The only error a retry can fix (IsRetryable).
+//                        A connection that closes while the agent runs declares its peer
+//                        dead, and so does silence: a peer that answers no heartbeat
+//                        for peer_timeout (frozen, or cut off) has its connections
+//                        closed, every call pending on it fails, and the layers above
+//                        are told (WatchPeers, RRefs, autograd contexts). Plain calls
+//                        dial again, but RRefs and autograd contexts refuse that peer
+//                        from then on (DeclaredDeadError).
+//     DEADLINE_EXCEEDED  the call (or operation) did not finish in time; names the peer.
+//     NOT_FOUND          no such worker, or the callee has no such function (names both).
+//     INVALID_ARGUMENT   an argument or the result has the wrong type or count, or the
+//                        handler's tensor math refused its inputs (a gw::Error thrown).
+//     FAILED_PRECONDITION the peer speaks an incompatible protocol version.
+//     other codes        the handler's own error, prefixed "<worker>.<function>: "; a
+//                        handler that throws something else is INTERNAL.
+//   Exceptions become a Status at one boundary (the dispatcher, StatusFromException). A failing call
+//   never affects other calls; the agent keeps serving. Retries go through one policy
+//   (retry.h) on the agent's TimerQueue, and only of UNAVAILABLE.
 //
 // Contract
 //   - ShuttingDownError: CANCELLED, "<worker> is shutting down: <what>". The one code for
