@@ -1,6 +1,7 @@
-// Agent::Impl: the coordinator of one worker's units (rendezvous, peers, the call table,
-// the dispatcher, the RRef context, the shutdown barrier) and the state machine that
-// decides which calls may still go out:
+// Agent::Impl: the coordinator of one worker's units (rendezvous, members, peers,
+// membership, heartbeats, the call table, the dispatcher, the RRef context, the shutdown
+// barrier: rpc/src/'s sub-layers, DESIGN.md) and the state machine that decides which
+// calls may still go out:
 //
 //   kRunning -> kShuttingDown (Shutdown: the barrier runs; handlers still serve peers and
 //   may call out; RRef control messages still flow) -> kClosed (every pending call fails
@@ -10,34 +11,30 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "call_table.h"
-#include "codec.h"
-#include "dispatcher.h"
-#include "etcd_store.h"
+#include "agent_options.h"
+#include "base/watchers.h"
+#include "calls/call_table.h"
+#include "calls/dispatcher.h"
+#include "cluster/heartbeats.h"
+#include "cluster/members.h"
+#include "cluster/membership.h"
+#include "cluster/peers.h"
+#include "cluster/rendezvous.h"
+#include "cluster/shutdown_barrier.h"
 #include "gradwire/rpc/errors.h"
-#include "gradwire/rpc/faults.h"
 #include "gradwire/rpc/statistics.h"
-#include "host_address.h"
-#include "launch_env.h"
-#include "liveness.h"
-#include "members.h"
-#include "peers.h"
-#include "rendezvous.h"
-#include "rref_context.h"
-#include "rref_messages.h"
-#include "shutdown_barrier.h"
+#include "rref/rref_context.h"
+#include "rref/rref_messages.h"
+#include "transport/host_address.h"
+#include "wire/codec.h"
 
 namespace gw::rpc {
 namespace {
@@ -56,21 +53,6 @@ constexpr std::string_view kAgentPrefix = "__agent.";
   return true;
 }();
 
-// A worker that joined the group introduces itself to a member (Agent::Start): its hello
-// admitted it; the answer says so.
-struct JoinNotice {
-  static constexpr char kFunction[] = "__agent.join";
-  using Reply = Ack;
-  static constexpr auto Fields() { return std::tuple<>(); }
-};
-
-// A member tells the others it leaves the group (Agent::Leave).
-struct LeaveNotice {
-  static constexpr char kFunction[] = "__agent.leave";
-  using Reply = Ack;
-  static constexpr auto Fields() { return std::tuple<>(); }
-};
-
 // Another worker's statistics (Agent::StatisticsOf).
 struct StatisticsQuery {
   static constexpr char kFunction[] = "__agent.statistics";
@@ -87,11 +69,6 @@ constexpr size_t kPipelinedCalls = 4;
 // How long the shutdown leak check waits for late RRef deletes.
 constexpr absl::Duration kLeakGrace = absl::Milliseconds(500);
 
-std::string Env(const char* name) {  // "" when unset
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
 // The message of an error a peer answered: "<peer>.<function>: <its message>" for the
 // user's functions; gradwire's own protocol functions ("__" names) stay out of it (a
 // layer's caller says what it was doing), and only the peer is named, unless the message
@@ -107,132 +84,16 @@ std::string ReplyErrorMessage(const std::string& peer, const std::string& functi
 // late must reach their owners.
 bool IsShutdownControl(const std::string& function) {
   return function == internal::RRefFork::kFunction || function == internal::RRefAccept::kFunction ||
-         function == internal::RRefDelete::kFunction || function == LeaveNotice::kFunction;
-}
-
-// FromEnv's addresses: GRADWIRE_LISTEN / GRADWIRE_ADVERTISE, else loopback for a local
-// job, else the address of the interface that reaches the rendezvous host (MASTER_ADDR,
-// or GRADWIRE_RDZV's etcd host), which `variable` names.
-absl::Status ChooseAddresses(const char* variable, const std::string& rendezvous_host, AgentOptions* o) {
-  const std::string listen = Env("GRADWIRE_LISTEN"), advertise = Env("GRADWIRE_ADVERTISE");
-  if (!listen.empty() || !advertise.empty()) {
-    o->advertise_host = advertise;
-    o->listen_host = !listen.empty() ? listen : advertise.find(':') != std::string::npos ? "::" : "0.0.0.0";
-    return absl::OkStatus();
-  }
-  if (internal::IsLoopbackHost(rendezvous_host)) return absl::OkStatus();  // 127.0.0.1, as local jobs always did
-  absl::StatusOr<std::string> local = internal::LocalAddressToward(rendezvous_host);
-  if (!local.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AgentOptions::FromEnv: cannot tell which address of this host the other workers reach, from ",
-                     variable, "=", Env(variable), ": ", local.status().message(), "; check ", variable,
-                     ", or set GRADWIRE_LISTEN (the address to bind, e.g. 0.0.0.0) and "
-                     "GRADWIRE_ADVERTISE (the address the other workers dial)"));
-  }
-  // A rendezvous host that names this host through loopback (e.g. its name in /etc/hosts).
-  o->listen_host = internal::IsLoopbackHost(*local) ? "127.0.0.1" : *local;
-  return absl::OkStatus();
+         function == internal::RRefDelete::kFunction || function == internal::LeaveNotice::kFunction;
 }
 
 }  // namespace
-
-absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
-  AgentOptions o;
-  const std::string rdzv = Env("GRADWIRE_RDZV");
-  o.join = Env("GRADWIRE_JOIN") == "1";
-  // A worker that joins gets its rank from the group: RANK is not needed.
-  auto env = [&o](const char* name) { return o.join && std::string(name) == "RANK" && Env(name).empty() ? "0" : Env(name); };
-  absl::StatusOr<internal::LaunchEnv> launch = internal::ReadLaunchEnv(env, /*need_master=*/rdzv.empty());
-  if (!launch.ok()) return launch.status();
-  o.rank = launch->rank;
-  o.world_size = launch->world_size;
-  if (std::string m = Env("GRADWIRE_MAX_WORLD_SIZE"); !m.empty()) {
-    if (!absl::SimpleAtoi(m, &o.max_world_size) || o.max_world_size < o.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: bad GRADWIRE_MAX_WORLD_SIZE=", m,
-                                                     " (a number of workers, at least WORLD_SIZE=", o.world_size, ")"));
-    }
-  }
-  if (!rdzv.empty()) {  // etcd: nobody hosts the store
-    absl::StatusOr<internal::EtcdUrl> url = internal::ParseEtcdUrl(rdzv);
-    if (!url.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: GRADWIRE_RDZV: ", url.status().message()));
-    }
-    o.rendezvous = rdzv;
-    o.host_store = false;
-    if (absl::Status s = ChooseAddresses("GRADWIRE_RDZV", url->host, &o); !s.ok()) return s;
-  } else {
-    o.rendezvous = internal::JoinHostPort(launch->master_addr, launch->master_port);
-    if (absl::Status s = ChooseAddresses("MASTER_ADDR", launch->master_addr, &o); !s.ok()) return s;
-  }
-  o.name = Env("GRADWIRE_WORKER_NAME");
-  if (std::string t = Env("GRADWIRE_TRANSPORT"); !t.empty()) o.transport = t;
-  if (std::string r = Env("GRADWIRE_RUN_ID"); !r.empty()) o.run_id = r;
-  for (auto [name, field] : {std::pair{"GRADWIRE_HEARTBEAT_INTERVAL", &o.heartbeat_interval},
-                             std::pair{"GRADWIRE_PEER_TIMEOUT", &o.peer_timeout}}) {
-    const std::string v = Env(name);
-    if (v.empty()) continue;
-    if (!absl::ParseDuration(v, field) || *field < absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: bad ", name, "=", v,
-                                                     " (a duration such as 500ms or 3s)"));
-    }
-  }
-  absl::StatusOr<Security> security = Security::FromEnv();
-  if (!security.ok()) return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: ", security.status().message()));
-  o.security = *std::move(security);
-  if (std::string f = Env("GRADWIRE_FAULTS"); !f.empty()) {
-    absl::StatusOr<FaultSpec> faults = ParseFaults(f);
-    if (!faults.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("AgentOptions::FromEnv: GRADWIRE_FAULTS=", f, ": ", faults.status().message()));
-    }
-    o.transport_options.faults = std::make_shared<FaultInjector>(*std::move(faults));
-  }
-  return o;
-}
-
-// The functions of Agent::WatchPeers (Event = int, a rank) and Agent::WatchMembers. A
-// watch's deleter removes its function; it holds the list weakly, so a watch may outlive
-// the agent.
-template <typename Event>
-class Watchers : public std::enable_shared_from_this<Watchers<Event>> {
- public:
-  using Fn = std::function<void(const Event&)>;
-  Agent::PeerWatch Add(Fn fn) {
-    int64_t id;
-    {
-      absl::MutexLock lock(&mu_);
-      id = next_++;
-      fns_.emplace(id, std::make_shared<Fn>(std::move(fn)));
-    }
-    std::weak_ptr<Watchers> weak = this->weak_from_this();
-    return Agent::PeerWatch(nullptr, [weak, id](void*) {
-      if (auto self = weak.lock()) {
-        absl::MutexLock lock(&self->mu_);
-        self->fns_.erase(id);
-      }
-    });
-  }
-  void Notify(const Event& event) {
-    std::vector<std::shared_ptr<Fn>> fns;
-    {
-      absl::MutexLock lock(&mu_);
-      for (const auto& [id, fn] : fns_) fns.push_back(fn);
-    }
-    for (const auto& fn : fns) (*fn)(event);  // outside the lock: a function may drop its watch
-  }
-
- private:
-  absl::Mutex mu_;
-  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int64_t, std::shared_ptr<Fn>> fns_ ABSL_GUARDED_BY(mu_);
-};
 
 class Agent::Impl {
  public:
   explicit Impl(AgentOptions options)
       : options_(std::move(options)),
         pool_(static_cast<size_t>(std::max(1, options_.worker_threads)), "gw-worker"),
-        heartbeat_sender_(1, "gw-heartbeat"),
         timers_("gw-timer") {}
 
   ~Impl() {
@@ -240,62 +101,19 @@ class Agent::Impl {
     if (dispatcher_) dispatcher_->ClearHandlers();  // while the members their state may call are alive
   }
 
-  // The secret and TLS files not given in options_ come from the environment; a group that
-  // may have more than one worker needs a secret unless authentication is turned off.
-  absl::Status ResolveSecurity() {
-    Security& sec = options_.security;
-    if (sec.secret.empty() || !sec.tls.enabled()) {
-      absl::StatusOr<Security> env = Security::FromEnv();
-      if (!env.ok()) return env.status();
-      if (sec.secret.empty()) sec.secret = env->secret;
-      if (!sec.tls.enabled()) sec.tls = env->tls;
-      if (!env->authenticate) sec.authenticate = false;
-    }
-    if (absl::Status s = sec.Validate(); !s.ok()) return s;
-    const bool alone = options_.max_world_size <= 1 && !options_.join;
-    if (sec.authenticate && sec.secret.empty() && !alone) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          options_.name.empty() ? absl::StrCat("rank ", options_.rank) : options_.name,
-          ": this job has no secret, and its workers authenticate each other by one: start it with `gradwire "
-          "launch` (which makes one), or give every worker the same secret (GRADWIRE_SECRET_FILE=PATH, "
-          "GRADWIRE_SECRET=..., or AgentOptions::security.secret); only on a network where every process is "
-          "trusted, turn authentication off with GRADWIRE_AUTH=off (Security::authenticate = false)"));
-    }
-    return absl::OkStatus();
-  }
-
   absl::Status Start(const Setup& setup, Agent& agent) {
-    if (options_.join) options_.rank = -1;  // the group gives it one
-    if (options_.max_world_size == 0) options_.max_world_size = options_.world_size;
-    if (options_.world_size < 1 || options_.max_world_size < options_.world_size ||
-        options_.max_world_size > GlobalId::kMaxRanks || (!options_.join && (options_.rank < 0 || options_.rank >= options_.world_size))) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", options_.rank, " is not in [0, ", options_.world_size,
-                                                     "), or max_world_size ", options_.max_world_size,
-                                                     " is below world_size or above ", GlobalId::kMaxRanks));
-    }
-    if (options_.heartbeat_interval > absl::ZeroDuration() && options_.peer_timeout < 2 * options_.heartbeat_interval) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          options_.name, ": AgentOptions::peer_timeout (", absl::FormatDuration(options_.peer_timeout),
-          ") must be at least twice heartbeat_interval (", absl::FormatDuration(options_.heartbeat_interval),
-          "), or a silent peer is declared dead before it could answer a ping; to turn heartbeats off set "
-          "heartbeat_interval (GRADWIRE_HEARTBEAT_INTERVAL) to 0"));
-    }
-    if (absl::Status s = ResolveSecurity(); !s.ok()) return s;
+    if (absl::Status s = internal::ResolveOptions(options_); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + options_.start_timeout;
     auto rendezvous = internal::Rendezvous::Join(options_, deadline);
     if (!rendezvous.ok()) return rendezvous.status();
     rendezvous_ = std::move(*rendezvous);
     options_.rendezvous = rendezvous_->store_address();
     if (options_.join) {
-      if (absl::Status s = ClaimRank(deadline); !s.ok()) return s;
+      if (absl::Status s = internal::Membership::ClaimRank(*rendezvous_, options_, deadline); !s.ok()) return s;
     }
     if (options_.name.empty()) options_.name = absl::StrCat("worker", options_.rank);
     ids_.emplace(options_.rank);
     members_ = std::make_unique<internal::Members>(options_.world_size, options_.max_world_size);
-    liveness_ = std::make_unique<internal::Liveness>(
-        options_.max_world_size,
-        options_.heartbeat_interval > absl::ZeroDuration() ? options_.heartbeat_interval : absl::Seconds(1),
-        options_.peer_timeout);
 
     if (options_.transport_options.self_name.empty()) options_.transport_options.self_name = options_.name;
     options_.transport_options.security = options_.security;
@@ -307,12 +125,23 @@ class Agent::Impl {
         ConnectionCallbacks{[this](const std::shared_ptr<Connection>& c, Message m) { OnMessage(c, std::move(m)); },
                             [this](const std::shared_ptr<Connection>& c, const absl::Status& s) { OnClose(c, s); },
                             [this](const std::shared_ptr<Connection>& c) { dispatcher_->OnFlush(c); }},
-        internal::Peers::Events{[this](const WorkerInfo& w) { OnJoined(w); },
+        internal::Peers::Events{[this](const WorkerInfo& w) { membership_->OnJoined(w); },
                                 [this](int rank) {
-                                  liveness_->Heard(rank);
+                                  heartbeats_->Heard(rank);
                                   absl::MutexLock lock(&gone_mu_);
                                   gone_.erase(rank);  // reached again
                                 }});
+    heartbeats_ =
+        std::make_unique<internal::Heartbeats>(options_.name, options_.max_world_size, options_.heartbeat_interval,
+                                               options_.peer_timeout, *peers_, timers_, [this] { return closed(); });
+    membership_ = std::make_unique<internal::Membership>(
+        options_, *rendezvous_, *members_, *peers_,
+        internal::Membership::Hooks{
+            [this](const std::string& to, const std::string& function, absl::Time deadline) {
+              return Notify(to, function, deadline);
+            },
+            [this](std::vector<std::string> names) { rrefs_->SetWorkerNames(std::move(names)); },
+            [this](int rank) { return OnLeft(rank); }});
     calls_ = std::make_unique<internal::CallTable>(timers_, [this](int rank) { return peers_->Describe(rank); });
     dispatcher_ = std::make_unique<internal::Dispatcher>(
         options_.name, pool_,
@@ -349,14 +178,14 @@ class Agent::Impl {
       return s;
     }
     own_statistics_ = statistics_.Add("agent", [this](std::vector<Sample>& out) { AppendOwnStatistics(out); });
-    if (absl::Status s = agent.Handle<JoinNotice>([](const CallInfo&, JoinNotice) { return Ack{}; },
-                                                  RegisterOptions{HandlerMode::kInline});
+    if (absl::Status s = agent.Handle<internal::JoinNotice>([](const CallInfo&, internal::JoinNotice) { return Ack{}; },
+                                                            RegisterOptions{HandlerMode::kInline});
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = agent.Handle<LeaveNotice>(
-            [this](const CallInfo& info, LeaveNotice) {
-              OnLeft(info.caller_rank);
+    if (absl::Status s = agent.Handle<internal::LeaveNotice>(
+            [this](const CallInfo& info, internal::LeaveNotice) {
+              membership_->OnLeaveNotice(info.caller_rank);
               return Ack{};
             },
             RegisterOptions{HandlerMode::kInline});
@@ -380,102 +209,29 @@ class Agent::Impl {
       return absl::Status(s.code(), absl::StrCat(options_.name, ": setup failed: ", s.message()));
     }
     if (absl::Status s = rendezvous_->Announce(self_); !s.ok()) return s;
-    if (absl::Status s = options_.join ? FindMembers(deadline) : AwaitGroup(deadline); !s.ok()) {
+    if (absl::Status s = membership_->Form(self_, deadline); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(options_.name, ": ", s.message()));
     }
-    if (options_.heartbeat_interval > absl::ZeroDuration()) timers_.After(liveness_->interval(), [this] { Heartbeat(); });
-    if (options_.join) IntroduceSelf(deadline);
+    heartbeats_->Start();
+    if (options_.join) membership_->Introduce(deadline);
     return absl::OkStatus();
-  }
-
-  // Start's group: every rank announces itself; rank 0 then says the group is formed (a
-  // worker that joins later waits for that).
-  absl::Status AwaitGroup(absl::Time deadline) {
-    absl::StatusOr<std::vector<WorkerInfo>> workers = rendezvous_->AwaitAll(deadline);
-    if (!workers.ok()) return workers.status();
-    peers_->SetWorkers(*std::move(workers));
-    UpdateNames();
-    if (options_.rank == 0) return rendezvous_->PublishGroup(options_.world_size, options_.max_world_size);
-    return absl::OkStatus();
-  }
-
-  // A worker that joins: the group's size and the next free rank.
-  absl::Status ClaimRank(absl::Time deadline) {
-    absl::StatusOr<std::pair<int, int>> group = rendezvous_->ReadGroup(deadline);
-    if (!group.ok()) return group.status();
-    options_.world_size = group->first;
-    options_.max_world_size = group->second;
-    absl::StatusOr<int> rank = rendezvous_->ClaimRank(group->first, group->second);
-    if (!rank.ok()) return rank.status();
-    options_.rank = *rank;
-    return absl::OkStatus();
-  }
-
-  // A worker that joins: every member the store knows of.
-  absl::Status FindMembers(absl::Time deadline) {
-    absl::StatusOr<internal::Rendezvous::Found> found = rendezvous_->FindMembers(options_.world_size, options_.max_world_size, options_.rank, deadline);
-    if (!found.ok()) return found.status();
-    std::vector<WorkerInfo> group(static_cast<size_t>(options_.world_size));
-    std::vector<WorkerInfo> joined{self_};
-    for (WorkerInfo& w : found->workers) {
-      if (w.rank < options_.world_size) {
-        group[static_cast<size_t>(w.rank)] = w;
-      } else {
-        joined.push_back(w);
-      }
-    }
-    members_->SetKnown(joined);
-    peers_->SetWorkers(std::move(group));
-    for (int rank : found->left) members_->MarkLeft(rank);
-    UpdateNames();
-    return absl::OkStatus();
-  }
-
-  // A worker that joined says hello to every member, which admits it (Peers) and tells
-  // its layers (WatchMembers), and waits for the answers: once Start returns, every
-  // member knows it. A member that does not answer is dead or gone: skipped.
-  void IntroduceSelf(absl::Time deadline) {
-    std::vector<std::pair<std::string, Future<Ack>>> told;
-    for (const WorkerInfo& w : members_->Present()) {
-      if (w.rank != options_.rank) told.emplace_back(w.name, Notify<JoinNotice>(w.name, deadline));
-    }
-    for (auto& [name, f] : told) {
-      if (absl::StatusOr<Ack> r = f.Get(std::max(absl::ZeroDuration(), deadline - absl::Now())); !r.ok()) {
-        std::fprintf(stderr, "gradwire: %s joined without %s: %s\n", options_.name.c_str(), name.c_str(),
-                     std::string(r.status().message()).c_str());
-      }
-    }
-  }
-
-  void UpdateNames() {
-    absl::MutexLock lock(&names_mu_);  // two joining at once: the later list is the fuller
-    std::vector<std::string> names;
-    for (int r = 0; r < members_->capacity(); ++r) names.push_back(members_->Name(r));
-    rrefs_->SetWorkerNames(std::move(names));
   }
 
   // ---------------------------------------------------------------- membership
 
-  // On the I/O thread that admitted the hello of a worker that joined.
-  void OnJoined(const WorkerInfo& w) {
-    UpdateNames();
-    member_watchers_->Notify(MemberChange{MemberChange::Kind::kJoined, w});
-  }
-
-  // A member said it leaves (LeaveNotice, on the I/O thread): calls to it fail from now
-  // on, and the layers let go of it as of a dead peer.
-  void OnLeft(int rank) {
-    if (!members_->MarkLeft(rank)) return;
+  // A member left (Membership::OnLeaveNotice, on the I/O thread, once): the layers let go
+  // of it as of a dead peer. False once closed.
+  bool OnLeft(int rank) {
     State state;
     {
       absl::MutexLock lock(&mu_);
       state = state_;
     }
-    if (state == State::kClosed) return;
+    if (state == State::kClosed) return false;
     if (state == State::kRunning) rrefs_->OnPeerGone(rank);
     if (hooks_) hooks_->OnPeerGone(rank);
     watchers_->Notify(rank);
-    member_watchers_->Notify(MemberChange{MemberChange::Kind::kLeft, *members_->Get(rank)});
+    return true;
   }
 
   absl::Status Leave() {
@@ -493,11 +249,7 @@ class Agent::Impl {
     }
     const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
     Drain(deadline);
-    std::vector<Future<Ack>> told;
-    for (const WorkerInfo& w : members_->Present()) {
-      if (w.rank != options_.rank) told.push_back(Notify<LeaveNotice>(w.name, deadline));
-    }
-    for (Future<Ack>& f : told) (void)f.Get(std::max(absl::ZeroDuration(), deadline - absl::Now()));  // the dead do not answer
+    membership_->TellLeaving(deadline);
     internal::ShutdownBarrier barrier(*rendezvous_, options_.name, options_.rank, options_.world_size,
                                      options_.max_world_size);
     absl::Status departed = barrier.Depart();
@@ -512,29 +264,23 @@ class Agent::Impl {
   }
 
   // Sends a membership notice (a message without fields) to a member by `deadline`.
-  template <typename Notice>
-  Future<Ack> Notify(const std::string& to, absl::Time deadline) {
+  Future<Ack> Notify(const std::string& to, const std::string& function, absl::Time deadline) {
     Promise<Ack> promise(pool_);
-    Value fields = ValueTraits<Notice>::To(Notice{});
     CallOptions call;
     call.timeout = std::max(absl::Milliseconds(1), deadline - absl::Now());
-    Call(to, Notice::kFunction, std::move(std::get<ValueList>(fields.storage())), call,
-         [promise](absl::StatusOr<Value> v) {
-           promise.Set(v.ok() ? absl::StatusOr<Ack>(Ack{}) : absl::StatusOr<Ack>(v.status()));
-         });
+    Call(to, function, ValueList{}, call, [promise](absl::StatusOr<Value> v) {
+      promise.Set(v.ok() ? absl::StatusOr<Ack>(Ack{}) : absl::StatusOr<Ack>(v.status()));
+    });
     return promise.future();
   }
 
   std::vector<WorkerInfo> members() const { return members_->Present(); }
   std::string NameOf(int rank) const { return members_ ? members_->Name(rank) : absl::StrCat("rank ", rank); }
   absl::Status PeerGoneError(int rank) const {
-    if (members_ && members_->state(rank) == internal::Members::State::kLeft) {
-      return UnavailableError(NameOf(rank), "it left the job");
-    }
-    return DeclaredDeadError(NameOf(rank));
+    return membership_ ? membership_->GoneError(rank) : DeclaredDeadError(NameOf(rank));
   }
   Agent::PeerWatch WatchMembers(std::function<void(const MemberChange&)> fn) {
-    return member_watchers_->Add(std::move(fn));
+    return membership_->Watch(std::move(fn));
   }
 
   // ---------------------------------------------------------------- registry
@@ -673,7 +419,7 @@ class Agent::Impl {
     if (rrefs_) rrefs_->Close();
     timers_.Shutdown();
     pool_.Shutdown();
-    heartbeat_sender_.Shutdown();
+    if (heartbeats_) heartbeats_->Stop();
     if (peers_) peers_->CloseAll();
     if (rendezvous_) rendezvous_->Close();
   }
@@ -713,8 +459,8 @@ class Agent::Impl {
     add("gradwire_rref_pending_control", r.pending_control);
     add("gradwire_shm_connections", t.shared_memory_connections);
     add("gradwire_shm_tensors_total", t.shared_memory_tensors);
-    add("gradwire_rpc_heartbeats_sent_total", heartbeats_sent_.load(std::memory_order_relaxed));
-    add("gradwire_rpc_peers_declared_silent_total", peers_declared_dead_.load(std::memory_order_relaxed));
+    add("gradwire_rpc_heartbeats_sent_total", heartbeats_->pings_sent());
+    add("gradwire_rpc_peers_declared_silent_total", heartbeats_->declared_dead());
   }
   void SetCallHooks(std::shared_ptr<CallHooks> hooks) {
     hooks_ = hooks;
@@ -726,6 +472,11 @@ class Agent::Impl {
 
  private:
   enum class State { kRunning, kShuttingDown, kClosed };
+
+  bool closed() {
+    absl::MutexLock lock(&mu_);
+    return state_ == State::kClosed;
+  }
 
   CallInfo Info(const std::string& caller, const std::string& function) const {
     return CallInfo{caller, function, members_->RankOf(caller)};
@@ -756,7 +507,7 @@ class Agent::Impl {
       return;
     }
     const int from = peers_->RankOf(conn.get());  // -1 before its hello
-    if (from >= 0) liveness_->Heard(from);
+    if (from >= 0) heartbeats_->Heard(from);
     switch (env->kind) {
       case Kind::kHello:
         (void)peers_->OnHello(conn, *env);
@@ -768,61 +519,11 @@ class Agent::Impl {
         OnResponse(from, *std::move(env));
         return;
       case Kind::kPing:
-        if (from >= 0) SendHeartbeat(*conn, Kind::kPong);  // here, on the I/O thread: never behind a handler
+        if (from >= 0) internal::Heartbeats::Answer(*conn);
         return;
       case Kind::kPong:
         return;  // hearing it was the point
     }
-  }
-
-  // ---------------------------------------------------------------- failure detection
-
-  static void SendHeartbeat(Connection& conn, Kind kind) {
-    Envelope beat;
-    beat.kind = kind;
-    if (absl::StatusOr<Message> m = internal::EncodeEnvelope(beat); m.ok()) conn.Send(*std::move(m));
-  }
-
-  // Every heartbeat_interval on the timer thread (liveness.h): pings the peers it has not
-  // heard from, declares dead those silent for peer_timeout.
-  void Heartbeat() {
-    {
-      absl::MutexLock lock(&mu_);
-      if (state_ == State::kClosed) return;
-    }
-    std::vector<std::pair<int, std::shared_ptr<Connection>>> connected = peers_->Connected();
-    std::vector<int> ranks;
-    ranks.reserve(connected.size());
-    for (const auto& [rank, conn] : connected) ranks.push_back(rank);
-    internal::Liveness::Actions actions = liveness_->Tick(absl::Now(), ranks);
-    heartbeats_sent_.fetch_add(static_cast<int64_t>(actions.ping.size()), std::memory_order_relaxed);
-    peers_declared_dead_.fetch_add(static_cast<int64_t>(actions.dead.size()), std::memory_order_relaxed);
-    // The dead first: closing a connection also frees a sender blocked on its full socket.
-    for (int rank : actions.dead) {
-      absl::Status why = UnavailableError(
-          peers_->Describe(rank),
-          absl::StrCat("declared dead by ", options_.name, ": nothing heard from it, not even a heartbeat answer, for ",
-                       absl::FormatDuration(liveness_->timeout()),
-                       " (frozen, its host down, or the network between them cut; AgentOptions::peer_timeout)"));
-      std::fprintf(stderr, "gradwire: %s\n", std::string(why.message()).c_str());
-      peers_->CloseRank(rank, why);  // OnClose fails its calls and tells every layer
-    }
-    // Pings go out from a thread of their own, never from this one (a send may wait for
-    // the connection's writer: a large frame to a slow or frozen peer; and this thread runs
-    // every call's deadline and the next tick), nor from the worker pool (whose threads may
-    // all be busy in handlers on both ends of an idle connection).
-    std::vector<std::shared_ptr<Connection>> ping;
-    for (int rank : actions.ping) {
-      for (const auto& [r, conn] : connected) {
-        if (r == rank) ping.push_back(conn);
-      }
-    }
-    if (!ping.empty()) {
-      (void)heartbeat_sender_.Post([ping = std::move(ping)] {
-        for (const auto& conn : ping) SendHeartbeat(*conn, Kind::kPing);
-      });
-    }
-    timers_.After(liveness_->interval(), [this] { Heartbeat(); });
   }
 
   void OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env) {
@@ -957,24 +658,20 @@ class Agent::Impl {
   AgentOptions options_;
   Statistics statistics_;
   ThreadPool pool_;
-  ThreadPool heartbeat_sender_;  // sends the pings (Heartbeat)
   TimerQueue timers_;
-  std::optional<GlobalIdGenerator> ids_;       // set in Start, once the rank is known
-  std::unique_ptr<internal::Liveness> liveness_;  // Heard on I/O threads; ticked on the timer thread
-  std::atomic<int64_t> heartbeats_sent_{0};
-  std::atomic<int64_t> peers_declared_dead_{0};  // for silence (heartbeats), not closed connections
+  std::optional<GlobalIdGenerator> ids_;  // set in Start, once the rank is known
   WorkerInfo self_;
   std::unique_ptr<internal::Rendezvous> rendezvous_;
+  std::unique_ptr<internal::Members> members_;  // set in Start
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<internal::Peers> peers_;
+  std::unique_ptr<internal::Heartbeats> heartbeats_;
+  std::unique_ptr<internal::Membership> membership_;
   std::unique_ptr<internal::CallTable> calls_;
   std::unique_ptr<internal::Dispatcher> dispatcher_;
   std::shared_ptr<internal::RRefContext> rrefs_;
   std::shared_ptr<CallHooks> hooks_;                // set in setup (SetCallHooks), then read-only
-  std::shared_ptr<Watchers<int>> watchers_ = std::make_shared<Watchers<int>>();
-  std::shared_ptr<Watchers<MemberChange>> member_watchers_ = std::make_shared<Watchers<MemberChange>>();
-  std::unique_ptr<internal::Members> members_;  // set in Start
-  absl::Mutex names_mu_;                        // UpdateNames, one at a time
+  std::shared_ptr<internal::Watchers<int>> watchers_ = std::make_shared<internal::Watchers<int>>();
   absl::Mutex gone_mu_;
   absl::flat_hash_set<int> gone_ ABSL_GUARDED_BY(gone_mu_);  // connection closed, not reached since
   Statistics::Source own_statistics_;               // reads the units above: dropped first

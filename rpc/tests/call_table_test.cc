@@ -1,5 +1,5 @@
 // Unit: CallTable, the calls an agent awaits, with their deadlines.
-#include "call_table.h"
+#include "calls/call_table.h"
 
 #include <gtest/gtest.h>
 

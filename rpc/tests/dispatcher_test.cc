@@ -1,5 +1,5 @@
 // Unit: Dispatcher, the inbound half of an agent, fed by a real tcp connection.
-#include "dispatcher.h"
+#include "calls/dispatcher.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // woken through watches, timeouts naming every missing key, job namespaces, an etcd that
 // restarts under waiting and calling clients, and unreachable or foreign servers. The
 // semantics it shares with the built-in store are checked by store_test.cc.
-#include "etcd_store.h"
+#include "store/etcd_store.h"
 
 #include <gtest/gtest.h>
 

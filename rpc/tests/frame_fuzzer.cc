@@ -8,12 +8,12 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "codec.h"
-#include "handshake.h"
-#include "store_sessions.h"
+#include "cluster/peers.h"
 #include "gradwire/rpc/frame.h"
-#include "peers.h"
-#include "rref_messages.h"
+#include "rref/rref_messages.h"
+#include "security/handshake.h"
+#include "store/store_sessions.h"
+#include "wire/codec.h"
 
 namespace {
 

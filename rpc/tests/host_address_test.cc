@@ -1,7 +1,7 @@
 // Unit: host_address.h — host:port parsing, loopback and wildcard hosts, and the local
 // address that reaches a host (here only loopback: the tests of multi_host_test.cc look
 // across simulated hosts).
-#include "host_address.h"
+#include "transport/host_address.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Unit: LaunchEnv (launch_env.h), the job's shape read from the variables that torchrun,
 // `gradwire launch`, SLURM's srun and MPI launchers set.
-#include "launch_env.h"
+#include "cluster/launch_env.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Unit: Liveness, the failure detector's state machine (liveness.h), driven by a clock
 // the test owns. The agent-level behaviour (real processes frozen, busy, cut off) is in
 // agent_process_test.cc and agent_test.cc.
-#include "liveness.h"
+#include "cluster/liveness.h"
 
 #include <gtest/gtest.h>
 

@@ -9,9 +9,9 @@
 #include <variant>
 
 #include "absl/container/flat_hash_set.h"
-#include "codec.h"
 #include "gradwire/rpc/global_id.h"
 #include "gradwire/tensor/kernels.h"
+#include "wire/codec.h"
 
 namespace gw::rpc {
 namespace {

@@ -7,11 +7,11 @@
 #include <deque>
 
 #include "absl/synchronization/mutex.h"
-#include "codec.h"
+#include "cluster/peers.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/message.h"
-#include "peers.h"
 #include "test_support.h"
+#include "wire/codec.h"
 
 namespace gw::rpc {
 namespace {

@@ -1,6 +1,6 @@
 // Units: Rendezvous (how workers find each other) and the ShutdownBarrier protocol, both
 // over a real rendezvous store: the built-in one and etcd (store_backends.h).
-#include "rendezvous.h"
+#include "cluster/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "cluster/shutdown_barrier.h"
 #include "gradwire/proto/store.grpc.pb.h"
-#include "shutdown_barrier.h"
-#include "store_sessions.h"
+#include "store/store_sessions.h"
 #include "store_backends.h"
 
 namespace gw::rpc::internal {

@@ -37,12 +37,12 @@
 #include "gradwire/rpc/store.h"
 #include "gradwire/rpc/transport.h"
 #include "gradwire/tensor/kernels.h"
-#include "handshake.h"
 #include "inbox.h"
 #include "raw_socket.h"
 #include "scoped_env.h"
 #include "scoped_temp_dir.h"
-#include "store_sessions.h"
+#include "security/handshake.h"
+#include "store/store_sessions.h"
 #include "test_certs.h"
 
 namespace gw::rpc {

@@ -142,7 +142,7 @@ SubreaperScope::~SubreaperScope() {
 // read it, nobody may change it), close-on-exec here and kept open across the exec of
 // every worker (RunChild), restarts included, which reads it as
 // GRADWIRE_SECRET_FILE=/proc/self/fd/N like any secret file. The worker then marks it
-// close-on-exec (rpc/src/security.cc): the programs a worker starts do not get the
+// close-on-exec (rpc/src/security/security.cc): the programs a worker starts do not get the
 // secret, and a wrapper that closed it on the way (Python's subprocess without pass_fds)
 // is named in the worker's error. It goes away with the last process holding it, however
 // the launcher ends (even by SIGKILL): nothing is left behind.

@@ -93,6 +93,7 @@
 #include "gradwire/rpc/global_id.h"
 #include "gradwire/rpc/internal/handler.h"
 #include "gradwire/rpc/message.h"
+#include "gradwire/rpc/rref.h"
 #include "gradwire/rpc/security.h"
 #include "gradwire/rpc/statistics.h"
 #include "gradwire/rpc/store.h"
@@ -103,9 +104,6 @@
 
 namespace gw::rpc {
 
-template <typename T>
-class RRef;
-struct RRefStats;
 class Agent;
 
 // What Agent::Start runs before announcing the worker: any callable taking Agent& and
@@ -277,8 +275,19 @@ class Agent {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace gw::rpc
+template <typename T, typename... Args>
+RRef<T> Agent::Remote(const std::string& to, const std::string& function, Args&&... args) {
+  CallOptions options;
+  ValueList values;
+  (internal::AddArg(&values, &options, std::forward<Args>(args)), ...);
+  return RRef<T>(RemoteRaw(to, function, std::move(values), options, internal::TypeName<T>()));
+}
 
-#include "gradwire/rpc/rref.h"  // RRef<T>, Agent::Remote and Agent::Own
+template <typename T>
+RRef<T> Agent::Own(T value) {
+  return RRef<T>(OwnRaw(ValueTraits<T>::To(std::move(value)), internal::TypeName<T>()));
+}
+
+}  // namespace gw::rpc
 
 #endif  // GRADWIRE_RPC_AGENT_H_

@@ -18,6 +18,9 @@
 //     Copies of an RRef<T> in one process share one reference (one fork).
 //   - Introspection: Agent::rref_stats() counts owned values, their forks and users.
 //   - Thread-safe.
+//   - This header is the handle alone: it does not include the agent (agent.h includes
+//     it, and defines Agent::Remote and Agent::Own); the state one fork shares is in
+//     internal/rref_state.h, which the wire codec reads without the agent.
 //
 // Reference counting protocol (rref_context.cc). Every reference held outside the owner
 // is a *fork* with a GlobalId (global_id.h); the owner keeps, per owned value, the set of
@@ -30,7 +33,7 @@
 //     FAILED    creation failed (Remote of an unknown function, owner dead)
 //     RELEASED  no local handle left; the fork lingers while it is PENDING or has
 //               unconfirmed children, then a DELETE goes to the owner and it is gone
-//   Messages: the records of rpc/src/rref_messages.h, all idempotent. RRefFork,
+//   Messages: the records of rpc/src/rref/rref_messages.h, all idempotent. RRefFork,
 //   RRefAccept and RRefDelete are retried by the agent's retry policy (retry.h) while the
 //   peer is UNAVAILABLE and still alive to us; nothing else is retried.
 //     RRefRemote {rref, fork, function, args, self_rref, type}   user -> owner: create the
@@ -73,10 +76,14 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "gradwire/rpc/agent.h"
+#include "absl/strings/str_cat.h"
 #include "gradwire/rpc/future.h"
 #include "gradwire/rpc/global_id.h"
+#include "gradwire/rpc/internal/handler.h"
+#include "gradwire/rpc/internal/rref_state.h"
+#include "gradwire/rpc/message.h"
 #include "gradwire/rpc/value.h"
+#include "gradwire/rpc/worker.h"
 
 namespace gw::rpc {
 
@@ -89,52 +96,6 @@ struct RRefStats {
                             // still waiting for a confirmation
   int64_t pending_control = 0;  // control messages sent and not yet acknowledged
 };
-
-namespace internal {
-
-class RRefContext;
-
-// The wire form of one fork of an RRef.
-struct RRefDescriptor {
-  GlobalId rref_id;
-  GlobalId fork_id;      // null for the owner's own handles
-  int owner = -1;        // rank
-  int parent = -1;       // rank that sent this fork
-  GlobalId parent_fork;  // the sender's fork (null: the sender is the owner)
-  std::string type;      // TypeName<T>() of the owned value
-};
-
-// One reference held by this process; shared by every RRef<T> copy of it. Detached
-// (no context) while in transit, between decoding a frame and adoption by the agent.
-class RRefState {
- public:
-  explicit RRefState(RRefDescriptor d) : d_(std::move(d)) {}
-  RRefState(std::shared_ptr<RRefContext> ctx, RRefDescriptor d, bool is_owner)
-      : ctx_(std::move(ctx)), d_(std::move(d)), is_owner_(is_owner) {}
-  ~RRefState();
-  RRefState(const RRefState&) = delete;
-  RRefState& operator=(const RRefState&) = delete;
-
-  const RRefDescriptor& descriptor() const { return d_; }
-  bool attached() const { return ctx_ != nullptr; }
-  bool is_owner() const { return is_owner_; }
-  std::string owner_name() const;
-  bool confirmed() const;
-  Future<Value> Fetch(CallOptions options) const;
-  absl::StatusOr<Value> LocalValue() const;
-  Future<Value> Call(const std::string& method, ValueList args, CallOptions options) const;
-  std::shared_ptr<RRefState> Remote(const std::string& method, ValueList args, CallOptions options,
-                                    std::string type) const;
-  // How long to wait for a result asked with `timeout` (0: the agent's default).
-  absl::Duration WaitBudget(absl::Duration timeout) const;
-
- private:
-  const std::shared_ptr<RRefContext> ctx_;
-  const RRefDescriptor d_;
-  const bool is_owner_ = false;
-};
-
-}  // namespace internal
 
 template <typename T>
 class RRef {
@@ -229,19 +190,6 @@ struct ValueTraits<RRef<T>> {
     return RRef<T>(s);
   }
 };
-
-template <typename T, typename... Args>
-RRef<T> Agent::Remote(const std::string& to, const std::string& function, Args&&... args) {
-  CallOptions options;
-  ValueList values;
-  (internal::AddArg(&values, &options, std::forward<Args>(args)), ...);
-  return RRef<T>(RemoteRaw(to, function, std::move(values), options, internal::TypeName<T>()));
-}
-
-template <typename T>
-RRef<T> Agent::Own(T value) {
-  return RRef<T>(OwnRaw(ValueTraits<T>::To(std::move(value)), internal::TypeName<T>()));
-}
 
 }  // namespace gw::rpc
 

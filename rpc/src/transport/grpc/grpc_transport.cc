@@ -19,11 +19,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gradwire/proto/transport.grpc.pb.h"
-#include "connection_rate.h"
-#include "grpc_credentials.h"
-#include "handshake.h"
-#include "host_address.h"
-#include "refusal_log.h"
+#include "security/connection_rate.h"
+#include "security/grpc_credentials.h"
+#include "security/handshake.h"
+#include "security/refusal_log.h"
+#include "transport/host_address.h"
 
 namespace gw::rpc {
 namespace {

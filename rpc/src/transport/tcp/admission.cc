@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "handshake.h"
-#include "host_address.h"
+#include "security/handshake.h"
+#include "transport/host_address.h"
 
 namespace gw::rpc::internal {
 namespace {

@@ -16,10 +16,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "connection_rate.h"
-#include "host_address.h"
-#include "refusal_log.h"
+#include "security/connection_rate.h"
+#include "security/refusal_log.h"
+#include "transport/host_address.h"
 #include "transport/tcp/admission.h"
+#include "transport/tcp/stream_connection.h"
 #include "transport/tcp/tls_connection.h"
 
 namespace gw::rpc {
@@ -27,13 +28,9 @@ namespace {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
-using Strand = asio::strand<asio::io_context::executor_type>;
 
-constexpr size_t kStagingBytes = 64 << 10;
-constexpr size_t kDirectReadBytes = 64 << 10;
 constexpr int kMaxIov = 64;
 constexpr size_t kCoalesceBytes = 16 << 10;  // larger frames are written at once
-constexpr absl::Duration kSendTimeout = absl::Seconds(60);
 
 absl::StatusOr<tcp::endpoint> ParseAddress(const std::string& address) {
   absl::StatusOr<internal::HostPort> hp = internal::SplitHostPort(address);
@@ -56,23 +53,16 @@ std::string EndpointString(const tcp::endpoint& ep) {
   return internal::JoinHostPort(ep.address().to_string(), ep.port());
 }
 
-class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
+// A connection over a plain socket: frames leave by gather-writes (sendmsg) straight from
+// the caller's tensors, on the caller's thread while the socket takes them; the I/O thread
+// finishes what it did not take (stream_connection.h: reads and the close).
+class TcpConnection final : public internal::StreamConnection<TcpConnection, tcp::socket> {
  public:
-  TcpConnection(asio::io_context& io, tcp::socket socket, ConnectionCallbacks callbacks,
-                FrameLimits limits)
-      : strand_(asio::make_strand(io)), socket_(std::move(socket)),
-        callbacks_(std::move(callbacks)), limits_(limits), decoder_(limits),
-        staging_(kStagingBytes) {
+  TcpConnection(tcp::socket socket, ConnectionCallbacks callbacks, FrameLimits limits)
+      : StreamConnection(std::make_unique<tcp::socket>(std::move(socket)), std::move(callbacks), limits) {
     boost::system::error_code ec;
-    socket_.set_option(tcp::no_delay(true), ec);
-    socket_.non_blocking(true, ec);
-    fd_ = socket_.native_handle();
-    auto ep = socket_.remote_endpoint(ec);
-    peer_ = ec ? "unknown peer" : EndpointString(ep);
-  }
-
-  void Start() {
-    asio::post(strand_, [self = shared_from_this()] { self->ReadMore(); });
+    this->socket().non_blocking(true, ec);
+    fd_ = this->socket().native_handle();
   }
 
   void Send(Message message, std::function<void(absl::Status)> on_sent) override {
@@ -124,15 +114,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     if (!frames.empty()) Write(std::move(frames));
   }
 
-  void Close(absl::Status reason) override {
-    closing_.store(true, std::memory_order_release);
-    asio::post(strand_, [self = shared_from_this(), reason] { self->CloseOnStrand(reason); });
-  }
-
-  std::string peer() const override { return peer_; }
-  bool closed() const override { return closed_flag_.load(std::memory_order_acquire); }
-
  private:
+  friend StreamConnection;
+
   struct Pending {
     EncodedFrame frame;
     size_t offset;  // bytes of the frame already written
@@ -262,7 +246,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   // On the strand: waits until the socket is writable, then drains the queue.
   void WaitWritable() {
-    socket_.async_wait(tcp::socket::wait_write,
+    socket().async_wait(tcp::socket::wait_write,
                        asio::bind_executor(strand_, [self = shared_from_this()](
                                                         const boost::system::error_code& ec) {
                          self->OnWritable(ec);
@@ -298,105 +282,17 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     }
   }
 
-  void ReadMore() {
-    if (closed()) return;
-    auto self = shared_from_this();
-    if (decoder_.payload_remaining() >= kDirectReadBytes) {
-      absl::Span<char> dst = decoder_.NextBuffer();
-      socket_.async_read_some(asio::buffer(dst.data(), dst.size()),
-                              asio::bind_executor(strand_, [self](const boost::system::error_code& ec, size_t n) {
-                                self->OnRead(ec, n, /*direct=*/true);
-                              }));
-    } else {
-      socket_.async_read_some(asio::buffer(staging_),
-                              asio::bind_executor(strand_, [self](const boost::system::error_code& ec, size_t n) {
-                                self->OnRead(ec, n, /*direct=*/false);
-                              }));
-    }
+  // StreamConnection's close: the frames not written yet fail with its reason.
+  std::vector<std::function<void(absl::Status)>> TakeUnsent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::function<void(absl::Status)>> unsent;
+    for (Pending& w : queue_) unsent.push_back(std::move(w.on_sent));
+    queue_.clear();
+    return unsent;
   }
 
-  void OnRead(const boost::system::error_code& ec, size_t n, bool direct) {
-    if (ec) {
-      if (ec == asio::error::operation_aborted) return;
-      CloseOnStrand(absl::UnavailableError(
-          ec == asio::error::eof ? absl::StrCat("connection to ", peer_, " was closed by the peer")
-                                 : absl::StrCat("connection to ", peer_, " failed: ", ec.message())));
-      return;
-    }
-    absl::Status status;
-    if (direct) {
-      status = decoder_.Advance(n);
-      if (status.ok()) DeliverIfReady();
-    } else {
-      size_t used = 0;
-      while (status.ok() && used < n) {
-        absl::StatusOr<size_t> c = decoder_.Consume(absl::Span<const char>(staging_.data() + used, n - used));
-        if (!c.ok()) {
-          status = c.status();
-          break;
-        }
-        used += *c;
-        DeliverIfReady();
-      }
-    }
-    if (delivered_ && callbacks_.on_flush) callbacks_.on_flush(shared_from_this());
-    delivered_ = false;
-    if (!status.ok()) {
-      CloseOnStrand(absl::DataLossError(absl::StrCat("closing the connection to ", peer_, ": ",
-                                                     status.message())));
-      return;
-    }
-    ReadMore();
-  }
-
-  void DeliverIfReady() {
-    if (!decoder_.HasMessage()) return;
-    Message m = decoder_.TakeMessage();
-    if (callbacks_.on_message && !closed()) {
-      callbacks_.on_message(shared_from_this(), std::move(m));
-      delivered_ = true;
-    }
-  }
-
-  void CloseOnStrand(const absl::Status& reason) {
-    closing_.store(true, std::memory_order_release);  // a blocked sender lets go of mu_
-    std::deque<Pending> failed;
-    {
-      absl::MutexLock lock(&mu_);
-      if (closed_) return;
-      closed_ = true;
-      closed_flag_.store(true, std::memory_order_release);
-      close_reason_ = reason;
-      failed.swap(queue_);
-    }
-    boost::system::error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_both, ignored);
-    socket_.close(ignored);
-    for (auto& w : failed) {
-      if (w.on_sent) w.on_sent(reason);
-    }
-    if (callbacks_.on_close) callbacks_.on_close(shared_from_this(), reason);
-  }
-
-  Strand strand_;
-  tcp::socket socket_;
   int fd_ = -1;
-  const ConnectionCallbacks callbacks_;
-  const FrameLimits limits_;
-  std::string peer_;
-
-  // Strand only.
-  FrameDecoder decoder_;
-  std::vector<char> staging_;
-  bool delivered_ = false;  // on_message ran since the last on_flush
-
-  std::atomic<bool> closing_{false};
-  mutable absl::Mutex mu_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool io_writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<bool> closed_flag_{false};  // closed_, for closed() without the lock (asked per send)
-  absl::Status close_reason_ ABSL_GUARDED_BY(mu_);
 };
 
 class TcpTransport final : public Transport {
@@ -544,7 +440,7 @@ class TcpTransport final : public Transport {
     if (admitted.tls != nullptr) {
       conn = internal::StartTlsConnection(std::move(admitted.tls), std::move(callbacks), options_.limits);
     } else {
-      auto tcp = std::make_shared<TcpConnection>(io_, std::move(*admitted.plain), std::move(callbacks),
+      auto tcp = std::make_shared<TcpConnection>(std::move(*admitted.plain), std::move(callbacks),
                                                  options_.limits);
       tcp->Start();
       conn = tcp;

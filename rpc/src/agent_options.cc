@@ -1,0 +1,151 @@
+// AgentOptions::FromEnv (worker.h): a worker's options from the variables its launcher
+// set (cluster/launch_env.h), the rendezvous (GRADWIRE_RDZV, an etcd cluster, or
+// MASTER_ADDR's store) and the addresses to listen on and announce.
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "agent_options.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "cluster/launch_env.h"
+#include "gradwire/rpc/faults.h"
+#include "gradwire/rpc/global_id.h"
+#include "gradwire/rpc/security.h"
+#include "gradwire/rpc/worker.h"
+#include "store/etcd_store.h"
+#include "transport/host_address.h"
+
+namespace gw::rpc {
+namespace {
+
+std::string Env(const char* name) {  // "" when unset
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// FromEnv's addresses: GRADWIRE_LISTEN / GRADWIRE_ADVERTISE, else loopback for a local
+// job, else the address of the interface that reaches the rendezvous host (MASTER_ADDR,
+// or GRADWIRE_RDZV's etcd host), which `variable` names.
+absl::Status ChooseAddresses(const char* variable, const std::string& rendezvous_host, AgentOptions* o) {
+  const std::string listen = Env("GRADWIRE_LISTEN"), advertise = Env("GRADWIRE_ADVERTISE");
+  if (!listen.empty() || !advertise.empty()) {
+    o->advertise_host = advertise;
+    o->listen_host = !listen.empty() ? listen : advertise.find(':') != std::string::npos ? "::" : "0.0.0.0";
+    return absl::OkStatus();
+  }
+  if (internal::IsLoopbackHost(rendezvous_host)) return absl::OkStatus();  // 127.0.0.1, as local jobs always did
+  absl::StatusOr<std::string> local = internal::LocalAddressToward(rendezvous_host);
+  if (!local.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AgentOptions::FromEnv: cannot tell which address of this host the other workers reach, from ",
+                     variable, "=", Env(variable), ": ", local.status().message(), "; check ", variable,
+                     ", or set GRADWIRE_LISTEN (the address to bind, e.g. 0.0.0.0) and "
+                     "GRADWIRE_ADVERTISE (the address the other workers dial)"));
+  }
+  // A rendezvous host that names this host through loopback (e.g. its name in /etc/hosts).
+  o->listen_host = internal::IsLoopbackHost(*local) ? "127.0.0.1" : *local;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
+  AgentOptions o;
+  const std::string rdzv = Env("GRADWIRE_RDZV");
+  o.join = Env("GRADWIRE_JOIN") == "1";
+  // A worker that joins gets its rank from the group: RANK is not needed.
+  auto env = [&o](const char* name) {
+    return o.join && std::string(name) == "RANK" && Env(name).empty() ? "0" : Env(name);
+  };
+  absl::StatusOr<internal::LaunchEnv> launch = internal::ReadLaunchEnv(env, /*need_master=*/rdzv.empty());
+  if (!launch.ok()) return launch.status();
+  o.rank = launch->rank;
+  o.world_size = launch->world_size;
+  if (std::string m = Env("GRADWIRE_MAX_WORLD_SIZE"); !m.empty()) {
+    if (!absl::SimpleAtoi(m, &o.max_world_size) || o.max_world_size < o.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: bad GRADWIRE_MAX_WORLD_SIZE=", m,
+                                                     " (a number of workers, at least WORLD_SIZE=", o.world_size, ")"));
+    }
+  }
+  if (!rdzv.empty()) {  // etcd: nobody hosts the store
+    absl::StatusOr<internal::EtcdUrl> url = internal::ParseEtcdUrl(rdzv);
+    if (!url.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: GRADWIRE_RDZV: ", url.status().message()));
+    }
+    o.rendezvous = rdzv;
+    o.host_store = false;
+    if (absl::Status s = ChooseAddresses("GRADWIRE_RDZV", url->host, &o); !s.ok()) return s;
+  } else {
+    o.rendezvous = internal::JoinHostPort(launch->master_addr, launch->master_port);
+    if (absl::Status s = ChooseAddresses("MASTER_ADDR", launch->master_addr, &o); !s.ok()) return s;
+  }
+  o.name = Env("GRADWIRE_WORKER_NAME");
+  if (std::string t = Env("GRADWIRE_TRANSPORT"); !t.empty()) o.transport = t;
+  if (std::string r = Env("GRADWIRE_RUN_ID"); !r.empty()) o.run_id = r;
+  for (auto [name, field] : {std::pair{"GRADWIRE_HEARTBEAT_INTERVAL", &o.heartbeat_interval},
+                             std::pair{"GRADWIRE_PEER_TIMEOUT", &o.peer_timeout}}) {
+    const std::string v = Env(name);
+    if (v.empty()) continue;
+    if (!absl::ParseDuration(v, field) || *field < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AgentOptions::FromEnv: bad ", name, "=", v, " (a duration such as 500ms or 3s)"));
+    }
+  }
+  absl::StatusOr<Security> security = Security::FromEnv();
+  if (!security.ok())
+    return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: ", security.status().message()));
+  o.security = *std::move(security);
+  if (std::string f = Env("GRADWIRE_FAULTS"); !f.empty()) {
+    absl::StatusOr<FaultSpec> faults = ParseFaults(f);
+    if (!faults.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AgentOptions::FromEnv: GRADWIRE_FAULTS=", f, ": ", faults.status().message()));
+    }
+    o.transport_options.faults = std::make_shared<FaultInjector>(*std::move(faults));
+  }
+  return o;
+}
+
+absl::Status internal::ResolveOptions(AgentOptions& options) {
+  if (options.join) options.rank = -1;  // the group gives it one
+  if (options.max_world_size == 0) options.max_world_size = options.world_size;
+  if (options.world_size < 1 || options.max_world_size < options.world_size ||
+      options.max_world_size > GlobalId::kMaxRanks ||
+      (!options.join && (options.rank < 0 || options.rank >= options.world_size))) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " is not in [0, ", options.world_size,
+                                                   "), or max_world_size ", options.max_world_size,
+                                                   " is below world_size or above ", GlobalId::kMaxRanks));
+  }
+  if (options.heartbeat_interval > absl::ZeroDuration() && options.peer_timeout < 2 * options.heartbeat_interval) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.name, ": AgentOptions::peer_timeout (", absl::FormatDuration(options.peer_timeout),
+                     ") must be at least twice heartbeat_interval (", absl::FormatDuration(options.heartbeat_interval),
+                     "), or a silent peer is declared dead before it could answer a ping; to turn heartbeats off set "
+                     "heartbeat_interval (GRADWIRE_HEARTBEAT_INTERVAL) to 0"));
+  }
+  // The secret and TLS files not given in the options come from the environment; a
+  // group that may have more than one worker needs a secret unless authentication is off.
+  Security& sec = options.security;
+  if (sec.secret.empty() || !sec.tls.enabled()) {
+    absl::StatusOr<Security> env = Security::FromEnv();
+    if (!env.ok()) return env.status();
+    if (sec.secret.empty()) sec.secret = env->secret;
+    if (!sec.tls.enabled()) sec.tls = env->tls;
+    if (!env->authenticate) sec.authenticate = false;
+  }
+  if (absl::Status s = sec.Validate(); !s.ok()) return s;
+  const bool alone = options.max_world_size <= 1 && !options.join;
+  if (sec.authenticate && sec.secret.empty() && !alone) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.name.empty() ? absl::StrCat("rank ", options.rank) : options.name,
+        ": this job has no secret, and its workers authenticate each other by one: start it with `gradwire "
+        "launch` (which makes one), or give every worker the same secret (GRADWIRE_SECRET_FILE=PATH, "
+        "GRADWIRE_SECRET=..., or AgentOptions::security.secret); only on a network where every process is "
+        "trusted, turn authentication off with GRADWIRE_AUTH=off (Security::authenticate = false)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gw::rpc
