@@ -126,9 +126,10 @@ class StreamConnection : public Connection, public std::enable_shared_from_this<
     auto self = this->shared_from_this();
     const bool direct = decoder_.payload_remaining() >= kDirectReadBytes;
     const absl::Span<char> dst = direct ? decoder_.NextBuffer() : absl::Span<char>(staging_.data(), staging_.size());
-    stream_->async_read_some(boost::asio::buffer(dst.data(), dst.size()),
-                             boost::asio::bind_executor(strand_, [self, direct](const boost::system::error_code& ec,
-                                                                                size_t n) { self->OnRead(ec, n, direct); }));
+    stream_->async_read_some(
+        boost::asio::buffer(dst.data(), dst.size()),
+        boost::asio::bind_executor(
+            strand_, [self, direct](const boost::system::error_code& ec, size_t n) { self->OnRead(ec, n, direct); }));
   }
 
   void OnRead(const boost::system::error_code& ec, size_t n, bool direct) {

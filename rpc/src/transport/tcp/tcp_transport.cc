@@ -247,10 +247,9 @@ class TcpConnection final : public internal::StreamConnection<TcpConnection, tcp
   // On the strand: waits until the socket is writable, then drains the queue.
   void WaitWritable() {
     socket().async_wait(tcp::socket::wait_write,
-                       asio::bind_executor(strand_, [self = shared_from_this()](
-                                                        const boost::system::error_code& ec) {
-                         self->OnWritable(ec);
-                       }));
+                        asio::bind_executor(strand_, [self = shared_from_this()](const boost::system::error_code& ec) {
+                          self->OnWritable(ec);
+                        }));
   }
 
   void OnWritable(const boost::system::error_code& ec) {
@@ -440,8 +439,7 @@ class TcpTransport final : public Transport {
     if (admitted.tls != nullptr) {
       conn = internal::StartTlsConnection(std::move(admitted.tls), std::move(callbacks), options_.limits);
     } else {
-      auto tcp = std::make_shared<TcpConnection>(std::move(*admitted.plain), std::move(callbacks),
-                                                 options_.limits);
+      auto tcp = std::make_shared<TcpConnection>(std::move(*admitted.plain), std::move(callbacks), options_.limits);
       tcp->Start();
       conn = tcp;
     }

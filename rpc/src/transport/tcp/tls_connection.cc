@@ -72,7 +72,8 @@ class TlsConnection final : public StreamConnection<TlsConnection, SslStream> {
       writing_done_.swap(pending_done_);
     }
     asio::async_write(stream(), asio::buffer(writing_buf_),
-                      asio::bind_executor(strand_, [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                      asio::bind_executor(strand_, [self = shared_from_this()](const boost::system::error_code& ec,
+                                                                               size_t) {
                         std::vector<std::function<void(absl::Status)>> done;
                         done.swap(self->writing_done_);
                         self->writing_buf_.clear();
