@@ -42,17 +42,6 @@ namespace {
 // The prefix of the agent's own protocol messages.
 constexpr std::string_view kAgentPrefix = "__agent.";
 
-// `gradwire launch` relays its workers' output line by line, but their stdout is a pipe,
-// which stdio buffers in blocks: a worker printing progress would show nothing until it
-// exits. The launcher sets GRADWIRE_LINE_BUFFERED=1 and every program that uses an agent
-// (this file is linked into it) makes stdout line-buffered before main() runs, before
-// anything is written to it (std::cout writes through stdio: synced by default).
-[[maybe_unused]] const bool kStdoutLineBuffered = [] {
-  const char* v = std::getenv("GRADWIRE_LINE_BUFFERED");
-  if (v != nullptr && std::string_view(v) == "1") std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  return true;
-}();
-
 // Another worker's statistics (Agent::StatisticsOf).
 struct StatisticsQuery {
   static constexpr char kFunction[] = "__agent.statistics";

@@ -1,11 +1,14 @@
 // AgentOptions::FromEnv (worker.h): a worker's options from the variables its launcher
 // set (cluster/launch_env.h), the rendezvous (GRADWIRE_RDZV, an etcd cluster, or
-// MASTER_ADDR's store) and the addresses to listen on and announce.
+// MASTER_ADDR's store) and the addresses to listen on and announce; ResolveOptions
+// (agent_options.h); and stdout's line buffering under `gradwire launch`.
+#include "agent_options.h"
+
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <utility>
-
-#include "agent_options.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +22,19 @@
 
 namespace gw::rpc {
 namespace {
+
+// `gradwire launch` relays its workers' output line by line, but their stdout is a pipe,
+// which stdio buffers in blocks: a worker printing progress would show nothing until it
+// exits. The launcher sets GRADWIRE_LINE_BUFFERED=1 and every program that uses an agent
+// makes stdout line-buffered before main() runs, before anything is written to it
+// (std::cout writes through stdio: synced by default). This file is linked into every
+// such program, from a static library too: Agent::Start calls ResolveOptions, and a
+// program may read its options (FromEnv) before it starts an agent, or without one.
+[[maybe_unused]] const bool kStdoutLineBuffered = [] {
+  const char* v = std::getenv("GRADWIRE_LINE_BUFFERED");
+  if (v != nullptr && std::string_view(v) == "1") std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  return true;
+}();
 
 std::string Env(const char* name) {  // "" when unset
   const char* v = std::getenv(name);

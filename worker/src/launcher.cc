@@ -794,7 +794,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& given, std::FILE* out, 
   }
   // Lines a worker prints reach the launcher as it prints them (its stdout is a pipe, so
   // stdio would buffer whole blocks): the rpc library makes stdout line-buffered when this
-  // is set (rpc/src/agent.cc); GRADWIRE_LINE_BUFFERED=0 keeps the default buffering.
+  // is set (rpc/src/agent_options.cc); GRADWIRE_LINE_BUFFERED=0 keeps the default buffering.
   if (std::getenv("GRADWIRE_LINE_BUFFERED") == nullptr) {
     options.extra_env.emplace(std::string("GRADWIRE_LINE_BUFFERED"), std::string("1"));  // unless extra_env has it
   }
