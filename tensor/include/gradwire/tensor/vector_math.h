@@ -10,8 +10,10 @@
 //     above), within a few ulp.
 //   - GW_VECTOR_CLONES before a function compiles it for AVX-512, AVX2 and the baseline,
 //     chosen when the program starts (GCC's target_clones; the library itself targets
-//     baseline x86-64). Elsewhere, and under clang (whose target_clones takes no function
-//     templates), it is empty: the baseline build.
+//     baseline x86-64). Elsewhere, under clang (whose target_clones takes no function
+//     templates) and under ThreadSanitizer (whose instrumented ifunc resolver would run
+//     before the sanitizer's runtime is set up, and crash at load), it is empty: the
+//     baseline build.
 #ifndef GRADWIRE_TENSOR_VECTOR_MATH_H_
 #define GRADWIRE_TENSOR_VECTOR_MATH_H_
 
@@ -20,7 +22,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__x86_64__) && !defined(__clang__)
+#if defined(__x86_64__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define GW_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define GW_VECTOR_CLONES
