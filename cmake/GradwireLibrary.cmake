@@ -16,16 +16,21 @@ function(gradwire_add_library name)
   install(DIRECTORY include/gradwire DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endfunction()
 
-# gradwire_add_tests(<folder> [OWN_MAIN] SOURCES ... DEPS ...)
+# gradwire_add_tests(<folder> [OWN_MAIN] [LABEL <label>] SOURCES ... DEPS ...)
 #   One GoogleTest binary per layer; each *_test.cc file is one unit; every test case is
 #   registered with CTest. Tests run from the source tree root so test data paths are stable.
 #   OWN_MAIN: the sources define main() (e.g. to re-run the binary as a child process).
+#   LABEL: the CTest label (default: the folder's name).
+#   A test that calls GTEST_SKIP is reported by CTest as skipped ("Not Run"), never as passed.
 #   Tests run with GRADWIRE_TEST_ENVIRONMENT (set in the top CMakeLists.txt).
 function(gradwire_add_tests name)
   if(NOT GRADWIRE_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "OWN_MAIN" "" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "OWN_MAIN" "LABEL" "SOURCES;DEPS" ${ARGN})
+  if(NOT ARG_LABEL)
+    set(ARG_LABEL ${name})
+  endif()
   # cmake/test_environment.cc: every test binary's job secret (run by ctest or by hand).
   add_executable(gradwire_${name}_tests ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/cmake/test_environment.cc)
   target_link_libraries(gradwire_${name}_tests PRIVATE ${ARG_DEPS} GTest::gtest)
@@ -41,7 +46,8 @@ function(gradwire_add_tests name)
   gtest_discover_tests(gradwire_${name}_tests
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS ${name} TIMEOUT 300 ENVIRONMENT "${GRADWIRE_TEST_ENVIRONMENT}")
+    PROPERTIES LABELS ${ARG_LABEL} TIMEOUT 300 ENVIRONMENT "${GRADWIRE_TEST_ENVIRONMENT}"
+               SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()
 
 # gradwire_enable_vectorization(<target>)

@@ -41,6 +41,12 @@ decltype(auto) DispatchAll(DType dtype, F&& f) {
   Fail("Dispatch", "unknown dtype");
 }
 
+// Views and metadata: any device.
+inline void CheckTensor(std::string_view op, const Tensor& t) {
+  GW_CHECK(t.defined(), op, "called with an undefined tensor");
+}
+
+// Kernels that run on the CPU (their GPU twins dispatch before this check).
 inline void CheckDefined(std::string_view op, const Tensor& t) {
   GW_CHECK(t.defined(), op, "called with an undefined tensor");
   GW_CHECK(t.device().type == DeviceType::kCPU, op, "tensor on ", t.device().ToString(),

@@ -6,9 +6,11 @@
 #include <cstring>
 #include <initializer_list>
 #include <numbers>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "cuda/cuda_kernels.h"
 #include "dispatch.h"
 #include "dnnl_util.h"
 #include "dropout.h"
@@ -79,8 +81,37 @@ void RunElementwise(const Tensor& out, Loop&& loop, const Operands&... operands)
   }
 }
 
+namespace cu = internal::cuda;
+
+// The GPU twins of the helpers below: a new (contiguous) result on the operands' GPU.
+Tensor CudaBinary(std::string_view name, cu::BinaryOp op, const Tensor& a, const Tensor& b, DType out_dtype,
+                  bool floating_only = false) {
+  internal::CheckSameDType(name, a, b);
+  GW_CHECK(!floating_only || a.dtype() == DType::kFloat32 || a.dtype() == DType::kFloat64, name,
+           "expected a floating tensor (float32 or float64), got ", DTypeName(a.dtype()));
+  GW_CHECK(a.dtype() != DType::kBool, name, "expected a numeric tensor, got bool");
+  Tensor out = Tensor::Empty(BroadcastShapes(name, a.sizes(), b.sizes()), out_dtype, a.device());
+  cu::Binary(op, out, a, b);
+  return out;
+}
+
+Tensor CudaUnary(std::string_view name, cu::UnaryOp op, const Tensor& a, bool floating_only, double alpha = 0) {
+  GW_CHECK(!floating_only || a.dtype() == DType::kFloat32 || a.dtype() == DType::kFloat64, name,
+           "expected a floating tensor (float32 or float64), got ", DTypeName(a.dtype()));
+  GW_CHECK(a.dtype() != DType::kBool, name, "expected a numeric tensor, got bool");
+  Tensor out = Tensor::Empty(a.sizes(), a.dtype(), a.device());
+  cu::Unary(op, out, a, alpha);
+  return out;
+}
+
+// Each helper takes the op's GPU kernel, if it has one (without, a GPU tensor fails the CPU
+// kernel's device check).
+using CudaBinaryOp = std::optional<cu::BinaryOp>;
+using CudaUnaryOp = std::optional<cu::UnaryOp>;
+
 template <typename Op>
-Tensor Arith(std::string_view name, const Tensor& a, const Tensor& b, Op op) {
+Tensor Arith(std::string_view name, const Tensor& a, const Tensor& b, Op op, CudaBinaryOp gpu = {}) {
+  if (gpu && cu::OnCuda(name, a, {&b})) return CudaBinary(name, *gpu, a, b, a.dtype());
   CheckDefined(name, a);
   CheckDefined(name, b);
   internal::CheckSameDType(name, a, b);
@@ -94,7 +125,8 @@ Tensor Arith(std::string_view name, const Tensor& a, const Tensor& b, Op op) {
 }
 
 template <typename Op>
-Tensor Compare(std::string_view name, const Tensor& a, const Tensor& b, Op op) {
+Tensor Compare(std::string_view name, const Tensor& a, const Tensor& b, Op op, CudaBinaryOp gpu = {}) {
+  if (gpu && cu::OnCuda(name, a, {&b})) return CudaBinary(name, *gpu, a, b, DType::kBool);
   CheckDefined(name, a);
   CheckDefined(name, b);
   internal::CheckSameDType(name, a, b);
@@ -108,7 +140,8 @@ Tensor Compare(std::string_view name, const Tensor& a, const Tensor& b, Op op) {
 }
 
 template <typename Op>
-Tensor FloatUnary(std::string_view name, const Tensor& a, Op op) {
+Tensor FloatUnary(std::string_view name, const Tensor& a, Op op, CudaUnaryOp gpu = {}) {
+  if (gpu && cu::OnCuda(name, a)) return CudaUnary(name, *gpu, a, /*floating_only=*/true);
   CheckDefined(name, a);
   Tensor out = EmptyResult(a.sizes(), a.dtype(), {&a});
   internal::DispatchFloating(name, a.dtype(), [&]<typename T>() {
@@ -120,7 +153,8 @@ Tensor FloatUnary(std::string_view name, const Tensor& a, Op op) {
 }
 
 template <typename Op>
-Tensor NumericUnary(std::string_view name, const Tensor& a, Op op) {
+Tensor NumericUnary(std::string_view name, const Tensor& a, Op op, CudaUnaryOp gpu = {}, double alpha = 0) {
+  if (gpu && cu::OnCuda(name, a)) return CudaUnary(name, *gpu, a, /*floating_only=*/false, alpha);
   CheckDefined(name, a);
   Tensor out = EmptyResult(a.sizes(), a.dtype(), {&a});
   internal::DispatchNumeric(name, a.dtype(), [&]<typename T>() {
@@ -133,7 +167,11 @@ Tensor NumericUnary(std::string_view name, const Tensor& a, Op op) {
 
 // grad * f(out), both shaped like out.
 template <typename Op>
-Tensor BackwardFromOutput(std::string_view name, const Tensor& grad, const Tensor& out, Op op) {
+Tensor BackwardFromOutput(std::string_view name, const Tensor& grad, const Tensor& out, Op op,
+                          CudaBinaryOp gpu = {}) {
+  if (gpu && cu::OnCuda(name, grad, {&out})) {
+    return CudaBinary(name, *gpu, grad, out, out.dtype(), /*floating_only=*/true);
+  }
   CheckDefined(name, grad);
   CheckDefined(name, out);
   internal::CheckSameDType(name, grad, out);
@@ -294,24 +332,24 @@ Tensor BackwardFromInput(std::string_view name, const Tensor& grad, const Tensor
 
 }  // namespace
 
-Tensor Add(const Tensor& a, const Tensor& b) { return Arith("Add", a, b, [](auto x, auto y) { return x + y; }); }
-Tensor Sub(const Tensor& a, const Tensor& b) { return Arith("Sub", a, b, [](auto x, auto y) { return x - y; }); }
-Tensor Mul(const Tensor& a, const Tensor& b) { return Arith("Mul", a, b, [](auto x, auto y) { return x * y; }); }
+Tensor Add(const Tensor& a, const Tensor& b) { return Arith("Add", a, b, [](auto x, auto y) { return x + y; }, cu::BinaryOp::kAdd); }
+Tensor Sub(const Tensor& a, const Tensor& b) { return Arith("Sub", a, b, [](auto x, auto y) { return x - y; }, cu::BinaryOp::kSub); }
+Tensor Mul(const Tensor& a, const Tensor& b) { return Arith("Mul", a, b, [](auto x, auto y) { return x * y; }, cu::BinaryOp::kMul); }
 Tensor Div(const Tensor& a, const Tensor& b) {
-  return Arith("Div", a, b, [](auto x, auto y) { return CheckedIntDiv(x, y); });
+  return Arith("Div", a, b, [](auto x, auto y) { return CheckedIntDiv(x, y); }, cu::BinaryOp::kDiv);
 }
 Tensor Pow(const Tensor& a, const Tensor& b) {
   return Arith("Pow", a, b, [](auto x, auto y) { return static_cast<decltype(x)>(std::pow(x, y)); });
 }
 Tensor Maximum(const Tensor& a, const Tensor& b) {
-  return Arith("Maximum", a, b, [](auto x, auto y) { return x > y || std::isnan(static_cast<double>(x)) ? x : y; });
+  return Arith("Maximum", a, b, [](auto x, auto y) { return x > y || std::isnan(static_cast<double>(x)) ? x : y; }, cu::BinaryOp::kMaximum);
 }
 
-Tensor Eq(const Tensor& a, const Tensor& b) { return Compare("Eq", a, b, [](auto x, auto y) { return x == y; }); }
+Tensor Eq(const Tensor& a, const Tensor& b) { return Compare("Eq", a, b, [](auto x, auto y) { return x == y; }, cu::BinaryOp::kEq); }
 Tensor Ne(const Tensor& a, const Tensor& b) { return Compare("Ne", a, b, [](auto x, auto y) { return x != y; }); }
-Tensor Lt(const Tensor& a, const Tensor& b) { return Compare("Lt", a, b, [](auto x, auto y) { return x < y; }); }
+Tensor Lt(const Tensor& a, const Tensor& b) { return Compare("Lt", a, b, [](auto x, auto y) { return x < y; }, cu::BinaryOp::kLt); }
 Tensor Le(const Tensor& a, const Tensor& b) { return Compare("Le", a, b, [](auto x, auto y) { return x <= y; }); }
-Tensor Gt(const Tensor& a, const Tensor& b) { return Compare("Gt", a, b, [](auto x, auto y) { return x > y; }); }
+Tensor Gt(const Tensor& a, const Tensor& b) { return Compare("Gt", a, b, [](auto x, auto y) { return x > y; }, cu::BinaryOp::kGt); }
 Tensor Ge(const Tensor& a, const Tensor& b) { return Compare("Ge", a, b, [](auto x, auto y) { return x >= y; }); }
 
 Tensor Where(const Tensor& mask, const Tensor& a, const Tensor& b) {
@@ -364,35 +402,35 @@ Tensor MaskedFill(const Tensor& t, const Tensor& mask, double value) {
 }
 
 Tensor AddScalar(const Tensor& a, double s) {
-  return NumericUnary("AddScalar", a, [s](auto x) { return x + static_cast<decltype(x)>(s); });
+  return NumericUnary("AddScalar", a, [s](auto x) { return x + static_cast<decltype(x)>(s); }, cu::UnaryOp::kAddScalar, s);
 }
 Tensor MulScalar(const Tensor& a, double s) {
-  return NumericUnary("MulScalar", a, [s](auto x) { return x * static_cast<decltype(x)>(s); });
+  return NumericUnary("MulScalar", a, [s](auto x) { return x * static_cast<decltype(x)>(s); }, cu::UnaryOp::kScale, s);
 }
 Tensor PowScalar(const Tensor& a, double e) {
   if (e == 2.0) return FloatUnary("PowScalar", a, [](auto x) { return x * x; });
   return FloatUnary("PowScalar", a, [e](auto x) { return std::pow(x, static_cast<decltype(x)>(e)); });
 }
-Tensor Neg(const Tensor& a) { return NumericUnary("Neg", a, [](auto x) { return -x; }); }
-Tensor Abs(const Tensor& a) { return NumericUnary("Abs", a, [](auto x) { return x < 0 ? -x : x; }); }
-Tensor Exp(const Tensor& a) { return FloatUnary("Exp", a, [](auto x) { return std::exp(x); }); }
-Tensor Log(const Tensor& a) { return FloatUnary("Log", a, [](auto x) { return std::log(x); }); }
-Tensor Sqrt(const Tensor& a) { return FloatUnary("Sqrt", a, [](auto x) { return std::sqrt(x); }); }
+Tensor Neg(const Tensor& a) { return NumericUnary("Neg", a, [](auto x) { return -x; }, cu::UnaryOp::kNeg); }
+Tensor Abs(const Tensor& a) { return NumericUnary("Abs", a, [](auto x) { return x < 0 ? -x : x; }, cu::UnaryOp::kAbs); }
+Tensor Exp(const Tensor& a) { return FloatUnary("Exp", a, [](auto x) { return std::exp(x); }, cu::UnaryOp::kExp); }
+Tensor Log(const Tensor& a) { return FloatUnary("Log", a, [](auto x) { return std::log(x); }, cu::UnaryOp::kLog); }
+Tensor Sqrt(const Tensor& a) { return FloatUnary("Sqrt", a, [](auto x) { return std::sqrt(x); }, cu::UnaryOp::kSqrt); }
 Tensor Relu(const Tensor& a) {
-  return FloatUnary("Relu", a, [](auto x) { return x > 0 ? x : decltype(x){0}; });
+  return FloatUnary("Relu", a, [](auto x) { return x > 0 ? x : decltype(x){0}; }, cu::UnaryOp::kRelu);
 }
-Tensor Tanh(const Tensor& a) { return FloatUnary("Tanh", a, [](auto x) { return std::tanh(x); }); }
-Tensor Sigmoid(const Tensor& a) { return FloatUnary("Sigmoid", a, [](auto x) { return SigmoidOf(x); }); }
+Tensor Tanh(const Tensor& a) { return FloatUnary("Tanh", a, [](auto x) { return std::tanh(x); }, cu::UnaryOp::kTanh); }
+Tensor Sigmoid(const Tensor& a) { return FloatUnary("Sigmoid", a, [](auto x) { return SigmoidOf(x); }, cu::UnaryOp::kSigmoid); }
 
 Tensor ReluBackward(const Tensor& grad, const Tensor& out) {
   return BackwardFromOutput("ReluBackward", grad, out,
-                            [](auto g, auto y) { return y > 0 ? g : decltype(g){0}; });
+                            [](auto g, auto y) { return y > 0 ? g : decltype(g){0}; }, cu::BinaryOp::kReluBackward);
 }
 Tensor TanhBackward(const Tensor& grad, const Tensor& out) {
-  return BackwardFromOutput("TanhBackward", grad, out, [](auto g, auto y) { return g * (1 - y * y); });
+  return BackwardFromOutput("TanhBackward", grad, out, [](auto g, auto y) { return g * (1 - y * y); }, cu::BinaryOp::kTanhBackward);
 }
 Tensor SigmoidBackward(const Tensor& grad, const Tensor& out) {
-  return BackwardFromOutput("SigmoidBackward", grad, out, [](auto g, auto y) { return g * y * (1 - y); });
+  return BackwardFromOutput("SigmoidBackward", grad, out, [](auto g, auto y) { return g * y * (1 - y); }, cu::BinaryOp::kSigmoidBackward);
 }
 
 Tensor Erf(const Tensor& a) { return FloatUnary("Erf", a, [](auto x) { return std::erf(x); }); }
@@ -450,6 +488,12 @@ Tensor DropoutMask(const Shape& sizes, double p, DType dtype, Generator& gen) {
 }
 
 void Fill(const Tensor& dst, double value) {
+  if (cu::OnCuda("Fill", dst)) {
+    dst.storage()->BumpVersion();
+    cu::Unary(cu::UnaryOp::kFill, dst, dst, value);
+    dst.storage()->BumpVersion();
+    return;
+  }
   CheckDefined("Fill", dst);
   dst.storage()->BumpVersion();  // a write starts (see storage.h)
   internal::DispatchAll(dst.dtype(), [&]<typename T>() {
@@ -470,8 +514,10 @@ void Fill(const Tensor& dst, double value) {
 // with broadcast (stride 0) dimensions is rejected: both would otherwise read elements
 // this very operation already overwrote.
 Tensor PrepareInPlace(std::string_view op, const Tensor& dst, const Tensor& src) {
-  CheckDefined(op, dst);
-  CheckDefined(op, src);
+  if (!cu::OnCuda(op, dst, {&src})) {
+    CheckDefined(op, dst);
+    CheckDefined(op, src);
+  }
   internal::CheckSameDType(op, dst, src);
   for (int64_t i = 0; i < dst.dim(); ++i) {
     GW_CHECK(dst.strides()[i] != 0 || dst.sizes()[i] <= 1, op, "destination ",
@@ -487,7 +533,9 @@ Tensor PrepareInPlace(std::string_view op, const Tensor& dst, const Tensor& src)
 
 void CopyInPlace(const Tensor& dst, const Tensor& src_in) {
   const Tensor src = PrepareInPlace("CopyInPlace", dst, src_in);
-  if (dst.is_contiguous() && src.is_contiguous() && dst.sizes() == src.sizes()) {
+  if (dst.device().is_cuda()) {
+    cu::Unary(cu::UnaryOp::kCopy, dst, src);
+  } else if (dst.is_contiguous() && src.is_contiguous() && dst.sizes() == src.sizes()) {
     if (dst.nbytes() > 0) std::memmove(dst.raw_data(), src.raw_data(), dst.nbytes());
   } else {
     internal::DispatchAll(dst.dtype(), [&]<typename T>() {
@@ -499,6 +547,11 @@ void CopyInPlace(const Tensor& dst, const Tensor& src_in) {
 
 void AddInPlace(const Tensor& dst, const Tensor& src_in, double alpha) {
   const Tensor src = PrepareInPlace("AddInPlace", dst, src_in);
+  if (dst.device().is_cuda()) {
+    cu::Binary(cu::BinaryOp::kAxpy, dst, dst, src, alpha);
+    dst.storage()->BumpVersion();
+    return;
+  }
   internal::DispatchNumeric("AddInPlace", dst.dtype(), [&]<typename T>() {
     const T a = static_cast<T>(alpha);
     BinaryLoop<T, T, T>(dst, dst, src, [a](T x, T y) { return x + a * y; });
@@ -508,6 +561,11 @@ void AddInPlace(const Tensor& dst, const Tensor& src_in, double alpha) {
 
 void ScaleInPlace(const Tensor& dst, double s) {
   PrepareInPlace("ScaleInPlace", dst, dst);
+  if (dst.device().is_cuda()) {
+    cu::Unary(cu::UnaryOp::kScale, dst, dst, s);
+    dst.storage()->BumpVersion();
+    return;
+  }
   internal::DispatchNumeric("ScaleInPlace", dst.dtype(), [&]<typename T>() {
     const T a = static_cast<T>(s);
     UnaryLoop<T, T>(dst, dst, [a](T x) { return x * a; });

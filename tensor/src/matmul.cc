@@ -5,6 +5,7 @@
 #include <optional>
 #include <string_view>
 
+#include "cuda/cuda_kernels.h"
 #include "dispatch.h"
 #include "dnnl_util.h"
 #include "gemm.h"
@@ -139,9 +140,12 @@ Tensor AtRank(const Tensor& t, int64_t nd) {
 
 void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
           double beta, const Tensor& c) {
-  internal::CheckDefined("Gemm", a);
-  internal::CheckDefined("Gemm", b);
-  internal::CheckDefined("Gemm", c);
+  const bool gpu = internal::cuda::OnCuda("Gemm", c, {&a, &b});
+  if (!gpu) {
+    internal::CheckDefined("Gemm", a);
+    internal::CheckDefined("Gemm", b);
+    internal::CheckDefined("Gemm", c);
+  }
   GW_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "Gemm", "expects 2-D tensors, got ",
            ShapeToString(a.sizes()), ", ", ShapeToString(b.sizes()), " and ",
            ShapeToString(c.sizes()));
@@ -170,10 +174,14 @@ void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   Tensor out = c_ok ? c : Contiguous(c);
   const int64_t ldc = m == 1 ? n : out.strides()[0];
   const Tensor ra = GemmReady(a), rb = GemmReady(b);
-  internal::DispatchFloating("Gemm", a.dtype(), [&]<typename T>() {
-    RowMajorGemm(OperandOf<T>(ra, trans_a), OperandOf<T>(rb, trans_b), m, n, k, alpha, beta,
-                 out.data<T>(), ldc);
-  });
+  if (gpu) {
+    internal::cuda::Gemm(trans_a, trans_b, alpha, ra, rb, beta, out);
+  } else {
+    internal::DispatchFloating("Gemm", a.dtype(), [&]<typename T>() {
+      RowMajorGemm(OperandOf<T>(ra, trans_a), OperandOf<T>(rb, trans_b), m, n, k, alpha, beta,
+                   out.data<T>(), ldc);
+    });
+  }
   if (c_ok) {
     c.storage()->BumpVersion();
   } else {
@@ -182,8 +190,11 @@ void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
 }
 
 Tensor MatMul(const Tensor& a, const Tensor& b) {
-  internal::CheckDefined("MatMul", a);
-  internal::CheckDefined("MatMul", b);
+  const bool gpu = internal::cuda::OnCuda("MatMul", a, {&b});
+  if (!gpu) {
+    internal::CheckDefined("MatMul", a);
+    internal::CheckDefined("MatMul", b);
+  }
   GW_CHECK(a.dim() >= 1 && b.dim() >= 1, "MatMul", "operands must have at least one dimension, got ",
            ShapeToString(a.sizes()), " and ", ShapeToString(b.sizes()));
   internal::CheckSameDType("MatMul", a, b);
@@ -199,7 +210,7 @@ Tensor MatMul(const Tensor& a, const Tensor& b) {
   const int64_t m = a.sizes()[a.dim() - 2];
   const int64_t n = b.sizes().back();
   if (a.dim() == 2 && b.dim() == 2) {
-    Tensor out = Tensor::Empty({m, n}, a.dtype());
+    Tensor out = Tensor::Empty({m, n}, a.dtype(), a.device());
     Gemm(false, false, 1.0, a, b, 0.0, out);
     return out;
   }
@@ -222,14 +233,30 @@ Tensor MatMul(const Tensor& a, const Tensor& b) {
   }
   out_sizes[nd - 2] = m;
   out_sizes[nd - 1] = n;
-  Tensor out = Tensor::Empty(out_sizes, a.dtype());
+  Tensor out = Tensor::Empty(out_sizes, a.dtype(), a.device());
+  if (gpu) {  // one strided-batched cuBLAS call over the broadcast batch, flattened
+    const int64_t k = ka;
+    Shape batch(out_sizes.begin(), out_sizes.end() - 2);
+    const int64_t count = NumElements(batch);
+    auto as_batch = [&](const Tensor& t, int64_t rows, int64_t cols) {
+      Shape sizes = batch;
+      sizes.push_back(rows);
+      sizes.push_back(cols);
+      return Reshape(Contiguous(Expand(t, sizes)), {count, rows, cols});
+    };
+    internal::cuda::Gemm(false, false, 1.0, as_batch(ea, m, k), as_batch(eb, k, n), 0.0,
+                         Reshape(out, {count, m, n}));
+    return out;
+  }
   BatchedMatMul(ea, eb, out);
   return out;
 }
 
 Tensor Linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  internal::CheckDefined("Linear", x);
-  internal::CheckDefined("Linear", w);
+  if (!internal::cuda::OnCuda("Linear", x, {&w, &bias})) {
+    internal::CheckDefined("Linear", x);
+    internal::CheckDefined("Linear", w);
+  }
   GW_CHECK(w.dim() == 2 && x.dim() >= 1 && x.sizes().back() == w.sizes()[1], "Linear",
            "input ", ShapeToString(x.sizes()), " does not match weight ",
            ShapeToString(w.sizes()), " (expected [..., ", w.dim() == 2 ? w.sizes()[1] : -1, "])");
@@ -239,7 +266,7 @@ Tensor Linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
              ShapeToString(bias.sizes()), " does not match weight ", ShapeToString(w.sizes()));
   }
   Tensor x2 = Flatten2D(x);
-  Tensor out = Tensor::Empty({x2.sizes()[0], out_features}, x.dtype());
+  Tensor out = Tensor::Empty({x2.sizes()[0], out_features}, x.dtype(), x.device());
   if (bias.defined()) CopyInPlace(out, bias);
   Gemm(false, true, 1.0, x2, w, bias.defined() ? 1.0 : 0.0, out);
   Shape sizes = x.sizes();

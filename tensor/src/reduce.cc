@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cuda/cuda_kernels.h"
 #include "dispatch.h"
 #include "gradwire/tensor/kernels.h"
 
@@ -36,9 +37,16 @@ Shape ReducedShape(const Tensor& t, const std::vector<bool>& mask, bool keepdim)
 }  // namespace
 
 Tensor Sum(const Tensor& t, const Shape& dims, bool keepdim) {
-  internal::CheckDefined("Sum", t);
+  const bool gpu = internal::cuda::OnCuda("Sum", t);
+  if (!gpu) internal::CheckDefined("Sum", t);
   const std::vector<bool> mask = ReducedMask("Sum", t, dims);
   const Shape kept = ReducedShape(t, mask, /*keepdim=*/true);
+  if (gpu) {
+    GW_CHECK(t.dtype() != DType::kBool, "Sum", "expected a numeric tensor, got bool");
+    Tensor out = Tensor::Empty(kept, t.dtype(), t.device());
+    internal::cuda::SumKeepDims(out, t);
+    return keepdim ? out : Reshape(out, ReducedShape(t, mask, false));
+  }
   Tensor out = Tensor::Zeros(kept, t.dtype());
   Shape out_strides = ContiguousStrides(kept);
   for (int64_t i = 0; i < t.dim(); ++i) {
@@ -68,7 +76,7 @@ Tensor Sum(const Tensor& t, const Shape& dims, bool keepdim) {
 }
 
 Tensor Mean(const Tensor& t, const Shape& dims, bool keepdim) {
-  internal::CheckDefined("Mean", t);
+  internal::CheckTensor("Mean", t);
   GW_CHECK(IsFloating(t.dtype()), "Mean", "expected a floating tensor, got ",
            DTypeName(t.dtype()));
   Tensor s = Sum(t, dims, keepdim);
@@ -145,7 +153,7 @@ Tensor MaxAll(const Tensor& t) {
 Tensor Argmax(const Tensor& t, int64_t dim, bool keepdim) { return Max(t, dim, keepdim).second; }
 
 Tensor SumToShape(const Tensor& t, const Shape& sizes) {
-  internal::CheckDefined("SumToShape", t);
+  internal::CheckTensor("SumToShape", t);
   if (t.sizes() == sizes) return t;
   const int64_t lead = t.dim() - static_cast<int64_t>(sizes.size());
   GW_CHECK(lead >= 0, "SumToShape", "cannot sum ", ShapeToString(t.sizes()), " down to ",

@@ -1,13 +1,16 @@
 #include "gradwire/tensor/storage.h"
 
 #include "gradwire/tensor/allocator.h"
+#include "gradwire/tensor/cuda.h"
 #include "gradwire/tensor/error.h"
 
 namespace gw {
 
 std::shared_ptr<Storage> Storage::Allocate(size_t nbytes, Device device) {
-  GW_CHECK(device.type == DeviceType::kCPU, "Storage::Allocate", "no allocator for device ",
-           device.ToString());
+  if (device.is_cuda()) {
+    cuda::CheckDevice("Storage::Allocate", device);
+    return Allocate(nbytes, cuda::Allocator(device));
+  }
   return Allocate(nbytes, CachingCpuAllocator::Default());
 }
 

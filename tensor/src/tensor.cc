@@ -29,16 +29,20 @@ Tensor Tensor::Empty(const Shape& sizes, DType dtype, Device device) {
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::Zeros(const Shape& sizes, DType dtype) {
-  Tensor t = Empty(sizes, dtype);
-  if (t.nbytes() > 0) std::memset(t.raw_data(), 0, t.nbytes());
+Tensor Tensor::Zeros(const Shape& sizes, DType dtype, Device device) {
+  Tensor t = Empty(sizes, dtype, device);
+  if (device.is_cuda()) {
+    kernels::Fill(t, 0);
+  } else if (t.nbytes() > 0) {
+    std::memset(t.raw_data(), 0, t.nbytes());
+  }
   return t;
 }
 
-Tensor Tensor::Ones(const Shape& sizes, DType dtype) { return Full(sizes, 1.0, dtype); }
+Tensor Tensor::Ones(const Shape& sizes, DType dtype, Device device) { return Full(sizes, 1.0, dtype, device); }
 
-Tensor Tensor::Full(const Shape& sizes, double value, DType dtype) {
-  Tensor t = Empty(sizes, dtype);
+Tensor Tensor::Full(const Shape& sizes, double value, DType dtype, Device device) {
+  Tensor t = Empty(sizes, dtype, device);
   kernels::Fill(t, value);
   return t;
 }
@@ -153,7 +157,7 @@ void* Tensor::raw_data() const {
 
 template <typename T>
 std::vector<T> Tensor::ToVector() const {
-  Tensor c = kernels::Contiguous(*this);
+  Tensor c = kernels::ToDevice(kernels::Contiguous(*this), kCPU);
   std::vector<T> out(static_cast<size_t>(numel()));
   internal::DispatchAll(dtype(), [&]<typename S>() {
     const S* p = c.data<S>();
@@ -175,8 +179,9 @@ template <typename T>
 T Tensor::item() const {
   GW_CHECK(numel() == 1, "Tensor::item", "needs exactly one element, got shape ",
            ShapeToString(sizes()));
+  const Tensor host = kernels::ToDevice(*this, kCPU);
   return internal::DispatchAll(dtype(), [&]<typename S>() {
-    return static_cast<T>(*static_cast<const S*>(raw_data()));
+    return static_cast<T>(*static_cast<const S*>(host.raw_data()));
   });
 }
 template double Tensor::item<double>() const;
@@ -276,6 +281,7 @@ std::string Tensor::ToString() const {
   std::string out = "tensor(";
   Render(ToVector<double>(), sizes(), dtype(), 0, 0, numel() > kSummaryThreshold, 7, &out);
   absl::StrAppend(&out, ", dtype=", DTypeName(dtype()));
+  if (!device().is_cpu()) absl::StrAppend(&out, ", device=", device().ToString());
   if (dim() != 1 || numel() > kSummaryThreshold) absl::StrAppend(&out, ", shape=", ShapeToString(sizes()));
   if (requires_grad()) absl::StrAppend(&out, ", requires_grad=true");
   return out + ")";

@@ -2,7 +2,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cuda/cuda_kernels.h"
 #include "dispatch.h"
+#include "gradwire/tensor/cuda.h"
 #include "gradwire/tensor/kernels.h"
 
 namespace gw {
@@ -98,7 +100,7 @@ bool ViewStrides(const Tensor& t, const Shape& sizes, Shape* out) {
 }  // namespace
 
 Tensor View(const Tensor& t, Shape sizes) {
-  internal::CheckDefined("View", t);
+  internal::CheckTensor("View", t);
   sizes = InferSize("View", t, std::move(sizes));
   Shape strides;
   GW_CHECK(ViewStrides(t, sizes, &strides), "View", "a tensor of shape ",
@@ -108,7 +110,7 @@ Tensor View(const Tensor& t, Shape sizes) {
 }
 
 Tensor Reshape(const Tensor& t, Shape sizes) {
-  internal::CheckDefined("Reshape", t);
+  internal::CheckTensor("Reshape", t);
   sizes = InferSize("Reshape", t, std::move(sizes));
   Shape strides;
   if (ViewStrides(t, sizes, &strides)) {
@@ -119,7 +121,7 @@ Tensor Reshape(const Tensor& t, Shape sizes) {
 }
 
 Tensor Transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
-  internal::CheckDefined("Transpose", t);
+  internal::CheckTensor("Transpose", t);
   dim0 = NormalizeDim("Transpose", dim0, t.dim());
   dim1 = NormalizeDim("Transpose", dim1, t.dim());
   Shape sizes = t.sizes(), strides = t.strides();
@@ -131,7 +133,7 @@ Tensor Transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
 }
 
 Tensor Permute(const Tensor& t, const Shape& dims) {
-  internal::CheckDefined("Permute", t);
+  internal::CheckTensor("Permute", t);
   GW_CHECK(static_cast<int64_t>(dims.size()) == t.dim(), "Permute", "permutation ",
            ShapeToString(dims), " does not match a tensor of shape ", ShapeToString(t.sizes()));
   Shape sizes(dims.size()), strides(dims.size());
@@ -147,7 +149,7 @@ Tensor Permute(const Tensor& t, const Shape& dims) {
 }
 
 Tensor Narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
-  internal::CheckDefined("Narrow", t);
+  internal::CheckTensor("Narrow", t);
   GW_CHECK(t.dim() > 0, "Narrow", "cannot narrow a 0-dimensional tensor");
   dim = NormalizeDim("Narrow", dim, t.dim());
   const int64_t n = t.sizes()[dim];
@@ -161,7 +163,7 @@ Tensor Narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
 }
 
 Tensor Select(const Tensor& t, int64_t dim, int64_t index) {
-  internal::CheckDefined("Select", t);
+  internal::CheckTensor("Select", t);
   GW_CHECK(t.dim() > 0, "Select", "cannot select from a 0-dimensional tensor");
   dim = NormalizeDim("Select", dim, t.dim());
   const int64_t n = t.sizes()[dim];
@@ -176,7 +178,7 @@ Tensor Select(const Tensor& t, int64_t dim, int64_t index) {
 }
 
 Tensor Expand(const Tensor& t, const Shape& sizes) {
-  internal::CheckDefined("Expand", t);
+  internal::CheckTensor("Expand", t);
   GW_CHECK(static_cast<int64_t>(sizes.size()) >= t.dim(), "Expand", "cannot expand ",
            ShapeToString(t.sizes()), " to fewer dimensions ", ShapeToString(sizes));
   Shape target = sizes;
@@ -195,7 +197,7 @@ Tensor Expand(const Tensor& t, const Shape& sizes) {
 }
 
 Tensor Squeeze(const Tensor& t, int64_t dim) {
-  internal::CheckDefined("Squeeze", t);
+  internal::CheckTensor("Squeeze", t);
   if (t.dim() == 0) return MakeView(t, t.sizes(), t.strides(), t.storage_offset());
   dim = NormalizeDim("Squeeze", dim, t.dim());
   if (t.sizes()[dim] != 1) return MakeView(t, t.sizes(), t.strides(), t.storage_offset());
@@ -206,7 +208,7 @@ Tensor Squeeze(const Tensor& t, int64_t dim) {
 }
 
 Tensor Unsqueeze(const Tensor& t, int64_t dim) {
-  internal::CheckDefined("Unsqueeze", t);
+  internal::CheckTensor("Unsqueeze", t);
   dim = NormalizeDim("Unsqueeze", dim, t.dim() + 1);
   Shape sizes = t.sizes(), strides = t.strides();
   const int64_t stride = dim < t.dim() ? sizes[dim] * strides[dim] : 1;
@@ -216,7 +218,7 @@ Tensor Unsqueeze(const Tensor& t, int64_t dim) {
 }
 
 Tensor Flatten2D(const Tensor& t) {
-  internal::CheckDefined("Flatten2D", t);
+  internal::CheckTensor("Flatten2D", t);
   GW_CHECK(t.dim() >= 1, "Flatten2D", "needs at least one dimension, got a 0-d tensor");
   int64_t rows = 1;
   for (int64_t i = 0; i + 1 < t.dim(); ++i) rows *= t.sizes()[i];
@@ -224,7 +226,7 @@ Tensor Flatten2D(const Tensor& t) {
 }
 
 Tensor Flatten(const Tensor& t, int64_t start_dim, int64_t end_dim) {
-  internal::CheckDefined("Flatten", t);
+  internal::CheckTensor("Flatten", t);
   if (t.dim() == 0) return Reshape(t, {1});
   const int64_t start = NormalizeDim("Flatten", start_dim, t.dim());
   const int64_t end = NormalizeDim("Flatten", end_dim, t.dim());
@@ -239,7 +241,7 @@ Tensor Flatten(const Tensor& t, int64_t start_dim, int64_t end_dim) {
 }
 
 std::vector<Tensor> Split(const Tensor& t, const Shape& sizes, int64_t dim) {
-  internal::CheckDefined("Split", t);
+  internal::CheckTensor("Split", t);
   GW_CHECK(t.dim() > 0, "Split", "cannot split a 0-dimensional tensor");
   dim = NormalizeDim("Split", dim, t.dim());
   int64_t total = 0;
@@ -262,7 +264,7 @@ namespace {
 
 // split_size pieces of dimension `dim`, the last one smaller when it does not divide.
 Shape SplitSizes(std::string_view op, const Tensor& t, int64_t split_size, int64_t dim) {
-  internal::CheckDefined(op, t);
+  internal::CheckTensor(op, t);
   GW_CHECK(t.dim() > 0, op, "cannot split a 0-dimensional tensor");
   const int64_t n = t.sizes()[NormalizeDim(op, dim, t.dim())];
   GW_CHECK(split_size > 0 || (split_size == 0 && n == 0), op, "split size must be positive, got ",
@@ -280,7 +282,7 @@ std::vector<Tensor> Split(const Tensor& t, int64_t split_size, int64_t dim) {
 }
 
 std::vector<Tensor> Chunk(const Tensor& t, int64_t chunks, int64_t dim) {
-  internal::CheckDefined("Chunk", t);
+  internal::CheckTensor("Chunk", t);
   GW_CHECK(chunks > 0, "Chunk", "chunks must be positive, got ", chunks);
   GW_CHECK(t.dim() > 0, "Chunk", "cannot chunk a 0-dimensional tensor");
   const int64_t n = t.sizes()[NormalizeDim("Chunk", dim, t.dim())];
@@ -288,11 +290,16 @@ std::vector<Tensor> Chunk(const Tensor& t, int64_t chunks, int64_t dim) {
 }
 
 Tensor Contiguous(const Tensor& t) {
-  internal::CheckDefined("Contiguous", t);
+  internal::CheckTensor("Contiguous", t);
   return t.is_contiguous() ? t : Clone(t);
 }
 
 Tensor Clone(const Tensor& t) {
+  if (internal::cuda::OnCuda("Clone", t)) {
+    Tensor out = Tensor::Empty(t.sizes(), t.dtype(), t.device());
+    internal::cuda::Unary(internal::cuda::UnaryOp::kCopy, out, t);
+    return out;
+  }
   internal::CheckDefined("Clone", t);
   Tensor out = Tensor::Empty(t.sizes(), t.dtype());
   if (t.is_contiguous()) {
@@ -305,9 +312,25 @@ Tensor Clone(const Tensor& t) {
   return out;
 }
 
+Tensor ToDevice(const Tensor& t, Device device) {
+  internal::CheckTensor("ToDevice", t);
+  if (t.device() == device) return t;
+  if (device.is_cuda()) gw::cuda::CheckDevice("ToDevice", device);
+  const Tensor src = Contiguous(t);
+  Tensor out = Tensor::Empty(t.sizes(), t.dtype(), device);
+  internal::cuda::CopyBytes(out, src);
+  return out;
+}
+
 Tensor ToDType(const Tensor& t, DType dtype) {
-  internal::CheckDefined("ToDType", t);
+  internal::CheckTensor("ToDType", t);
   if (t.dtype() == dtype) return t;
+  if (internal::cuda::OnCuda("ToDType", t)) {
+    Tensor out = Tensor::Empty(t.sizes(), dtype, t.device());
+    internal::cuda::Unary(internal::cuda::UnaryOp::kCopy, out, t);
+    return out;
+  }
+  internal::CheckDefined("ToDType", t);
   Tensor out = Tensor::Empty(t.sizes(), dtype);
   internal::DispatchAll(dtype, [&]<typename R>() {
     internal::DispatchAll(t.dtype(), [&]<typename A>() {

@@ -8,8 +8,14 @@
 //     View, Transpose, Permute, Narrow, Select, Expand, Squeeze, Unsqueeze) share storage.
 //   - Binary ops broadcast NumPy-style and require equal dtypes (no implicit promotion).
 //   - *InPlace ops write into their first argument and bump its storage version.
-//   - Errors (shape/dtype mismatch, index out of range, non-CPU tensors) throw gw::Error
-//     naming the op and the shapes involved.
+//   - Errors (shape/dtype mismatch, index out of range, operands on different devices, an
+//     op with no kernel for its tensors' device) throw gw::Error naming the op and the
+//     shapes or devices involved.
+//   - Devices: every op runs on the CPU. On a GPU (gradwire/tensor/cuda.h), so far: views,
+//     Contiguous, Clone, ToDType, ToDevice, Fill, CopyInPlace, AddInPlace, ScaleInPlace,
+//     Add, Sub, Mul, Div, Maximum, Eq, Lt, Gt, AddScalar, MulScalar, Neg, Abs, Exp, Log,
+//     Sqrt, Relu, Tanh, Sigmoid and their backward kernels, Sum, Mean, SumToShape, MatMul,
+//     Gemm and Linear; results stay on the operands' device, queued on its current stream.
 //   - float32 matrix products run on oneDNN's sgemm (JIT AVX2/AVX-512 kernels), batched
 //     ones on one oneDNN matmul primitive; float64 uses a cache-blocked loop. GELU and SiLU
 //     run in float32 on oneDNN's eltwise primitives. oneDNN primitives are cached by shape
@@ -60,6 +66,9 @@ std::vector<Tensor> Chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
 Tensor Contiguous(const Tensor& t);  // returns t itself when already contiguous
 Tensor Clone(const Tensor& t);       // always a fresh contiguous copy
 Tensor ToDType(const Tensor& t, DType dtype);  // returns t itself when dtype already matches
+// A contiguous copy on `device` (t itself when it is there already). A copy to the CPU
+// returns once the data is there. gw::To (autograd/functions.h) records autograd.
+Tensor ToDevice(const Tensor& t, Device device);
 
 // ---- element-wise ----
 Tensor Add(const Tensor& a, const Tensor& b);

@@ -32,8 +32,9 @@ class Storage {
  public:
   using Deleter = std::function<void(void*)>;
 
-  // REQUIRES: device is a device this build has an allocator for (today: the CPU, served
-  // by CachingCpuAllocator::Default()).
+  // The CPU's memory comes from CachingCpuAllocator::Default(), a GPU's from its caching
+  // allocator (gw::cuda::Allocator). Throws gw::Error naming the device when it is a GPU
+  // this process has not (or this build has no CUDA support).
   static std::shared_ptr<Storage> Allocate(size_t nbytes, Device device = kCPU);
   // REQUIRES: `allocator` outlives the storage.
   static std::shared_ptr<Storage> Allocate(size_t nbytes, Allocator& allocator);

@@ -68,9 +68,12 @@ class Tensor {
 
   // ---- creation (all contiguous) ----
   static Tensor Empty(const Shape& sizes, DType dtype = DType::kFloat32, Device device = kCPU);
-  static Tensor Zeros(const Shape& sizes, DType dtype = DType::kFloat32);
-  static Tensor Ones(const Shape& sizes, DType dtype = DType::kFloat32);
-  static Tensor Full(const Shape& sizes, double value, DType dtype = DType::kFloat32);
+  // On a GPU (`device` cuda:N), Empty's memory comes from that device's caching allocator
+  // and the fills are queued on its current stream; where there is no such GPU they throw
+  // gw::Error naming the device and why (gradwire/tensor/cuda.h).
+  static Tensor Zeros(const Shape& sizes, DType dtype = DType::kFloat32, Device device = kCPU);
+  static Tensor Ones(const Shape& sizes, DType dtype = DType::kFloat32, Device device = kCPU);
+  static Tensor Full(const Shape& sizes, double value, DType dtype = DType::kFloat32, Device device = kCPU);
   // A 0-dimensional tensor holding `value`.
   static Tensor Scalar(double value, DType dtype = DType::kFloat32);
   // [start, end) in steps of `step`; int64 unless a floating dtype is given.
@@ -101,12 +104,13 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * ElementSize(dtype()); }
   bool is_contiguous() const;
 
-  // Pointer to the first element. REQUIRES: T matches dtype() (checked).
+  // Pointer to the first element (a device pointer for a tensor on a GPU). REQUIRES: T
+  // matches dtype() (checked).
   template <typename T>
   T* data() const;
   void* raw_data() const;
 
-  // The single value of a one-element tensor, converted to T.
+  // The single value of a one-element tensor, converted to T (copied from a GPU first).
   template <typename T = double>
   T item() const;
   // The elements in logical (row-major) order, converted to T.
