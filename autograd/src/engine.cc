@@ -138,7 +138,7 @@ Tensor SeedGradient(const std::vector<Tensor>& roots, const std::vector<Tensor>&
   GW_CHECK(roots[i].numel() == 1, "Backward", "root ", i, " has shape ",
            ShapeToString(roots[i].sizes()),
            "; a gradient can only be implied for one-element roots, pass one explicitly");
-  return Tensor::Ones(roots[i].sizes(), roots[i].dtype());
+  return Tensor::Ones(roots[i].sizes(), roots[i].dtype(), roots[i].device());
 }
 
 void RunFromRoots(GraphTask& task, const std::vector<Tensor>& roots,

@@ -83,7 +83,7 @@ Tensor Pow(const Tensor& a, double e) {
   return Record("PowScalarBackward", {a}, k::PowScalar(a, e),
                 [sa = SavedTensor(a), e](const Tensor& g) -> std::vector<Tensor> {
                   const Tensor& x = sa.Get("PowScalarBackward");
-                  if (e == 0) return {Tensor::Zeros(x.sizes(), x.dtype())};  // not 0 * x^-1
+                  if (e == 0) return {Tensor::Zeros(x.sizes(), x.dtype(), x.device())};  // not 0 * x^-1
                   return {k::Mul(g, k::MulScalar(k::PowScalar(x, e - 1), e))};
                 });
 }
@@ -273,7 +273,7 @@ Tensor MatMul(const Tensor& a, const Tensor& b) {
                   if (na) ga = k::SumToShape(k::MatMul(g, k::Transpose(y, -1, -2)), x.sizes());
                   if (nb && y.dim() == 2) {
                     // x [..., m, k] against a matrix: one GEMM over the folded batch.
-                    gb = Tensor::Empty(y.sizes(), g.dtype());
+                    gb = Tensor::Empty(y.sizes(), g.dtype(), g.device());
                     k::Gemm(true, false, 1.0, k::Flatten2D(x), k::Flatten2D(g), 0.0, gb);
                   } else if (nb) {
                     gb = k::SumToShape(k::MatMul(k::Transpose(x, -1, -2), g), y.sizes());
@@ -292,12 +292,12 @@ Tensor Linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
         Tensor g2 = k::Flatten2D(g);
         Tensor gx, gw, gb;
         if (nx) {
-          gx = Tensor::Empty({g2.sizes()[0], wv.sizes()[1]}, g.dtype());
+          gx = Tensor::Empty({g2.sizes()[0], wv.sizes()[1]}, g.dtype(), g.device());
           k::Gemm(false, false, 1.0, g2, wv, 0.0, gx);
           gx = k::Reshape(gx, xv.sizes());
         }
         if (nw) {
-          gw = Tensor::Empty(wv.sizes(), g.dtype());
+          gw = Tensor::Empty(wv.sizes(), g.dtype(), g.device());
           k::Gemm(true, false, 1.0, g2, k::Flatten2D(xv), 0.0, gw);
         }
         if (nb) gb = k::Sum(g2, {0});
@@ -353,7 +353,7 @@ Tensor Permute(const Tensor& t, const Shape& dims) {
 Tensor Narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
   return Record("NarrowBackward", {t}, k::Narrow(t, dim, start, length),
                 [sizes = t.sizes(), dim, start, length](const Tensor& g) -> std::vector<Tensor> {
-                  Tensor gi = Tensor::Zeros(sizes, g.dtype());
+                  Tensor gi = Tensor::Zeros(sizes, g.dtype(), g.device());
                   k::CopyInPlace(k::Narrow(gi, dim, start, length), g);
                   return {gi};
                 });
@@ -362,7 +362,7 @@ Tensor Narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
 Tensor Select(const Tensor& t, int64_t dim, int64_t index) {
   return Record("SelectBackward", {t}, k::Select(t, dim, index),
                 [sizes = t.sizes(), dim, index](const Tensor& g) -> std::vector<Tensor> {
-                  Tensor gi = Tensor::Zeros(sizes, g.dtype());
+                  Tensor gi = Tensor::Zeros(sizes, g.dtype(), g.device());
                   k::CopyInPlace(k::Select(gi, dim, index), g);
                   return {gi};
                 });
@@ -387,6 +387,14 @@ Tensor Unsqueeze(const Tensor& t, int64_t dim) {
                 [in = t.sizes()](const Tensor& g) -> std::vector<Tensor> {
                   return {k::Reshape(g, in)};
                 });
+}
+
+Tensor To(const Tensor& t, Device device) {
+  Tensor out = k::ToDevice(t, device);
+  if (out.is_same(t)) return t;
+  return Record("ToBackward", {t}, out, [from = t.device()](const Tensor& g) -> std::vector<Tensor> {
+    return {k::ToDevice(g, from)};
+  });
 }
 
 Tensor Contiguous(const Tensor& t) {
@@ -436,7 +444,7 @@ std::vector<Tensor> Chunk(const Tensor& t, int64_t chunks, int64_t dim) {
 Tensor IndexSelect(const Tensor& t, int64_t dim, const Tensor& index) {
   return Record("IndexSelectBackward", {t}, k::IndexSelect(t, dim, index),
                 [sizes = t.sizes(), dim, si = SavedTensor(index)](const Tensor& g) -> std::vector<Tensor> {
-                  Tensor gi = Tensor::Zeros(sizes, g.dtype());
+                  Tensor gi = Tensor::Zeros(sizes, g.dtype(), g.device());
                   k::IndexAddInPlace(gi, dim, si.Get("IndexSelectBackward"), g);
                   return {gi};
                 });
@@ -482,7 +490,7 @@ Tensor Stack(const std::vector<Tensor>& tensors, int64_t dim) {
 Tensor Gather(const Tensor& t, int64_t dim, const Tensor& index) {
   return Record("GatherBackward", {t}, k::Gather(t, dim, index),
                 [sizes = t.sizes(), dim, si = SavedTensor(index)](const Tensor& g) -> std::vector<Tensor> {
-                  Tensor gi = Tensor::Zeros(sizes, g.dtype());
+                  Tensor gi = Tensor::Zeros(sizes, g.dtype(), g.device());
                   k::ScatterAddInPlace(gi, dim, si.Get("GatherBackward"), g);
                   return {gi};
                 });
@@ -502,7 +510,7 @@ Tensor Where(const Tensor& mask, const Tensor& a, const Tensor& b) {
                 [sa = a.sizes(), sb = b.sizes(), sm = SavedTensor(mask), na = Needs(a),
                  nb = Needs(b)](const Tensor& g) -> std::vector<Tensor> {
                   const Tensor& m = sm.Get("WhereBackward");
-                  const Tensor zero = Tensor::Zeros({}, g.dtype());
+                  const Tensor zero = Tensor::Zeros({}, g.dtype(), g.device());
                   return {na ? k::SumToShape(k::Where(m, g, zero), sa) : Tensor(),
                           nb ? k::SumToShape(k::MaskedFill(g, m, 0), sb) : Tensor()};
                 });

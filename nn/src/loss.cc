@@ -283,6 +283,8 @@ Tensor ClassLoss(const char* op, const char* backward_name, bool softmax, const 
   GW_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1 && (softmax || o.label_smoothing == 0), op,
            "label_smoothing must be in [0, 1]", softmax ? "" : " and is CrossEntropyLoss's only", ", got ",
            o.label_smoothing);
+  GW_CHECK(input.device().is_cpu() && targets.device().is_cpu(), op, "input on ", input.device().ToString(),
+           " and targets on ", targets.device().ToString(), ": this loss runs on the CPU so far (move them with gw::To)");
   auto p = std::make_shared<const ClassProblem>(CheckClassProblem(op, input, targets, o));
   const DType dtype = input.dtype();
   const int64_t positions = p->n * p->s;
@@ -347,6 +349,15 @@ Tensor MseLoss(const Tensor& input, const Tensor& target, Reduction reduction) {
                input.dtype() == target.dtype() && IsFloating(input.dtype()),
            "MseLoss", "input ", Describe(input), " and target ", Describe(target),
            " must have the same shape and floating dtype");
+  if (!input.device().is_cpu()) {  // on a GPU: composed of its kernels (autograd records them)
+    const Tensor diff = Sub(input, target);
+    const Tensor squares = Mul(diff, diff);
+    switch (reduction) {
+      case Reduction::kNone: return squares;
+      case Reduction::kSum: return Sum(squares);
+      case Reduction::kMean: return Mean(squares);
+    }
+  }
   const Tensor diff = k::Sub(input, target);  // contiguous
   const int64_t n = diff.numel();
   Tensor out;
@@ -393,6 +404,9 @@ double Accuracy(const Tensor& logits, const Tensor& targets) {
   GW_CHECK(logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0),
            "Accuracy", "expected logits [N, C] and targets [N], got ",
            ShapeToString(logits.sizes()), " and ", ShapeToString(targets.sizes()));
+  if (!logits.device().is_cpu() || !targets.device().is_cpu()) {
+    return Accuracy(k::ToDevice(logits, kCPU), k::ToDevice(targets, kCPU));
+  }
   if (logits.size(0) == 0) return 0.0;
   Tensor hits = kernels::Eq(kernels::Argmax(logits, 1), targets);
   return kernels::Sum(kernels::ToDType(hits, DType::kFloat64)).item() /

@@ -100,6 +100,28 @@ void Module::ZeroGrad() {
   for (const Tensor& p : Parameters()) p.set_grad(Tensor());
 }
 
+void Module::To(Device device) {
+  autograd::NoGradGuard no_grad;
+  // Copy everything first, so that an error (no such device) leaves the module as it was.
+  std::vector<std::pair<TensorImpl*, Tensor>> moves;
+  for (const auto& [name, t] : StateDict()) {
+    if (t.device() == device) continue;
+    moves.emplace_back(t.unsafe_impl(), kernels::ToDevice(t, device));
+    const Tensor grad = t.grad();
+    if (grad.defined() && grad.device() != device) moves.emplace_back(grad.unsafe_impl(), kernels::ToDevice(grad, device));
+  }
+  for (auto& [impl, moved] : moves) {
+    impl->storage = moved.storage();
+    impl->offset = moved.storage_offset();
+    impl->strides = moved.strides();
+  }
+}
+
+Device Module::device() const {
+  const NamedTensors state = StateDict();
+  return state.empty() ? kCPU : state.front().second.device();
+}
+
 NamedTensors Module::StateDict() const {
   // PyTorch's order: each module's parameters, then its buffers, then its children's.
   NamedTensors all, out;

@@ -532,7 +532,9 @@ Tensor PrepareInPlace(std::string_view op, const Tensor& dst, const Tensor& src)
 }
 
 void CopyInPlace(const Tensor& dst, const Tensor& src_in) {
-  const Tensor src = PrepareInPlace("CopyInPlace", dst, src_in);
+  // From another device: brought to dst's first (a state dict loaded into a GPU module).
+  const bool moved = src_in.defined() && dst.defined() && src_in.device() != dst.device();
+  const Tensor src = PrepareInPlace("CopyInPlace", dst, moved ? ToDevice(src_in, dst.device()) : src_in);
   if (dst.device().is_cuda()) {
     cu::Unary(cu::UnaryOp::kCopy, dst, src);
   } else if (dst.is_contiguous() && src.is_contiguous() && dst.sizes() == src.sizes()) {

@@ -81,6 +81,8 @@ Tensor Expand(const Tensor& t, const Shape& sizes);
 Tensor Squeeze(const Tensor& t, int64_t dim);
 Tensor Unsqueeze(const Tensor& t, int64_t dim);
 Tensor Contiguous(const Tensor& t);
+// t on `device` (t itself when it is there); the gradient goes back to t's device.
+Tensor To(const Tensor& t, Device device);
 // Dims start_dim..end_dim merged into one (torch.flatten, with nn.Flatten's defaults).
 Tensor Flatten(const Tensor& t, int64_t start_dim = 1, int64_t end_dim = -1);
 // Views along `dim`, as torch.split and torch.chunk (see kernels.h); each piece is

@@ -15,6 +15,8 @@
 //     state-dict keys, e.g. "0.weight", so files move between the two), with the same
 //     checks; a BF16/F16 file loads into a float32 module. The format is chosen by the
 //     method, never by the file's name.
+//   - Devices: a module lives where its parameters are (To moves them all); Forward expects
+//     inputs on that device. LoadStateDict takes tensors from any device.
 //   - Thread safety: concurrent Forward calls (with or without grad) are safe for modules
 //     without mutable state (all but Dropout in training mode); mutation (training,
 //     loading) needs exclusion.
@@ -60,6 +62,13 @@ class Module {
   bool is_training() const { return training_; }
   // Sets every parameter's gradient to undefined.
   void ZeroGrad();
+  // Moves every parameter and buffer, and the parameters' gradients, to `device`, in place:
+  // each keeps its identity (the handles the module's code, optimizers and hooks hold stay
+  // valid; views taken of them before stay where they were). Throws gw::Error naming the
+  // device when this process cannot use it; then nothing has moved.
+  void To(Device device);
+  // The device of the first parameter or buffer (the CPU for a module without any).
+  Device device() const;
 
   // Parameters and buffers, by dotted name, in PyTorch's order (each module's parameters,
   // then its buffers, then its children's, depth first).

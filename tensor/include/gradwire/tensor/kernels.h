@@ -122,7 +122,7 @@ Tensor DropoutMask(const Shape& sizes, double p, DType dtype, Generator& gen);
 
 // ---- in place (dst is written; dst's storage version is bumped) ----
 void Fill(const Tensor& dst, double value);
-void CopyInPlace(const Tensor& dst, const Tensor& src);  // src broadcasts to dst
+void CopyInPlace(const Tensor& dst, const Tensor& src);  // src broadcasts to dst; may be on another device
 void AddInPlace(const Tensor& dst, const Tensor& src, double alpha = 1.0);  // dst += alpha*src
 void ScaleInPlace(const Tensor& dst, double s);
 
