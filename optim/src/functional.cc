@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "composed_step.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/tensor/kernels.h"
 
@@ -40,7 +41,7 @@ void WithFloatType(std::string_view op, DType dtype, F&& f) {
   switch (dtype) {
     case DType::kFloat32: f.template operator()<float>(); return;
     case DType::kFloat64: f.template operator()<double>(); return;
-    default: internal::Fail(op, "expected a float32 or float64 parameter, got ", DTypeName(dtype));
+    default: gw::internal::Fail(op, "expected a float32 or float64 parameter, got ", DTypeName(dtype));
   }
 }
 
@@ -154,7 +155,7 @@ void CheckBuffers(const std::string& op, const Tensor& param, ParamState& state)
 Tensor Buffer(ParamState& state, std::string_view name, const Tensor& param, double init) {
   auto it = state.buffers.find(std::string(name));
   if (it == state.buffers.end()) {
-    it = state.buffers.emplace(std::string(name), Tensor::Full(param.sizes(), init, param.dtype()))
+    it = state.buffers.emplace(std::string(name), Tensor::Full(param.sizes(), init, param.dtype(), param.device()))
              .first;
   }
   return it->second;
@@ -392,9 +393,8 @@ void UpdateWith(const OptimizerConfig& config, const Tensor& param, const std::v
   for (const Tensor& grad : grads) {
     GW_CHECK(grad.defined(), op, "grad is undefined for param ", DTypeName(param.dtype()), " ",
              ShapeToString(param.sizes()));
-    GW_CHECK(param.device().type == DeviceType::kCPU && grad.device().type == DeviceType::kCPU, op,
-             "param on ", param.device().ToString(), " and grad on ", grad.device().ToString(),
-             " but functional optimizers run on the CPU");
+    GW_CHECK(param.device() == grad.device(), op, "param on ", param.device().ToString(), " and grad on ",
+             grad.device().ToString(), ": move the gradient to the parameter's device first");
     GW_CHECK(IsFloating(param.dtype()), op, "param must be float32 or float64, got ",
              DTypeName(param.dtype()), " ", ShapeToString(param.sizes()));
     GW_CHECK(grad.sizes() == param.sizes(), op, "grad shape ", ShapeToString(grad.sizes()),
@@ -406,6 +406,10 @@ void UpdateWith(const OptimizerConfig& config, const Tensor& param, const std::v
   CheckBuffers(op, param, state);
 
   autograd::NoGradGuard no_grad;
+  if (!param.device().is_cpu()) {  // the fused loops read host memory: composed kernels there
+    internal::ComposedStep(config, param, grads, count, state);
+    return;
+  }
   // The loops need contiguous operands that do not overlap each other.
   const bool in_place = param.is_contiguous();
   const Tensor work = in_place ? param : kernels::Clone(param);
@@ -428,6 +432,75 @@ void UpdateWith(const OptimizerConfig& config, const Tensor& param, const std::v
 }
 
 }  // namespace
+
+void internal::ComposedStep(const OptimizerConfig& config, const Tensor& param, const std::vector<Tensor>& grads,
+                            int64_t count, ParamState& state) {
+  namespace k = kernels;
+  Tensor g = grads[0];
+  if (grads.size() > 1 || count != 1) {
+    g = k::Clone(grads[0]);
+    for (size_t i = 1; i < grads.size(); ++i) k::AddInPlace(g, grads[i]);
+    k::ScaleInPlace(g, 1.0 / static_cast<double>(count));
+  }
+  // The signed gradient, plus the L2 term where the optimizer adds one: a fresh tensor.
+  auto signed_grad = [&](bool maximize, double l2) {
+    Tensor d = k::MulScalar(g, maximize ? -1 : 1);
+    if (l2 != 0) k::AddInPlace(d, param, l2);
+    return d;
+  };
+  auto adam = [&](const auto& c, bool decoupled) {
+    const int64_t step = ++state.step;
+    const double bias_correction1 = 1 - std::pow(c.beta1, static_cast<double>(step));
+    const double bias_correction2_sqrt = std::sqrt(1 - std::pow(c.beta2, static_cast<double>(step)));
+    const Tensor grad = signed_grad(c.maximize, decoupled ? 0 : c.weight_decay);
+    if (decoupled && c.weight_decay != 0) k::ScaleInPlace(param, 1 - c.lr * c.weight_decay);
+    Tensor m = Buffer(state, kExpAvg, param, 0), v = Buffer(state, kExpAvgSq, param, 0);
+    k::ScaleInPlace(m, c.beta1);
+    k::AddInPlace(m, grad, 1 - c.beta1);
+    k::ScaleInPlace(v, c.beta2);
+    k::AddInPlace(v, k::Mul(grad, grad), 1 - c.beta2);
+    Tensor second = v;
+    if (c.amsgrad) {
+      Tensor v_max = Buffer(state, kMaxExpAvgSq, param, 0);
+      k::CopyInPlace(v_max, k::Maximum(v, v_max));  // NaN in v propagates, as in the loop
+      second = v_max;
+    }
+    const Tensor denom = k::AddScalar(k::MulScalar(k::Sqrt(second), 1 / bias_correction2_sqrt), c.eps);
+    k::AddInPlace(param, k::Div(m, denom), -c.lr / bias_correction1);
+  };
+  std::visit(Overloaded{
+                 [&](const Sgd& c) {
+                   Tensor d = signed_grad(c.maximize, c.weight_decay);
+                   if (c.momentum != 0) {
+                     auto it = state.buffers.find(std::string(kMomentumBuffer));
+                     if (it == state.buffers.end()) {
+                       it = state.buffers.emplace(std::string(kMomentumBuffer), k::Clone(d)).first;
+                     } else {
+                       k::ScaleInPlace(it->second, c.momentum);
+                       k::AddInPlace(it->second, d, 1 - c.dampening);
+                     }
+                     if (c.nesterov) {
+                       k::AddInPlace(d, it->second, c.momentum);
+                     } else {
+                       d = it->second;
+                     }
+                   }
+                   ++state.step;
+                   k::AddInPlace(param, d, -c.lr);
+                 },
+                 [&](const Adam& c) { adam(c, /*decoupled=*/false); },
+                 [&](const AdamW& c) { adam(c, /*decoupled=*/true); },
+                 [&](const Adagrad& c) {
+                   const int64_t step = ++state.step;
+                   const double clr = c.lr / (1 + static_cast<double>(step - 1) * c.lr_decay);
+                   const Tensor grad = signed_grad(c.maximize, c.weight_decay);
+                   Tensor sum = Buffer(state, kSum, param, c.initial_accumulator_value);
+                   k::AddInPlace(sum, k::Mul(grad, grad));
+                   k::AddInPlace(param, k::Div(grad, k::AddScalar(k::Sqrt(sum), c.eps)), -clr);
+                 },
+             },
+             config);
+}
 
 void Update(const OptimizerConfig& config, const Tensor& param, const Tensor& grad, ParamState& state) {
   UpdateWith(config, param, {grad}, 1, state, nullptr);

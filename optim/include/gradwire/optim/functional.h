@@ -18,7 +18,9 @@
 //   - Performance: contiguous float32/float64 tensors are updated by one fused pass
 //     over raw pointers per step (param, grad and the buffers are each read and written
 //     at most once). Non-contiguous params and grads are handled through contiguous
-//     copies, which costs extra passes.
+//     copies, which costs extra passes. Parameters on a GPU are updated by the same
+//     arithmetic composed of element-wise kernels (a pass each), their state buffers on
+//     the parameter's device; a gradient on another device than its parameter is an error.
 //   - Thread safety: Update() touches only its arguments. Concurrent calls on distinct
 //     (param, state) pairs are safe; the same param or state needs external
 //     synchronisation. No global state.
