@@ -278,13 +278,56 @@ class ClassLossKernel {
   T weight_sum_;
 };
 
+// On a GPU: composed of its kernels (autograd records them): log-softmax, a one-hot mask
+// of the targets, a row sum. [N, C] input and [N] targets; class weights and label
+// smoothing run on the CPU so far. The targets are checked on the host first (N values), so
+// a bad one is an error naming it, never a silent zero.
+Tensor ClassLossOnDevice(const char* op, bool softmax, const Tensor& input, const Tensor& targets,
+                         const ClassLossOptions& o) {
+  GW_CHECK(input.defined() && targets.defined() && input.device() == targets.device(), op, "input ",
+           Describe(input), " on ", input.defined() ? input.device().ToString() : "-", " and targets ",
+           Describe(targets), " on ", targets.defined() ? targets.device().ToString() : "-",
+           ": put them on one device");
+  GW_CHECK(input.dim() == 2 && IsFloating(input.dtype()) && targets.dim() == 1 && targets.dtype() == DType::kInt64 &&
+               targets.size(0) == input.size(0),
+           op, "on a GPU expects input [N, C] (float32 or float64) and targets [N] (int64), got ", Describe(input),
+           " and ", Describe(targets));
+  GW_CHECK(!o.weight.defined() && o.label_smoothing == 0, op,
+           "class weights and label smoothing run on the CPU so far (move the input and targets there)");
+  const int64_t c = input.size(1);
+  const std::vector<int64_t> host = targets.ToVector<int64_t>();
+  int64_t counted = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (host[i] == o.ignore_index) continue;
+    GW_CHECK(host[i] >= 0 && host[i] < c, op, "target ", host[i], " at position ", i, " is not a class in [0, ", c,
+             ")");
+    ++counted;
+  }
+  const Device device = input.device();
+  const Tensor classes = k::Reshape(k::ToDevice(Tensor::Arange(0, static_cast<double>(c)), device), {1, c});
+  Tensor onehot = k::ToDType(k::Eq(classes, k::Unsqueeze(targets, 1)), input.dtype());
+  if (o.ignore_index >= 0 && o.ignore_index < c) {  // rows of the ignored class count nothing
+    const Tensor ignored = k::ToDType(k::Eq(targets, Tensor::Full({}, static_cast<double>(o.ignore_index),
+                                                                   DType::kInt64, device)),
+                                      input.dtype());
+    onehot = k::Mul(onehot, k::Unsqueeze(k::AddScalar(k::MulScalar(ignored, -1), 1), 1));
+  }
+  const Tensor log_probs = softmax ? LogSoftmax(input, 1) : input;
+  const Tensor per_row = Neg(Sum(Mul(log_probs, onehot), {1}));
+  switch (o.reduction) {
+    case Reduction::kNone: return per_row;
+    case Reduction::kSum: return Sum(per_row);
+    case Reduction::kMean: break;
+  }
+  return MulScalar(Sum(per_row), 1.0 / static_cast<double>(counted));
+}
+
 Tensor ClassLoss(const char* op, const char* backward_name, bool softmax, const Tensor& input,
                  const Tensor& targets, const ClassLossOptions& o) {
   GW_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1 && (softmax || o.label_smoothing == 0), op,
            "label_smoothing must be in [0, 1]", softmax ? "" : " and is CrossEntropyLoss's only", ", got ",
            o.label_smoothing);
-  GW_CHECK(input.device().is_cpu() && targets.device().is_cpu(), op, "input on ", input.device().ToString(),
-           " and targets on ", targets.device().ToString(), ": this loss runs on the CPU so far (move them with gw::To)");
+  if (!input.device().is_cpu() || !targets.device().is_cpu()) return ClassLossOnDevice(op, softmax, input, targets, o);
   auto p = std::make_shared<const ClassProblem>(CheckClassProblem(op, input, targets, o));
   const DType dtype = input.dtype();
   const int64_t positions = p->n * p->s;

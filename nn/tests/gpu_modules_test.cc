@@ -87,6 +87,41 @@ TEST_P(GpuMlpTest, StateDictFromTheCpuLoadsIntoAGpuModule) {
   }
 }
 
+TEST_P(GpuMlpTest, CrossEntropyOnTheGpuEqualsTheCpu) {
+  REQUIRE_GPU();
+  const DType dtype = GetParam();
+  const double tol = dtype == DType::kFloat32 ? 1e-5 : 1e-12;
+  Generator gen(4);
+  const Tensor logits = Tensor::Randn({12, 10}, gen, dtype).set_requires_grad(true);
+  const Tensor targets = Tensor::FromVector<int64_t>({0, 3, 9, 2, 2, 7, 5, 1, 8, 3, 4, 6});
+  for (const int64_t ignore : {int64_t{-100}, int64_t{3}}) {
+    for (const Reduction reduction : {Reduction::kMean, Reduction::kSum}) {
+      ClassLossOptions o;
+      o.ignore_index = ignore;
+      o.reduction = reduction;
+      logits.set_grad(Tensor());
+      const Tensor cpu_loss = CrossEntropyLoss(logits, targets, o);
+      autograd::Backward({cpu_loss});
+      const Tensor cpu_grad = logits.grad();
+      logits.set_grad(Tensor());
+      const Tensor gpu_loss = CrossEntropyLoss(gw::To(logits, kGpu), gw::To(targets, kGpu), o);
+      EXPECT_EQ(gpu_loss.device(), kGpu);
+      EXPECT_NEAR(gpu_loss.item(), cpu_loss.item(), tol * 10) << "ignore " << ignore;
+      autograd::Backward({gpu_loss});
+      EXPECT_TRUE(kernels::AllClose(logits.grad(), cpu_grad, tol, tol)) << "ignore " << ignore;
+    }
+  }
+  const Tensor bad = Tensor::FromVector<int64_t>({0, 10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+  try {
+    CrossEntropyLoss(gw::To(logits, kGpu), gw::To(bad, kGpu));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 10 at position 1"), std::string::npos) << e.what();
+  }
+  EXPECT_NEAR(Accuracy(kernels::ToDevice(logits.detach(), kGpu), kernels::ToDevice(targets, kGpu)),
+              Accuracy(logits.detach(), targets), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuMlpTest, ::testing::Values(DType::kFloat32, DType::kFloat64),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 

@@ -42,6 +42,9 @@ void SumKeepDims(const Tensor& out, const Tensor&) { gw::cuda::CheckDevice("cuda
 void Gemm(bool, bool, double, const Tensor&, const Tensor&, double, const Tensor& out) {
   gw::cuda::CheckDevice("cuda::Gemm", out.device());
 }
+void SoftmaxRows(const Tensor& out, const Tensor&, int64_t, int64_t, bool) {
+  gw::cuda::CheckDevice("cuda::Softmax", out.device());
+}
 void CopyBytes(const Tensor& dst, const Tensor&) { gw::cuda::CheckDevice("cuda::CopyBytes", dst.device()); }
 
 }  // namespace gw::internal::cuda

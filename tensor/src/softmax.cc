@@ -1,6 +1,7 @@
 // Softmax and log-softmax along a dimension, with their backward helpers.
 #include <cmath>
 
+#include "cuda/cuda_kernels.h"
 #include "dispatch.h"
 #include "gradwire/tensor/kernels.h"
 
@@ -8,16 +9,23 @@ namespace gw::kernels {
 namespace {
 
 // Applies row_fn(in_row, out_row, n) to every slice along `dim`.
+// On a GPU, the rows go to the softmax kernel (log: log-softmax) instead.
 template <typename RowFn>
-Tensor AlongDim(std::string_view op, const Tensor& t, int64_t dim, RowFn row_fn) {
-  internal::CheckDefined(op, t);
-  if (t.dim() == 0) return Reshape(AlongDim(op, Reshape(t, {1}), 0, row_fn), {});
+Tensor AlongDim(std::string_view op, const Tensor& t, int64_t dim, bool log, RowFn row_fn) {
+  const bool gpu = internal::cuda::OnCuda(op, t);
+  if (!gpu) internal::CheckDefined(op, t);
+  if (t.dim() == 0) return Reshape(AlongDim(op, Reshape(t, {1}), 0, log, row_fn), {});
   dim = NormalizeDim(op, dim, t.dim());
   const int64_t last = t.dim() - 1;
   Tensor moved = dim == last ? Contiguous(t) : Contiguous(Transpose(t, dim, last));
-  Tensor out = Tensor::Empty(moved.sizes(), t.dtype());
+  Tensor out = Tensor::Empty(moved.sizes(), t.dtype(), t.device());
   const int64_t n = t.sizes()[dim];
   const int64_t rows = n == 0 ? 0 : moved.numel() / n;
+  if (gpu) {
+    GW_CHECK(IsFloating(t.dtype()), op, "expected a floating tensor (float32 or float64), got ", DTypeName(t.dtype()));
+    internal::cuda::SoftmaxRows(out, moved, rows, n, log);
+    return dim == last ? out : Contiguous(Transpose(out, dim, last));
+  }
   internal::DispatchFloating(op, t.dtype(), [&]<typename T>() {
     const T* in = moved.data<T>();
     T* o = out.data<T>();
@@ -29,7 +37,7 @@ Tensor AlongDim(std::string_view op, const Tensor& t, int64_t dim, RowFn row_fn)
 }  // namespace
 
 Tensor Softmax(const Tensor& t, int64_t dim) {
-  return AlongDim("Softmax", t, dim, []<typename T>(const T* x, T* y, int64_t n) {
+  return AlongDim("Softmax", t, dim, /*log=*/false, []<typename T>(const T* x, T* y, int64_t n) {
     T m = x[0];
     for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
     double sum = 0;
@@ -43,7 +51,7 @@ Tensor Softmax(const Tensor& t, int64_t dim) {
 }
 
 Tensor LogSoftmax(const Tensor& t, int64_t dim) {
-  return AlongDim("LogSoftmax", t, dim, []<typename T>(const T* x, T* y, int64_t n) {
+  return AlongDim("LogSoftmax", t, dim, /*log=*/true, []<typename T>(const T* x, T* y, int64_t n) {
     T m = x[0];
     for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
     double sum = 0;

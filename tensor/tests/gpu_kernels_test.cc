@@ -137,6 +137,23 @@ TEST_P(GpuKernelsTest, ReductionsMatchTheCpu) {
   ExpectSame(k::Sum(k::ToDevice(empty, kGpu), {0}, false), k::Sum(empty, {0}, false), "Sum of nothing");
 }
 
+TEST_P(GpuKernelsTest, SoftmaxFamilyMatchesTheCpu) {
+  REQUIRE_GPU();
+  const Tensor x = Random({9, 300}, -8, 8), g = Random({9, 300});
+  const Tensor gx = k::ToDevice(x, kGpu), gg = k::ToDevice(g, kGpu);
+  for (int64_t dim : {1, 0}) {
+    const std::string d = " over dim " + std::to_string(dim);
+    ExpectSame(k::Softmax(gx, dim), k::Softmax(x, dim), "Softmax" + d, 4);
+    ExpectSame(k::LogSoftmax(gx, dim), k::LogSoftmax(x, dim), "LogSoftmax" + d, 4);
+    ExpectSame(k::SoftmaxBackward(gg, k::Softmax(gx, dim), dim), k::SoftmaxBackward(g, k::Softmax(x, dim), dim),
+               "SoftmaxBackward" + d, 16);
+    ExpectSame(k::LogSoftmaxBackward(gg, k::LogSoftmax(gx, dim), dim),
+               k::LogSoftmaxBackward(g, k::LogSoftmax(x, dim), dim), "LogSoftmaxBackward" + d, 16);
+  }
+  const Tensor huge = Tensor::Full({2, 3}, 1e4, GetParam());  // max-shifted: no overflow
+  ExpectSame(k::Softmax(k::ToDevice(huge, kGpu), 1), k::Softmax(huge, 1), "Softmax of large values");
+}
+
 TEST_P(GpuKernelsTest, MatrixProductsMatchTheCpu) {
   REQUIRE_GPU();
   const Tensor a = Random({37, 64}), b = Random({64, 45});

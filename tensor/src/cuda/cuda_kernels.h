@@ -32,6 +32,8 @@ void SumKeepDims(const Tensor& out, const Tensor& a);
 // (3-D, with a or b possibly broadcast: batch stride 0). float32 or float64, cuBLAS.
 void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta,
           const Tensor& out);
+// out = softmax (log: log-softmax) of each row of contiguous [rows, cols] `in`.
+void SoftmaxRows(const Tensor& out, const Tensor& in, int64_t rows, int64_t cols, bool log);
 // dst = src, both contiguous with the same byte size, on any two devices (at least one a GPU).
 // A copy to the CPU returns once the data is there.
 void CopyBytes(const Tensor& dst, const Tensor& src);

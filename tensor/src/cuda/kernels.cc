@@ -79,4 +79,12 @@ void SumKeepDims(const Tensor& out, const Tensor& a) {
               "a CUDA reduction kernel", device);
 }
 
+void SoftmaxRows(const Tensor& out, const Tensor& in, int64_t rows, int64_t cols, bool log) {
+  const Device device = out.device();
+  DeviceGuard guard(device);
+  CheckLaunch(LaunchSoftmax(static_cast<int>(in.dtype()), out.raw_data(), in.raw_data(), rows, cols, log,
+                            CurrentCudaStream(device)),
+              "a CUDA softmax kernel", device);
+}
+
 }  // namespace gw::internal::cuda
