@@ -392,9 +392,8 @@ Tensor Unsqueeze(const Tensor& t, int64_t dim) {
 Tensor To(const Tensor& t, Device device) {
   Tensor out = k::ToDevice(t, device);
   if (out.is_same(t)) return t;
-  return Record("ToBackward", {t}, out, [from = t.device()](const Tensor& g) -> std::vector<Tensor> {
-    return {k::ToDevice(g, from)};
-  });
+  return Record("ToBackward", {t}, out,
+                [from = t.device()](const Tensor& g) -> std::vector<Tensor> { return {k::ToDevice(g, from)}; });
 }
 
 Tensor Contiguous(const Tensor& t) {

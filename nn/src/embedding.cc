@@ -59,8 +59,8 @@ std::string Embedding::ExtraRepr() const {
 Tensor EmbeddingBagLookup(const Tensor& weight, const Tensor& ids, const Tensor& offsets,
                           BagMode mode) {
   GW_CHECK(weight.defined() && weight.dim() == 2, "EmbeddingBag", "weight must be 2-D");
-  GW_CHECK(weight.device().is_cpu() && ids.device().is_cpu(), "EmbeddingBag", "weight on ",
-           weight.device().ToString(), ", ids on ", ids.device().ToString(), ": EmbeddingBag runs on the CPU so far");
+  GW_CHECK(weight.device().is_cpu() && ids.device().is_cpu(), "EmbeddingBag", "weight on ", weight.device().ToString(),
+           ", ids on ", ids.device().ToString(), ": EmbeddingBag runs on the CPU so far");
   GW_CHECK(ids.defined() && ids.dim() == 1, "EmbeddingBag", "ids must be 1-D with offsets, got ",
            ids.defined() ? ShapeToString(ids.sizes()) : "undefined");
   CheckIds("EmbeddingBag", ids, weight.size(0));

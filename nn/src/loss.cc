@@ -284,10 +284,9 @@ class ClassLossKernel {
 // a bad one is an error naming it, never a silent zero.
 Tensor ClassLossOnDevice(const char* op, bool softmax, const Tensor& input, const Tensor& targets,
                          const ClassLossOptions& o) {
-  GW_CHECK(input.defined() && targets.defined() && input.device() == targets.device(), op, "input ",
-           Describe(input), " on ", input.defined() ? input.device().ToString() : "-", " and targets ",
-           Describe(targets), " on ", targets.defined() ? targets.device().ToString() : "-",
-           ": put them on one device");
+  GW_CHECK(input.defined() && targets.defined() && input.device() == targets.device(), op, "input ", Describe(input),
+           " on ", input.defined() ? input.device().ToString() : "-", " and targets ", Describe(targets), " on ",
+           targets.defined() ? targets.device().ToString() : "-", ": put them on one device");
   GW_CHECK(input.dim() == 2 && IsFloating(input.dtype()) && targets.dim() == 1 && targets.dtype() == DType::kInt64 &&
                targets.size(0) == input.size(0),
            op, "on a GPU expects input [N, C] (float32 or float64) and targets [N] (int64), got ", Describe(input),
@@ -307,17 +306,19 @@ Tensor ClassLossOnDevice(const char* op, bool softmax, const Tensor& input, cons
   const Tensor classes = k::Reshape(k::ToDevice(Tensor::Arange(0, static_cast<double>(c)), device), {1, c});
   Tensor onehot = k::ToDType(k::Eq(classes, k::Unsqueeze(targets, 1)), input.dtype());
   if (o.ignore_index >= 0 && o.ignore_index < c) {  // rows of the ignored class count nothing
-    const Tensor ignored = k::ToDType(k::Eq(targets, Tensor::Full({}, static_cast<double>(o.ignore_index),
-                                                                   DType::kInt64, device)),
-                                      input.dtype());
+    const Tensor ignored = k::ToDType(
+        k::Eq(targets, Tensor::Full({}, static_cast<double>(o.ignore_index), DType::kInt64, device)), input.dtype());
     onehot = k::Mul(onehot, k::Unsqueeze(k::AddScalar(k::MulScalar(ignored, -1), 1), 1));
   }
   const Tensor log_probs = softmax ? LogSoftmax(input, 1) : input;
   const Tensor per_row = Neg(Sum(Mul(log_probs, onehot), {1}));
   switch (o.reduction) {
-    case Reduction::kNone: return per_row;
-    case Reduction::kSum: return Sum(per_row);
-    case Reduction::kMean: break;
+    case Reduction::kNone:
+      return per_row;
+    case Reduction::kSum:
+      return Sum(per_row);
+    case Reduction::kMean:
+      break;
   }
   return MulScalar(Sum(per_row), 1.0 / static_cast<double>(counted));
 }
@@ -396,9 +397,12 @@ Tensor MseLoss(const Tensor& input, const Tensor& target, Reduction reduction) {
     const Tensor diff = Sub(input, target);
     const Tensor squares = Mul(diff, diff);
     switch (reduction) {
-      case Reduction::kNone: return squares;
-      case Reduction::kSum: return Sum(squares);
-      case Reduction::kMean: return Mean(squares);
+      case Reduction::kNone:
+        return squares;
+      case Reduction::kSum:
+        return Sum(squares);
+      case Reduction::kMean:
+        return Mean(squares);
     }
   }
   const Tensor diff = k::Sub(input, target);  // contiguous

@@ -108,7 +108,8 @@ void Module::To(Device device) {
     if (t.device() == device) continue;
     moves.emplace_back(t.unsafe_impl(), kernels::ToDevice(t, device));
     const Tensor grad = t.grad();
-    if (grad.defined() && grad.device() != device) moves.emplace_back(grad.unsafe_impl(), kernels::ToDevice(grad, device));
+    if (grad.defined() && grad.device() != device)
+      moves.emplace_back(grad.unsafe_impl(), kernels::ToDevice(grad, device));
   }
   for (auto& [impl, moved] : moves) {
     impl->storage = moved.storage();

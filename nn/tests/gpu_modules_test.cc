@@ -13,8 +13,8 @@
 namespace gw::nn {
 namespace {
 
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
+#define REQUIRE_GPU()                                                  \
+  do {                                                                 \
     if (!cuda::Available()) GTEST_SKIP() << cuda::UnavailableReason(); \
   } while (false)
 
@@ -22,10 +22,10 @@ const Device kGpu = Cuda(0);
 
 std::shared_ptr<Sequential> MakeMlp(uint64_t seed, DType dtype) {
   Generator gen(seed);
-  return std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
-      std::make_shared<Linear>(20, 32, gen, true, dtype), std::make_shared<ReLU>(),
-      std::make_shared<Linear>(32, 32, gen, true, dtype), std::make_shared<Tanh>(),
-      std::make_shared<Linear>(32, 3, gen, true, dtype)});
+  return std::make_shared<Sequential>(
+      std::vector<std::shared_ptr<Module>>{std::make_shared<Linear>(20, 32, gen, true, dtype), std::make_shared<ReLU>(),
+                                           std::make_shared<Linear>(32, 32, gen, true, dtype), std::make_shared<Tanh>(),
+                                           std::make_shared<Linear>(32, 3, gen, true, dtype)});
 }
 
 TEST(GpuModulesTest, GradientsFlowBackThroughTo) {

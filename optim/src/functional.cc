@@ -41,7 +41,8 @@ void WithFloatType(std::string_view op, DType dtype, F&& f) {
   switch (dtype) {
     case DType::kFloat32: f.template operator()<float>(); return;
     case DType::kFloat64: f.template operator()<double>(); return;
-    default: gw::internal::Fail(op, "expected a float32 or float64 parameter, got ", DTypeName(dtype));
+    default:
+      gw::internal::Fail(op, "expected a float32 or float64 parameter, got ", DTypeName(dtype));
   }
 }
 

@@ -27,7 +27,8 @@ TEST(GpuOptimTest, EveryOptimizerOnTheGpuEqualsTheCpu) {
         Update(config, cpu, grad, cpu_state);
         Update(config, on_gpu, kernels::ToDevice(grad, gpu), gpu_state);
       }
-      EXPECT_LT(kernels::MaxAbsDiff(kernels::ToDevice(on_gpu, kCPU), cpu), tol) << Name(config) << " " << DTypeName(dtype);
+      EXPECT_LT(kernels::MaxAbsDiff(kernels::ToDevice(on_gpu, kCPU), cpu), tol)
+          << Name(config) << " " << DTypeName(dtype);
       for (const auto& [name, buffer] : gpu_state.buffers) EXPECT_EQ(buffer.device(), gpu) << name;
       // A gradient left on the CPU is an error naming both devices.
       EXPECT_THROW(Update(config, on_gpu, Tensor::Zeros({129, 33}, dtype), gpu_state), Error);

@@ -55,7 +55,8 @@ TEST(DeviceMapTest, DevicesMustExistOnTheirSide) {
 }
 
 TEST(DeviceMapTest, ParsesTheLaunchersTextAndPrintsItBack) {
-  absl::StatusOr<DeviceMaps> maps = DeviceMaps::Parse("trainer", "ps0=cuda:0->cuda:1, cuda:1->cuda:0; ps1 = cuda:0->cpu");
+  absl::StatusOr<DeviceMaps> maps =
+      DeviceMaps::Parse("trainer", "ps0=cuda:0->cuda:1, cuda:1->cuda:0; ps1 = cuda:0->cpu");
   ASSERT_TRUE(maps.ok()) << maps.status();
   EXPECT_EQ(maps->ToString(), "ps0=cuda:0->cuda:1,cuda:1->cuda:0;ps1=cuda:0->cpu");
   EXPECT_EQ(maps->Toward("ps0").Forward(Cuda(1)), Cuda(0));
@@ -77,14 +78,13 @@ TEST(DeviceMapTest, PathForEachPairOfDevices) {
     TensorPath path;
   };
   const Case cases[] = {
-      {kCPU, kCPU, true, true, TensorPath::kHost},
-      {kCPU, kCPU, false, false, TensorPath::kHost},
-      {Cuda(0), Cuda(0), true, true, TensorPath::kCudaIpc},     // two processes on one GPU
-      {Cuda(0), Cuda(1), true, true, TensorPath::kCudaIpc},     // two GPUs of one host
-      {Cuda(0), Cuda(0), true, false, TensorPath::kStaged},     // IPC refused (containers, MIG)
-      {Cuda(0), Cuda(0), false, true, TensorPath::kStaged},     // across hosts
-      {Cuda(0), kCPU, true, true, TensorPath::kStaged},         // GPU trainer -> CPU server
-      {kCPU, Cuda(0), false, false, TensorPath::kStaged},       // CPU server -> GPU trainer
+      {kCPU, kCPU, true, true, TensorPath::kHost},          {kCPU, kCPU, false, false, TensorPath::kHost},
+      {Cuda(0), Cuda(0), true, true, TensorPath::kCudaIpc},  // two processes on one GPU
+      {Cuda(0), Cuda(1), true, true, TensorPath::kCudaIpc},  // two GPUs of one host
+      {Cuda(0), Cuda(0), true, false, TensorPath::kStaged},  // IPC refused (containers, MIG)
+      {Cuda(0), Cuda(0), false, true, TensorPath::kStaged},  // across hosts
+      {Cuda(0), kCPU, true, true, TensorPath::kStaged},      // GPU trainer -> CPU server
+      {kCPU, Cuda(0), false, false, TensorPath::kStaged},    // CPU server -> GPU trainer
   };
   for (const Case& c : cases) {
     EXPECT_EQ(ChoosePath(c.from, c.to, c.same_host, c.ipc), c.path)

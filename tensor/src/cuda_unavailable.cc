@@ -12,7 +12,9 @@ constexpr char kReason[] =
     "no GPU is present: this build of gradwire has no CUDA support (the CUDA toolkit was not found "
     "when it was built, or GRADWIRE_CUDA=OFF)";
 
-[[noreturn]] void Unavailable(std::string_view op, Device device) { internal::Fail(op, device.ToString(), ": ", kReason); }
+[[noreturn]] void Unavailable(std::string_view op, Device device) {
+  internal::Fail(op, device.ToString(), ": ", kReason);
+}
 
 }  // namespace
 

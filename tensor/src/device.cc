@@ -21,8 +21,8 @@ absl::StatusOr<Device> ParseDevice(std::string_view text) {
       return Cuda(static_cast<int16_t>(index));
     }
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("'", absl::string_view(text.data(), text.size()), "' is not a device: expected cpu, cuda or cuda:<index>"));
+  return absl::InvalidArgumentError(absl::StrCat("'", absl::string_view(text.data(), text.size()),
+                                                 "' is not a device: expected cpu, cuda or cuda:<index>"));
 }
 
 }  // namespace gw

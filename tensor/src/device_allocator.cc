@@ -31,9 +31,7 @@ CachingDeviceAllocator::~CachingDeviceAllocator() {
 
 Device CachingDeviceAllocator::device() const { return backend_->device(); }
 
-void* CachingDeviceAllocator::Allocate(size_t nbytes) {
-  return Allocate(nbytes, backend_->CurrentStream());
-}
+void* CachingDeviceAllocator::Allocate(size_t nbytes) { return Allocate(nbytes, backend_->CurrentStream()); }
 
 void* CachingDeviceAllocator::Allocate(size_t nbytes, StreamId stream) {
   if (nbytes == 0) return nullptr;
@@ -72,9 +70,9 @@ CachingDeviceAllocator::Block* CachingDeviceAllocator::NewSegment(size_t size, S
     p = backend_->Malloc(size);
   }
   if (p == nullptr) {
-    internal::Fail("Allocate", "out of memory on ", backend_->device().ToString(), ": could not get ",
-                   Mib(size), " more (", Mib(stats_.allocated_bytes), " allocated to tensors, ",
-                   Mib(stats_.reserved_bytes), " reserved by gradwire's cache); free tensors or use "
+    internal::Fail("Allocate", "out of memory on ", backend_->device().ToString(), ": could not get ", Mib(size),
+                   " more (", Mib(stats_.allocated_bytes), " allocated to tensors, ", Mib(stats_.reserved_bytes),
+                   " reserved by gradwire's cache); free tensors or use "
                    "smaller batches");
   }
   ++stats_.backend_mallocs;
@@ -109,8 +107,8 @@ void CachingDeviceAllocator::Free(void* p, size_t /*nbytes*/) {
   if (p == nullptr) return;
   absl::MutexLock lock(&mu_);
   auto it = live_.find(p);
-  GW_CHECK(it != live_.end(), "Free", "pointer ", p, " was not allocated by the ",
-           backend_->device().ToString(), " caching allocator (or was freed twice)");
+  GW_CHECK(it != live_.end(), "Free", "pointer ", p, " was not allocated by the ", backend_->device().ToString(),
+           " caching allocator (or was freed twice)");
   Block* block = it->second;
   live_.erase(it);
   block->allocated = false;
@@ -185,8 +183,7 @@ void CachingDeviceAllocator::ReleaseFreeSegments() {
 void CachingDeviceAllocator::RecordStream(void* p, StreamId stream) {
   absl::MutexLock lock(&mu_);
   auto it = live_.find(p);
-  GW_CHECK(it != live_.end(), "RecordStream", "pointer ", p, " is not a live block of ",
-           backend_->device().ToString());
+  GW_CHECK(it != live_.end(), "RecordStream", "pointer ", p, " is not a live block of ", backend_->device().ToString());
   Block* block = it->second;
   if (stream == block->stream) return;
   if (std::find(block->used_on.begin(), block->used_on.end(), stream) == block->used_on.end()) {
@@ -197,8 +194,7 @@ void CachingDeviceAllocator::RecordStream(void* p, StreamId stream) {
 StreamId CachingDeviceAllocator::StreamOf(void* p) const {
   absl::MutexLock lock(&mu_);
   auto it = live_.find(p);
-  GW_CHECK(it != live_.end(), "StreamOf", "pointer ", p, " is not a live block of ",
-           backend_->device().ToString());
+  GW_CHECK(it != live_.end(), "StreamOf", "pointer ", p, " is not a live block of ", backend_->device().ToString());
   return it->second->stream;
 }
 

@@ -167,8 +167,7 @@ Tensor NumericUnary(std::string_view name, const Tensor& a, Op op, CudaUnaryOp g
 
 // grad * f(out), both shaped like out.
 template <typename Op>
-Tensor BackwardFromOutput(std::string_view name, const Tensor& grad, const Tensor& out, Op op,
-                          CudaBinaryOp gpu = {}) {
+Tensor BackwardFromOutput(std::string_view name, const Tensor& grad, const Tensor& out, Op op, CudaBinaryOp gpu = {}) {
   if (gpu && cu::OnCuda(name, grad, {&out})) {
     return CudaBinary(name, *gpu, grad, out, out.dtype(), /*floating_only=*/true);
   }
@@ -332,24 +331,45 @@ Tensor BackwardFromInput(std::string_view name, const Tensor& grad, const Tensor
 
 }  // namespace
 
-Tensor Add(const Tensor& a, const Tensor& b) { return Arith("Add", a, b, [](auto x, auto y) { return x + y; }, cu::BinaryOp::kAdd); }
-Tensor Sub(const Tensor& a, const Tensor& b) { return Arith("Sub", a, b, [](auto x, auto y) { return x - y; }, cu::BinaryOp::kSub); }
-Tensor Mul(const Tensor& a, const Tensor& b) { return Arith("Mul", a, b, [](auto x, auto y) { return x * y; }, cu::BinaryOp::kMul); }
+Tensor Add(const Tensor& a, const Tensor& b) {
+  return Arith(
+      "Add", a, b, [](auto x, auto y) { return x + y; }, cu::BinaryOp::kAdd);
+}
+Tensor Sub(const Tensor& a, const Tensor& b) {
+  return Arith(
+      "Sub", a, b, [](auto x, auto y) { return x - y; }, cu::BinaryOp::kSub);
+}
+Tensor Mul(const Tensor& a, const Tensor& b) {
+  return Arith(
+      "Mul", a, b, [](auto x, auto y) { return x * y; }, cu::BinaryOp::kMul);
+}
 Tensor Div(const Tensor& a, const Tensor& b) {
-  return Arith("Div", a, b, [](auto x, auto y) { return CheckedIntDiv(x, y); }, cu::BinaryOp::kDiv);
+  return Arith(
+      "Div", a, b, [](auto x, auto y) { return CheckedIntDiv(x, y); }, cu::BinaryOp::kDiv);
 }
 Tensor Pow(const Tensor& a, const Tensor& b) {
   return Arith("Pow", a, b, [](auto x, auto y) { return static_cast<decltype(x)>(std::pow(x, y)); });
 }
 Tensor Maximum(const Tensor& a, const Tensor& b) {
-  return Arith("Maximum", a, b, [](auto x, auto y) { return x > y || std::isnan(static_cast<double>(x)) ? x : y; }, cu::BinaryOp::kMaximum);
+  return Arith(
+      "Maximum", a, b, [](auto x, auto y) { return x > y || std::isnan(static_cast<double>(x)) ? x : y; },
+      cu::BinaryOp::kMaximum);
 }
 
-Tensor Eq(const Tensor& a, const Tensor& b) { return Compare("Eq", a, b, [](auto x, auto y) { return x == y; }, cu::BinaryOp::kEq); }
+Tensor Eq(const Tensor& a, const Tensor& b) {
+  return Compare(
+      "Eq", a, b, [](auto x, auto y) { return x == y; }, cu::BinaryOp::kEq);
+}
 Tensor Ne(const Tensor& a, const Tensor& b) { return Compare("Ne", a, b, [](auto x, auto y) { return x != y; }); }
-Tensor Lt(const Tensor& a, const Tensor& b) { return Compare("Lt", a, b, [](auto x, auto y) { return x < y; }, cu::BinaryOp::kLt); }
+Tensor Lt(const Tensor& a, const Tensor& b) {
+  return Compare(
+      "Lt", a, b, [](auto x, auto y) { return x < y; }, cu::BinaryOp::kLt);
+}
 Tensor Le(const Tensor& a, const Tensor& b) { return Compare("Le", a, b, [](auto x, auto y) { return x <= y; }); }
-Tensor Gt(const Tensor& a, const Tensor& b) { return Compare("Gt", a, b, [](auto x, auto y) { return x > y; }, cu::BinaryOp::kGt); }
+Tensor Gt(const Tensor& a, const Tensor& b) {
+  return Compare(
+      "Gt", a, b, [](auto x, auto y) { return x > y; }, cu::BinaryOp::kGt);
+}
 Tensor Ge(const Tensor& a, const Tensor& b) { return Compare("Ge", a, b, [](auto x, auto y) { return x >= y; }); }
 
 Tensor Where(const Tensor& mask, const Tensor& a, const Tensor& b) {
@@ -402,35 +422,62 @@ Tensor MaskedFill(const Tensor& t, const Tensor& mask, double value) {
 }
 
 Tensor AddScalar(const Tensor& a, double s) {
-  return NumericUnary("AddScalar", a, [s](auto x) { return x + static_cast<decltype(x)>(s); }, cu::UnaryOp::kAddScalar, s);
+  return NumericUnary(
+      "AddScalar", a, [s](auto x) { return x + static_cast<decltype(x)>(s); }, cu::UnaryOp::kAddScalar, s);
 }
 Tensor MulScalar(const Tensor& a, double s) {
-  return NumericUnary("MulScalar", a, [s](auto x) { return x * static_cast<decltype(x)>(s); }, cu::UnaryOp::kScale, s);
+  return NumericUnary(
+      "MulScalar", a, [s](auto x) { return x * static_cast<decltype(x)>(s); }, cu::UnaryOp::kScale, s);
 }
 Tensor PowScalar(const Tensor& a, double e) {
   if (e == 2.0) return FloatUnary("PowScalar", a, [](auto x) { return x * x; });
   return FloatUnary("PowScalar", a, [e](auto x) { return std::pow(x, static_cast<decltype(x)>(e)); });
 }
-Tensor Neg(const Tensor& a) { return NumericUnary("Neg", a, [](auto x) { return -x; }, cu::UnaryOp::kNeg); }
-Tensor Abs(const Tensor& a) { return NumericUnary("Abs", a, [](auto x) { return x < 0 ? -x : x; }, cu::UnaryOp::kAbs); }
-Tensor Exp(const Tensor& a) { return FloatUnary("Exp", a, [](auto x) { return std::exp(x); }, cu::UnaryOp::kExp); }
-Tensor Log(const Tensor& a) { return FloatUnary("Log", a, [](auto x) { return std::log(x); }, cu::UnaryOp::kLog); }
-Tensor Sqrt(const Tensor& a) { return FloatUnary("Sqrt", a, [](auto x) { return std::sqrt(x); }, cu::UnaryOp::kSqrt); }
-Tensor Relu(const Tensor& a) {
-  return FloatUnary("Relu", a, [](auto x) { return x > 0 ? x : decltype(x){0}; }, cu::UnaryOp::kRelu);
+Tensor Neg(const Tensor& a) {
+  return NumericUnary(
+      "Neg", a, [](auto x) { return -x; }, cu::UnaryOp::kNeg);
 }
-Tensor Tanh(const Tensor& a) { return FloatUnary("Tanh", a, [](auto x) { return std::tanh(x); }, cu::UnaryOp::kTanh); }
-Tensor Sigmoid(const Tensor& a) { return FloatUnary("Sigmoid", a, [](auto x) { return SigmoidOf(x); }, cu::UnaryOp::kSigmoid); }
+Tensor Abs(const Tensor& a) {
+  return NumericUnary(
+      "Abs", a, [](auto x) { return x < 0 ? -x : x; }, cu::UnaryOp::kAbs);
+}
+Tensor Exp(const Tensor& a) {
+  return FloatUnary(
+      "Exp", a, [](auto x) { return std::exp(x); }, cu::UnaryOp::kExp);
+}
+Tensor Log(const Tensor& a) {
+  return FloatUnary(
+      "Log", a, [](auto x) { return std::log(x); }, cu::UnaryOp::kLog);
+}
+Tensor Sqrt(const Tensor& a) {
+  return FloatUnary(
+      "Sqrt", a, [](auto x) { return std::sqrt(x); }, cu::UnaryOp::kSqrt);
+}
+Tensor Relu(const Tensor& a) {
+  return FloatUnary(
+      "Relu", a, [](auto x) { return x > 0 ? x : decltype(x){0}; }, cu::UnaryOp::kRelu);
+}
+Tensor Tanh(const Tensor& a) {
+  return FloatUnary(
+      "Tanh", a, [](auto x) { return std::tanh(x); }, cu::UnaryOp::kTanh);
+}
+Tensor Sigmoid(const Tensor& a) {
+  return FloatUnary(
+      "Sigmoid", a, [](auto x) { return SigmoidOf(x); }, cu::UnaryOp::kSigmoid);
+}
 
 Tensor ReluBackward(const Tensor& grad, const Tensor& out) {
-  return BackwardFromOutput("ReluBackward", grad, out,
-                            [](auto g, auto y) { return y > 0 ? g : decltype(g){0}; }, cu::BinaryOp::kReluBackward);
+  return BackwardFromOutput(
+      "ReluBackward", grad, out, [](auto g, auto y) { return y > 0 ? g : decltype(g){0}; },
+      cu::BinaryOp::kReluBackward);
 }
 Tensor TanhBackward(const Tensor& grad, const Tensor& out) {
-  return BackwardFromOutput("TanhBackward", grad, out, [](auto g, auto y) { return g * (1 - y * y); }, cu::BinaryOp::kTanhBackward);
+  return BackwardFromOutput(
+      "TanhBackward", grad, out, [](auto g, auto y) { return g * (1 - y * y); }, cu::BinaryOp::kTanhBackward);
 }
 Tensor SigmoidBackward(const Tensor& grad, const Tensor& out) {
-  return BackwardFromOutput("SigmoidBackward", grad, out, [](auto g, auto y) { return g * y * (1 - y); }, cu::BinaryOp::kSigmoidBackward);
+  return BackwardFromOutput(
+      "SigmoidBackward", grad, out, [](auto g, auto y) { return g * y * (1 - y); }, cu::BinaryOp::kSigmoidBackward);
 }
 
 Tensor Erf(const Tensor& a) { return FloatUnary("Erf", a, [](auto x) { return std::erf(x); }); }

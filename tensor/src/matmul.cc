@@ -178,8 +178,7 @@ void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
     internal::cuda::Gemm(trans_a, trans_b, alpha, ra, rb, beta, out);
   } else {
     internal::DispatchFloating("Gemm", a.dtype(), [&]<typename T>() {
-      RowMajorGemm(OperandOf<T>(ra, trans_a), OperandOf<T>(rb, trans_b), m, n, k, alpha, beta,
-                   out.data<T>(), ldc);
+      RowMajorGemm(OperandOf<T>(ra, trans_a), OperandOf<T>(rb, trans_b), m, n, k, alpha, beta, out.data<T>(), ldc);
     });
   }
   if (c_ok) {
@@ -244,8 +243,7 @@ Tensor MatMul(const Tensor& a, const Tensor& b) {
       sizes.push_back(cols);
       return Reshape(Contiguous(Expand(t, sizes)), {count, rows, cols});
     };
-    internal::cuda::Gemm(false, false, 1.0, as_batch(ea, m, k), as_batch(eb, k, n), 0.0,
-                         Reshape(out, {count, m, n}));
+    internal::cuda::Gemm(false, false, 1.0, as_batch(ea, m, k), as_batch(eb, k, n), 0.0, Reshape(out, {count, m, n}));
     return out;
   }
   BatchedMatMul(ea, eb, out);

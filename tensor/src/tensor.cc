@@ -180,9 +180,8 @@ T Tensor::item() const {
   GW_CHECK(numel() == 1, "Tensor::item", "needs exactly one element, got shape ",
            ShapeToString(sizes()));
   const Tensor host = kernels::ToDevice(*this, kCPU);
-  return internal::DispatchAll(dtype(), [&]<typename S>() {
-    return static_cast<T>(*static_cast<const S*>(host.raw_data()));
-  });
+  return internal::DispatchAll(dtype(),
+                               [&]<typename S>() { return static_cast<T>(*static_cast<const S*>(host.raw_data())); });
 }
 template double Tensor::item<double>() const;
 template float Tensor::item<float>() const;

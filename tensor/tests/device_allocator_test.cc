@@ -82,7 +82,7 @@ class DeviceAllocatorTest : public ::testing::Test {
 TEST_F(DeviceAllocatorTest, SmallRequestsShareOneSegmentAndAreRounded) {
   void* a = alloc_.Allocate(100);
   void* b = alloc_.Allocate(1000);
-  EXPECT_EQ(state_.mallocs, 1);  // one 2 MiB segment
+  EXPECT_EQ(state_.mallocs, 1);                                   // one 2 MiB segment
   EXPECT_EQ(static_cast<char*>(b) - static_cast<char*>(a), 512);  // 100 rounded up to 512
   const DeviceMemoryStats st = alloc_.stats();
   EXPECT_EQ(st.allocated_bytes, 512u + 1024u);
@@ -170,7 +170,7 @@ TEST_F(DeviceAllocatorTest, CurrentStreamIsUsedWhenNoneIsGiven) {
 TEST_F(DeviceAllocatorTest, OutOfMemoryEmptiesTheCacheAndRetriesThenNamesTheDevice) {
   state_.budget = size_t{10} << 20;
   void* a = alloc_.Allocate(6 << 20);
-  alloc_.Free(a, 0);  // cached: 6 MiB held
+  alloc_.Free(a, 0);                                 // cached: 6 MiB held
   void* b = alloc_.Allocate(8 << 20, /*stream=*/5);  // fits only once the cached 6 MiB are back
   EXPECT_NE(b, nullptr);
   const DeviceMemoryStats st = alloc_.stats();

@@ -16,8 +16,8 @@ namespace {
 
 namespace k = kernels;
 
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
+#define REQUIRE_GPU()                                                  \
+  do {                                                                 \
     if (!cuda::Available()) GTEST_SKIP() << cuda::UnavailableReason(); \
   } while (false)
 
@@ -62,8 +62,9 @@ TEST_P(GpuKernelsTest, CopiesRoundTripAndKeepValues) {
 
 TEST_P(GpuKernelsTest, CreationAndInPlaceOps) {
   REQUIRE_GPU();
-  EXPECT_EQ(k::MaxAbsDiff(k::ToDevice(Tensor::Zeros({5, 7}, GetParam(), kGpu), kCPU), Tensor::Zeros({5, 7}, GetParam())),
-            0.0);
+  EXPECT_EQ(
+      k::MaxAbsDiff(k::ToDevice(Tensor::Zeros({5, 7}, GetParam(), kGpu), kCPU), Tensor::Zeros({5, 7}, GetParam())),
+      0.0);
   const Tensor full = Tensor::Full({3, 4}, 2.5, GetParam(), kGpu);
   EXPECT_EQ(full.ToVector<double>(), std::vector<double>(12, 2.5));
 
@@ -92,11 +93,17 @@ TEST_P(GpuKernelsTest, BinaryOpsWithBroadcastingMatchTheCpu) {
   const Tensor a = Random({4, 1, 33}), b = Random({5, 33}, 0.5, 2);
   const Tensor ga = k::ToDevice(a, kGpu), gb = k::ToDevice(b, kGpu);
   const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, const Tensor&)>>> ops = {
-      {"Add", k::Add}, {"Sub", k::Sub}, {"Mul", k::Mul}, {"Div", k::Div}, {"Maximum", k::Maximum},
-      {"ReluBackward", k::ReluBackward}, {"TanhBackward", k::TanhBackward},
+      {"Add", k::Add},
+      {"Sub", k::Sub},
+      {"Mul", k::Mul},
+      {"Div", k::Div},
+      {"Maximum", k::Maximum},
+      {"ReluBackward", k::ReluBackward},
+      {"TanhBackward", k::TanhBackward},
       {"SigmoidBackward", k::SigmoidBackward}};
   for (const auto& [name, op] : ops) ExpectSame(op(ga, gb), op(a, b), name);
-  for (const auto& [name, op] : std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, const Tensor&)>>>{
+  for (const auto& [name, op] :
+       std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, const Tensor&)>>>{
            {"Eq", k::Eq}, {"Lt", k::Lt}, {"Gt", k::Gt}}) {
     const Tensor g = op(ga, k::Narrow(ga, 0, 1, 1)), c = op(a, k::Narrow(a, 0, 1, 1));
     EXPECT_EQ(g.dtype(), DType::kBool);
@@ -113,8 +120,12 @@ TEST_P(GpuKernelsTest, UnaryOpsMatchTheCpu) {
   const Tensor x = Random({65, 31}), pos = Random({65, 31}, 0.1, 3);
   const Tensor gx = k::ToDevice(x, kGpu), gpos = k::ToDevice(pos, kGpu);
   const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> ops = {
-      {"Neg", k::Neg},   {"Abs", k::Abs},   {"Exp", k::Exp},         {"Relu", k::Relu},
-      {"Tanh", k::Tanh}, {"Sigmoid", k::Sigmoid},
+      {"Neg", k::Neg},
+      {"Abs", k::Abs},
+      {"Exp", k::Exp},
+      {"Relu", k::Relu},
+      {"Tanh", k::Tanh},
+      {"Sigmoid", k::Sigmoid},
       {"AddScalar", [](const Tensor& t) { return k::AddScalar(t, 0.75); }},
       {"MulScalar", [](const Tensor& t) { return k::MulScalar(t, -1.5); }}};
   for (const auto& [name, op] : ops) ExpectSame(op(gx), op(x), name, 4);

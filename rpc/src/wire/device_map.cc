@@ -28,8 +28,8 @@ absl::StatusOr<DeviceMap> DeviceMap::Make(std::string_view from, std::string_vie
     }
     for (size_t j = 0; j < i; ++j) {
       if (entries[j].first == entries[i].first) {
-        return absl::InvalidArgumentError(absl::StrCat(where, entries[i].first.ToString(),
-                                                       " is mapped twice (to ", entries[j].second.ToString(), " and ",
+        return absl::InvalidArgumentError(absl::StrCat(where, entries[i].first.ToString(), " is mapped twice (to ",
+                                                       entries[j].second.ToString(), " and ",
                                                        entries[i].second.ToString(), ")"));
       }
       if (entries[j].second == entries[i].second) {
@@ -129,9 +129,12 @@ absl::StatusOr<DeviceMaps> DeviceMaps::Parse(std::string_view self, std::string_
 
 std::string_view TensorPathName(TensorPath path) {
   switch (path) {
-    case TensorPath::kHost: return "host";
-    case TensorPath::kCudaIpc: return "cuda-ipc";
-    case TensorPath::kStaged: return "staged";
+    case TensorPath::kHost:
+      return "host";
+    case TensorPath::kCudaIpc:
+      return "cuda-ipc";
+    case TensorPath::kStaged:
+      return "staged";
   }
   return "unknown";
 }

@@ -34,8 +34,8 @@ void CopyBytes(const Tensor& dst, const Tensor& src) {
   } else {
     DeviceGuard guard(from);
     const cudaStream_t stream = CurrentCudaStream(from);
-    CudaCheck(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), n, cudaMemcpyDeviceToHost, stream),
-              "a copy to the CPU", from);
+    CudaCheck(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), n, cudaMemcpyDeviceToHost, stream), "a copy to the CPU",
+              from);
     CudaCheck(cudaStreamSynchronize(stream), "a copy to the CPU", from);
   }
 }

@@ -30,8 +30,7 @@ void Unary(UnaryOp op, const Tensor& out, const Tensor& a, double alpha = 0);
 void SumKeepDims(const Tensor& out, const Tensor& a);
 // out = alpha * op(a) @ op(b) + beta * out for 2-D matrices, or batched over a leading dim
 // (3-D, with a or b possibly broadcast: batch stride 0). float32 or float64, cuBLAS.
-void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta,
-          const Tensor& out);
+void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, const Tensor& out);
 // out = softmax (log: log-softmax) of each row of contiguous [rows, cols] `in`.
 void SoftmaxRows(const Tensor& out, const Tensor& in, int64_t rows, int64_t cols, bool log);
 // dst = src, both contiguous with the same byte size, on any two devices (at least one a GPU).

@@ -14,7 +14,8 @@ namespace gw::internal {
 
 // Throws gw::Error "<what> on cuda:N failed: <CUDA's message>" unless e is cudaSuccess.
 inline void CudaCheck(cudaError_t e, std::string_view what, Device device) {
-  if (e == cudaSuccess) [[likely]] return;
+  if (e == cudaSuccess) [[likely]]
+    return;
   cudaGetLastError();  // a non-sticky error must not be reported again by the next call
   Fail(what, "on ", device.ToString(), " failed: ", cudaGetErrorString(e), " (", cudaGetErrorName(e), ")");
 }

@@ -15,7 +15,8 @@ Geometry GeometryOf(std::string_view op, const Tensor& out, const std::array<Sha
   static_assert(N <= 3);
   const Loop<N> loop = MakeLoop<N>(out.sizes(), strides);
   GW_CHECK(loop.sizes.size() <= kLaunchMaxDims, op, "a ", loop.sizes.size(),
-           "-dimensional strided layout is beyond the GPU kernels' ", kLaunchMaxDims, " dims; make it contiguous first");
+           "-dimensional strided layout is beyond the GPU kernels' ", kLaunchMaxDims,
+           " dims; make it contiguous first");
   Geometry g;
   g.ndim = static_cast<int>(loop.sizes.size());
   g.numel = out.numel();
@@ -35,9 +36,8 @@ void CheckLaunch(cudaError_t e, std::string_view op, Device device) { CudaCheck(
 }  // namespace
 
 void Binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, double alpha) {
-  const Geometry g = GeometryOf<3>(
-      "cuda::Binary", out,
-      {out.strides(), BroadcastStrides(a, out.sizes()), BroadcastStrides(b, out.sizes())});
+  const Geometry g = GeometryOf<3>("cuda::Binary", out,
+                                   {out.strides(), BroadcastStrides(a, out.sizes()), BroadcastStrides(b, out.sizes())});
   const Device device = out.device();
   DeviceGuard guard(device);
   CheckLaunch(LaunchBinary(static_cast<int>(op), static_cast<int>(a.dtype()), out.raw_data(), a.raw_data(),

@@ -39,10 +39,10 @@ struct ReduceGeometry {
   int64_t reduced_strides[kLaunchMaxDims] = {};
 };
 
-cudaError_t LaunchBinary(int op, int dtype, void* out, const void* a, const void* b, const Geometry& g,
-                         double alpha, cudaStream_t stream);
-cudaError_t LaunchUnary(int op, int out_dtype, int in_dtype, void* out, const void* a, const Geometry& g,
-                        double alpha, cudaStream_t stream);
+cudaError_t LaunchBinary(int op, int dtype, void* out, const void* a, const void* b, const Geometry& g, double alpha,
+                         cudaStream_t stream);
+cudaError_t LaunchUnary(int op, int out_dtype, int in_dtype, void* out, const void* a, const Geometry& g, double alpha,
+                        cudaStream_t stream);
 cudaError_t LaunchSum(int dtype, void* out, const void* a, const ReduceGeometry& g, cudaStream_t stream);
 // Softmax (log: log-softmax) of each row of contiguous [rows, cols] float32/float64 data.
 cudaError_t LaunchSoftmax(int dtype, void* out, const void* in, int64_t rows, int64_t cols, bool log,

@@ -12,8 +12,7 @@ namespace gw::internal::cuda {
 namespace {
 
 void CublasCheck(cublasStatus_t s, std::string_view what, Device device) {
-  GW_CHECK(s == CUBLAS_STATUS_SUCCESS, what, "cuBLAS failed on ", device.ToString(), ": ",
-           cublasGetStatusString(s));
+  GW_CHECK(s == CUBLAS_STATUS_SUCCESS, what, "cuBLAS failed on ", device.ToString(), ": ", cublasGetStatusString(s));
 }
 
 // One handle per device and thread (cuBLAS handles are not for concurrent use), kept for
@@ -50,11 +49,11 @@ Operand OperandOf(std::string_view op, const Tensor& t) {
 
 }  // namespace
 
-void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta,
-          const Tensor& out) {
+void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta, const Tensor& out) {
   const Device device = out.device();
   const int64_t r = out.dim();
-  GW_CHECK((r == 2 || r == 3) && a.dim() == r && b.dim() == r, "MatMul", "the GPU matrix product takes 2-D or 3-D operands");
+  GW_CHECK((r == 2 || r == 3) && a.dim() == r && b.dim() == r, "MatMul",
+           "the GPU matrix product takes 2-D or 3-D operands");
   const Operand A = OperandOf("MatMul", a), B = OperandOf("MatMul", b), C = OperandOf("MatMul", out);
   GW_CHECK(!C.transposed || out.sizes()[r - 1] == 1, "MatMul", "the GPU matrix product writes a row-major output");
   const int64_t m = out.sizes()[r - 2], n = out.sizes()[r - 1];
@@ -73,8 +72,8 @@ void Gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tenso
   if (out.dtype() == DType::kFloat32) {
     const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
     CublasCheck(cublasSgemmStridedBatched(h, op_b, op_a, n, m, k, &al, static_cast<const float*>(B.data), B.ld,
-                                          B.batch_stride, static_cast<const float*>(A.data), A.ld, A.batch_stride,
-                                          &be, static_cast<float*>(out.raw_data()), C.ld, C.batch_stride, batch),
+                                          B.batch_stride, static_cast<const float*>(A.data), A.ld, A.batch_stride, &be,
+                                          static_cast<float*>(out.raw_data()), C.ld, C.batch_stride, batch),
                 "MatMul", device);
   } else {
     GW_CHECK(out.dtype() == DType::kFloat64, "MatMul", "the GPU matrix product takes float32 or float64");

@@ -6,15 +6,29 @@
 namespace gw::internal::cuda {
 
 enum class BinaryOp : int {
-  kAdd, kSub, kMul, kDiv, kMaximum,
-  kAxpy,              // a + alpha * b
-  kReluBackward,      // a * (b > 0), b the forward's output
-  kTanhBackward,      // a * (1 - b^2)
-  kSigmoidBackward,   // a * b * (1 - b)
-  kEq, kLt, kGt,      // bool out
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kMaximum,
+  kAxpy,             // a + alpha * b
+  kReluBackward,     // a * (b > 0), b the forward's output
+  kTanhBackward,     // a * (1 - b^2)
+  kSigmoidBackward,  // a * b * (1 - b)
+  kEq,
+  kLt,
+  kGt,  // bool out
 };
 enum class UnaryOp : int {
-  kCopy, kNeg, kAbs, kRelu, kExp, kLog, kSqrt, kTanh, kSigmoid,
+  kCopy,
+  kNeg,
+  kAbs,
+  kRelu,
+  kExp,
+  kLog,
+  kSqrt,
+  kTanh,
+  kSigmoid,
   kScale,      // x * alpha
   kAddScalar,  // x + alpha
   kFill,       // alpha (a is out itself)

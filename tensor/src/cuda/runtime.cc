@@ -129,8 +129,7 @@ Stream NewStream(Device device) {
 void Synchronize(Stream stream) {
   CheckDevice("cuda::Synchronize", stream.device);
   internal::DeviceGuard guard(stream.device);
-  internal::CudaCheck(cudaStreamSynchronize(internal::ToCudaStream(stream.id)), "cudaStreamSynchronize",
-                      stream.device);
+  internal::CudaCheck(cudaStreamSynchronize(internal::ToCudaStream(stream.id)), "cudaStreamSynchronize", stream.device);
 }
 
 void SynchronizeDevice(Device device) {
@@ -150,8 +149,8 @@ CachingDeviceAllocator& Allocator(Device device) {
 }
 
 void RecordStream(const Tensor& t, Stream stream) {
-  GW_CHECK(t.device() == stream.device, "cuda::RecordStream", "tensor on ", t.device().ToString(),
-           ", stream of ", stream.device.ToString());
+  GW_CHECK(t.device() == stream.device, "cuda::RecordStream", "tensor on ", t.device().ToString(), ", stream of ",
+           stream.device.ToString());
   if (t.storage()->data() == nullptr) return;
   Allocator(stream.device).RecordStream(t.storage()->data(), stream.id);
 }

@@ -64,16 +64,16 @@ class DeviceMemoryBackend {
 };
 
 struct DeviceMemoryStats {
-  size_t allocated_bytes = 0;       // in blocks handed out (rounded sizes)
-  size_t reserved_bytes = 0;        // in segments taken from the backend
+  size_t allocated_bytes = 0;  // in blocks handed out (rounded sizes)
+  size_t reserved_bytes = 0;   // in segments taken from the backend
   size_t peak_allocated_bytes = 0;
-  uint64_t allocations = 0;         // Allocate calls
-  uint64_t cache_hits = 0;          // of those, served from a cached block
-  uint64_t segments = 0;            // segments held now
+  uint64_t allocations = 0;  // Allocate calls
+  uint64_t cache_hits = 0;   // of those, served from a cached block
+  uint64_t segments = 0;     // segments held now
   uint64_t backend_mallocs = 0;
   uint64_t backend_frees = 0;
   uint64_t out_of_memory_retries = 0;  // backend mallocs retried after emptying the cache
-  uint64_t blocks_waiting = 0;      // freed blocks held back for events of other streams
+  uint64_t blocks_waiting = 0;         // freed blocks held back for events of other streams
 };
 
 class CachingDeviceAllocator final : public Allocator {
@@ -123,9 +123,7 @@ class CachingDeviceAllocator final : public Allocator {
   void Release(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // back into its pool
   void PollEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseFreeSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Pool& PoolOf(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return block->small ? small_ : large_;
-  }
+  Pool& PoolOf(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return block->small ? small_ : large_; }
 
   const std::unique_ptr<DeviceMemoryBackend> backend_;
   mutable absl::Mutex mu_;
