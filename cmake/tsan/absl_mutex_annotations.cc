@@ -62,6 +62,27 @@ bool Mutex::TryLock() {
   return locked;
 }
 
+// Shared (reader) locks: reads under them happen after the last writer's unlock, and the
+// next writer's lock happens after them.
+void Mutex::ReaderLock() {
+  static auto real = Real<void (*)(Mutex*)>("_ZN4absl7debian35Mutex10ReaderLockEv");
+  real(this);
+  Acquire(this);
+}
+
+void Mutex::ReaderUnlock() {
+  static auto real = Real<void (*)(Mutex*)>("_ZN4absl7debian35Mutex12ReaderUnlockEv");
+  Release(this);
+  real(this);
+}
+
+bool Mutex::ReaderTryLock() {
+  static auto real = Real<bool (*)(Mutex*)>("_ZN4absl7debian35Mutex13ReaderTryLockEv");
+  const bool locked = real(this);
+  if (locked) Acquire(this);
+  return locked;
+}
+
 void Mutex::Await(const Condition& cond) {
   static auto real = Real<void (*)(Mutex*, const Condition&)>("_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE");
   Release(this);

@@ -139,7 +139,11 @@ TEST(AgentTest, ConcurrentCallsFromManyThreads) {
 }
 
 TEST(AgentTest, EchoesA256MiBTensor) {
-  auto group = AgentGroup::Start(2, RegisterTestFunctions);
+  // One 256 MiB frame is silence on its link until it has arrived (AgentOptions::
+  // peer_timeout): under ThreadSanitizer it takes longer than the default 2.5 s.
+  AgentOptions options;
+  options.peer_timeout = absl::Seconds(60);
+  auto group = AgentGroup::Start(2, RegisterTestFunctions, options);
   ASSERT_NE(group, nullptr);
   Tensor big = Tensor::Empty({64 << 20});  // 256 MiB of float32
   float* p = big.data<float>();

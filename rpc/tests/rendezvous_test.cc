@@ -242,7 +242,11 @@ TEST_P(RendezvousTest, WhileRanksAreMissingOneRankSaysWhichAndWhere) {
   wait2.join();
   ASSERT_TRUE(all0.ok()) << all0.status();
   ASSERT_TRUE(all2.ok()) << all2.status();
-  EXPECT_EQ(said0.lines(), std::vector<std::string>{}) << "one rank speaks for the group";
+  // Rank 0 may speak about its own connection to the store (slow under a sanitizer), but
+  // not about the missing rank: one rank speaks for the group.
+  for (const std::string& said : said0.lines()) {
+    EXPECT_EQ(said.find("waiting for rank"), std::string::npos) << "one rank speaks for the group: " << said;
+  }
 }
 
 // A worker that joins a running job waits for the group to form, saying so.
