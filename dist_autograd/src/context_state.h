@@ -21,6 +21,7 @@
 #include "gradwire/rpc/future.h"
 #include "gradwire/rpc/global_id.h"
 #include "gradwire/rpc/value.h"
+#include "gradwire/tensor/kernels.h"
 
 namespace gw::dist_autograd {
 
@@ -29,17 +30,27 @@ class ContextState;
 
 // On the sender of a message: its inputs are the message's tensors that require grad; it
 // receives their gradients from the peer and passes each on to that tensor's own
-// gradient edge (PyTorch's SendRpcBackward).
+// gradient edge (PyTorch's SendRpcBackward). A gradient arrives where the peer's device
+// map put it (on the CPU without one): it moves to the device its tensor was sent from.
 class SendFunction final : public autograd::Node {
  public:
   explicit SendFunction(const std::vector<Tensor>& sent) {
     for (const Tensor& t : sent) {
       AddInputMeta(t);
       add_next_edge(autograd::GradientEdge(t));
+      devices_.push_back(t.device());
     }
   }
   std::string name() const override { return "SendFunction"; }
-  std::vector<Tensor> Apply(std::vector<Tensor>&& grads) override { return std::move(grads); }
+  std::vector<Tensor> Apply(std::vector<Tensor>&& grads) override {
+    for (size_t i = 0; i < grads.size() && i < devices_.size(); ++i) {
+      if (grads[i].defined() && grads[i].device() != devices_[i]) grads[i] = kernels::ToDevice(grads[i], devices_[i]);
+    }
+    return std::move(grads);
+  }
+
+ private:
+  std::vector<Device> devices_;
 };
 
 // On the receiver: its outputs are the message's tensors that require grad (declared by

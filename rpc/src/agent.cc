@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "cluster/shutdown_barrier.h"
 #include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/statistics.h"
+#include "gradwire/tensor/cuda.h"
 #include "rref/rref_context.h"
 #include "rref/rref_messages.h"
 #include "transport/host_address.h"
@@ -101,6 +103,8 @@ class Agent::Impl {
       if (absl::Status s = internal::Membership::ClaimRank(*rendezvous_, options_, deadline); !s.ok()) return s;
     }
     if (options_.name.empty()) options_.name = absl::StrCat("worker", options_.rank);
+    gpus_ = cuda::Available() ? cuda::DeviceCount() : 0;
+    if (absl::Status s = CheckOwnDeviceMaps(); !s.ok()) return s;
     ids_.emplace(options_.rank);
     members_ = std::make_unique<internal::Members>(options_.world_size, options_.max_world_size);
 
@@ -191,7 +195,7 @@ class Agent::Impl {
                                        " (AgentOptions::listen_host, from GRADWIRE_LISTEN: use an address of this host, "
                                        "or 0.0.0.0 for all of them)"));
     }
-    self_ = {options_.name, options_.rank, *address, static_cast<int64_t>(::getpid())};
+    self_ = {options_.name, options_.rank, *address, static_cast<int64_t>(::getpid()), gpus_};
     // Functions are registered before this worker is announced: no peer can call it
     // before its handlers exist.
     if (absl::Status s = setup(agent); !s.ok()) {
@@ -201,9 +205,46 @@ class Agent::Impl {
     if (absl::Status s = membership_->Form(self_, deadline); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(options_.name, ": ", s.message()));
     }
+    if (absl::Status s = CheckPeerDeviceMaps(); !s.ok()) return s;
     heartbeats_->Start();
     if (options_.join) membership_->Introduce(deadline);
     return absl::OkStatus();
+  }
+
+  // ---------------------------------------------------------------- device maps
+
+  // Before this worker is announced: every map is this worker's and names GPUs it has.
+  absl::Status CheckOwnDeviceMaps() const {
+    for (const auto& [peer, map] : options_.device_maps.all()) {
+      if (map.from() != options_.name) {
+        return absl::InvalidArgumentError(absl::StrCat("device map ", map.from(), " -> ", peer, ": AgentOptions of ",
+                                                       options_.name, " hold maps from ", options_.name, " only"));
+      }
+      if (absl::Status s = map.CheckDevices(gpus_, std::numeric_limits<int>::max()); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // Once the group has formed: every map's peer is in it and has the GPUs it names. (A
+  // worker of an elastic group that joins later is not checked.)
+  absl::Status CheckPeerDeviceMaps() const {
+    const std::vector<WorkerInfo> present = members_->Present();
+    for (const auto& [peer, map] : options_.device_maps.all()) {
+      auto it = std::find_if(present.begin(), present.end(), [&](const WorkerInfo& w) { return w.name == peer; });
+      if (it != present.end()) {
+        if (absl::Status s = map.CheckDevices(gpus_, it->gpus); !s.ok()) return s;
+      } else if (options_.max_world_size == options_.world_size) {
+        return absl::InvalidArgumentError(absl::StrCat("device map ", options_.name, " -> ", peer, ": no worker of ",
+                                                       "this group is named ", peer,
+                                                       " (its workers: ", members_->PresentNames(), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // This worker's map toward `peer`, or none.
+  const DeviceMap* MapToward(std::string_view peer) const {
+    return options_.device_maps.empty() ? nullptr : &options_.device_maps.Toward(peer);
   }
 
   // ---------------------------------------------------------------- membership
@@ -334,7 +375,7 @@ class Agent::Impl {
         return fail(s);
       }
     }
-    absl::StatusOr<Message> message = internal::EncodeEnvelope(env);
+    absl::StatusOr<Message> message = internal::EncodeEnvelope(env, MapToward(to));
     if (!message.ok()) {
       rrefs_->AbandonOutgoing(&env.payload);
       return fail(absl::InvalidArgumentError(message.status().message()));
@@ -490,12 +531,13 @@ class Agent::Impl {
   // ---------------------------------------------------------------- inbound
 
   void OnMessage(const std::shared_ptr<Connection>& conn, Message m) {
-    absl::StatusOr<Envelope> env = internal::DecodeEnvelope(std::move(m));
+    const int from = peers_->RankOf(conn.get());  // -1 before its hello
+    const internal::Placement placement{from >= 0 ? MapToward(peers_->Name(from)) : nullptr, gpus_};
+    absl::StatusOr<Envelope> env = internal::DecodeEnvelope(std::move(m), placement);
     if (!env.ok()) {
       conn->Close(absl::DataLossError(absl::StrCat("bad envelope from ", conn->peer(), ": ", env.status().message())));
       return;
     }
-    const int from = peers_->RankOf(conn.get());  // -1 before its hello
     if (from >= 0) heartbeats_->Heard(from);
     switch (env->kind) {
       case Kind::kHello:
@@ -650,6 +692,7 @@ class Agent::Impl {
   TimerQueue timers_;
   std::optional<GlobalIdGenerator> ids_;  // set in Start, once the rank is known
   WorkerInfo self_;
+  int gpus_ = 0;  // the GPUs this process sees (set in Start)
   std::unique_ptr<internal::Rendezvous> rendezvous_;
   std::unique_ptr<internal::Members> members_;  // set in Start
   std::unique_ptr<Transport> transport_;

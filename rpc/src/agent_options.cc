@@ -109,6 +109,19 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv() {
           absl::StrCat("AgentOptions::FromEnv: bad ", name, "=", v, " (a duration such as 500ms or 3s)"));
     }
   }
+  if (std::string m = Env("GRADWIRE_DEVICE_MAPS"); !m.empty()) {
+    if (o.name.empty() && o.join) {
+      return absl::InvalidArgumentError(
+          "AgentOptions::FromEnv: GRADWIRE_DEVICE_MAPS needs GRADWIRE_WORKER_NAME on a joining worker (its rank, and "
+          "so its default name, comes from the group)");
+    }
+    absl::StatusOr<DeviceMaps> maps = DeviceMaps::Parse(o.name.empty() ? absl::StrCat("worker", o.rank) : o.name, m);
+    if (!maps.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AgentOptions::FromEnv: GRADWIRE_DEVICE_MAPS=", m, ": ", maps.status().message()));
+    }
+    o.device_maps = *std::move(maps);
+  }
   absl::StatusOr<Security> security = Security::FromEnv();
   if (!security.ok())
     return absl::InvalidArgumentError(absl::StrCat("AgentOptions::FromEnv: ", security.status().message()));

@@ -15,8 +15,7 @@
 
 namespace gw::rpc::testing {
 
-std::unique_ptr<AgentGroup> AgentGroup::Start(int n, Setup register_fn,
-                                              AgentOptions base) {
+std::unique_ptr<AgentGroup> AgentGroup::Start(int n, Setup register_fn, AgentOptions base, PerRank per_rank) {
   auto group = std::make_unique<AgentGroup>();
   if (absl::StartsWith(base.rendezvous, "etcd://")) {
     group->store_address_ = base.rendezvous;  // nobody hosts it
@@ -41,6 +40,7 @@ std::unique_ptr<AgentGroup> AgentGroup::Start(int n, Setup register_fn,
       o.world_size = n;
       o.rendezvous = group->store_address_;
       o.host_store = false;
+      if (per_rank) per_rank(r, o);
       results[static_cast<size_t>(r)] = Agent::Start(o, register_fn);
     });
   }

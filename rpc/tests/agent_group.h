@@ -19,11 +19,13 @@
 namespace gw::rpc::testing {
 
 // Every agent has `register_fn` applied (in its setup) before the group is returned; a
-// setup that fails (returns an error) fails the test and Start returns null.
+// setup that fails (returns an error) fails the test and Start returns null. `per_rank`
+// adjusts each rank's copy of `base` (e.g. its device maps) before it starts.
 class AgentGroup {
  public:
-  static std::unique_ptr<AgentGroup> Start(int n, Setup register_fn = {},
-                                           AgentOptions base = {});
+  using PerRank = std::function<void(int rank, AgentOptions&)>;
+  static std::unique_ptr<AgentGroup> Start(int n, Setup register_fn = {}, AgentOptions base = {},
+                                           PerRank per_rank = {});
   ~AgentGroup();
   Agent& operator[](int rank) { return *agents_[static_cast<size_t>(rank)]; }
   int size() const { return static_cast<int>(agents_.size()); }

@@ -205,13 +205,16 @@ std::string Rendezvous::Key(absl::string_view what, int rank) const {
 }
 
 absl::Status Rendezvous::Announce(const WorkerInfo& self) {
-  return store_->Set(Key("worker/", self.rank), absl::StrCat(self.name, "\n", self.address, "\n", self.pid));
+  return store_->Set(Key("worker/", self.rank),
+                     absl::StrCat(self.name, "\n", self.address, "\n", self.pid, "\n", self.gpus));
 }
 
 absl::StatusOr<WorkerInfo> Rendezvous::Parse(int rank, const std::string& record) const {
   std::vector<std::string> parts = absl::StrSplit(record, '\n');
   WorkerInfo w;
-  if (parts.size() != 3 || !absl::SimpleAtoi(parts[2], &w.pid)) {
+  // Three lines from a worker of an older gradwire (its hello then names its version).
+  if (parts.size() < 3 || parts.size() > 4 || !absl::SimpleAtoi(parts[2], &w.pid) ||
+      (parts.size() == 4 && (!absl::SimpleAtoi(parts[3], &w.gpus) || w.gpus < 0))) {
     return absl::DataLossError(absl::StrCat("bad worker record for rank ", rank, " in the rendezvous store"));
   }
   w.name = parts[0];

@@ -5,7 +5,7 @@
 //     it there when options.host_store; port 0 picks a free one, see store_address()).
 //     An options.rendezvous "etcd://HOST:PORT/JOB" is an etcd cluster (etcd_store.h):
 //     nobody hosts it (host_store is ignored) and JOB is the namespace of every key.
-//   - Announce(self) publishes this worker's record (name, transport address, pid) under
+//   - Announce(self) publishes this worker's record (name, transport address, pid, GPUs) under
 //     "<run_id>/worker/<rank>"; AwaitAll(deadline) returns every rank's record once all
 //     have announced, or DEADLINE_EXCEEDED naming the ranks still missing, or
 //     INVALID_ARGUMENT when two ranks use one name.

@@ -3,7 +3,10 @@
 #include "absl/strings/str_cat.h"
 #include "gradwire/proto/rpc.pb.h"
 #include "gradwire/rpc/internal/rref_state.h"
+#include "gradwire/tensor/error.h"
+#include "gradwire/tensor/kernels.h"
 
+#include <algorithm>
 #include <optional>
 
 namespace gw::rpc::internal {
@@ -140,6 +143,62 @@ absl::StatusOr<Value> FromProto(const pb::Value& v, const std::vector<Tensor>& t
   return absl::InvalidArgumentError("unknown value kind");
 }
 
+// The wire's form of a device (rpc.proto, Envelope.devices).
+int32_t DeviceTag(Device d) { return d.is_cuda() ? d.index : -1; }
+
+// Stages the frame's GPU tensors through host memory and says where each arrives (a
+// request) or was (a response). Nothing is added for a frame of CPU tensors going to CPUs.
+absl::Status PlaceOutgoing(Kind kind, const DeviceMap* map, std::vector<Tensor>& tensors, pb::Envelope& env) {
+  auto named = [&](const Tensor& t) {
+    return kind == Kind::kRequest ? (map != nullptr ? map->Forward(t.device()) : kCPU) : t.device();
+  };
+  if (std::all_of(tensors.begin(), tensors.end(),
+                  [&](const Tensor& t) { return t.device().is_cpu() && named(t).is_cpu(); })) {
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    env.add_devices(DeviceTag(named(tensors[i])));
+    if (tensors[i].device().is_cpu()) continue;
+    try {
+      tensors[i] = kernels::ToDevice(tensors[i], kCPU);
+    } catch (const Error& e) {
+      return absl::InternalError(absl::StrCat("cannot stage tensor ", i, " (on ", tensors[i].device().ToString(),
+                                              ") through host memory: ", e.what()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Moves each received tensor to its device (see PlaceOutgoing).
+absl::Status PlaceIncoming(Kind kind, const pb::Envelope& env, Placement placement, std::vector<Tensor>& tensors) {
+  if (env.devices_size() == 0) return absl::OkStatus();
+  if (static_cast<size_t>(env.devices_size()) != tensors.size()) {
+    return absl::DataLossError(
+        absl::StrCat("the frame names the devices of ", env.devices_size(), " tensors but carries ", tensors.size()));
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int32_t tag = env.devices(static_cast<int>(i));
+    if (tag < -1 || tag > INT16_MAX) {
+      return absl::DataLossError(absl::StrCat("tensor ", i, " of the frame names no device (", tag, ")"));
+    }
+    const Device named = tag < 0 ? kCPU : Cuda(static_cast<int16_t>(tag));
+    Device arrival = named;
+    if (kind != Kind::kRequest) arrival = placement.map != nullptr ? placement.map->Inverse(named) : kCPU;
+    if (arrival.is_cpu()) continue;
+    if (arrival.index >= placement.gpus) {
+      return absl::DataLossError(absl::StrCat("the frame puts tensor ", i, " on ", arrival.ToString(),
+                                              ", but this worker has ", placement.gpus,
+                                              placement.gpus == 1 ? " GPU" : " GPUs"));
+    }
+    try {
+      tensors[i] = kernels::ToDevice(tensors[i], arrival);
+    } catch (const Error& e) {
+      return absl::InternalError(absl::StrCat("cannot place tensor ", i, " on ", arrival.ToString(), ": ", e.what()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Envelope ReplyEnvelope(uint64_t id, const absl::StatusOr<Value>& result) {
@@ -154,7 +213,7 @@ Envelope ReplyEnvelope(uint64_t id, const absl::StatusOr<Value>& result) {
   return e;
 }
 
-absl::StatusOr<Message> EncodeEnvelope(const Envelope& e) {
+absl::StatusOr<Message> EncodeEnvelope(const Envelope& e, const DeviceMap* map) {
   pb::Envelope env;
   env.set_id(e.id);
   env.set_kind(static_cast<pb::Envelope::Kind>(e.kind));
@@ -167,11 +226,12 @@ absl::StatusOr<Message> EncodeEnvelope(const Envelope& e) {
   if (!e.meta.is<std::monostate>()) {
     if (absl::Status s = ToProto(e.meta, &m.tensors, env.mutable_meta(), 0); !s.ok()) return s;
   }
+  if (absl::Status s = PlaceOutgoing(e.kind, map, m.tensors, env); !s.ok()) return s;
   if (!env.SerializeToString(&m.header)) return absl::InternalError("cannot serialize envelope");
   return m;
 }
 
-absl::StatusOr<Envelope> DecodeEnvelope(Message m) {
+absl::StatusOr<Envelope> DecodeEnvelope(Message m, Placement placement) {
   pb::Envelope env;
   if (!env.ParseFromString(m.header)) return absl::DataLossError("envelope is not a valid protobuf");
   Envelope e;
@@ -202,6 +262,7 @@ absl::StatusOr<Envelope> DecodeEnvelope(Message m) {
     return absl::DataLossError(absl::StrCat("unknown status code ", code));
   }
   e.status = absl::Status(static_cast<absl::StatusCode>(code), env.status_message());
+  if (absl::Status s = PlaceIncoming(e.kind, env, placement, m.tensors); !s.ok()) return s;
   absl::StatusOr<Value> payload = FromProto(env.payload(), m.tensors, 0, &e.has_rrefs);
   if (!payload.ok()) return absl::DataLossError(payload.status().message());
   e.payload = std::move(*payload);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "gradwire/rpc/device_map.h"
 #include "gradwire/rpc/frame.h"
 #include "gradwire/rpc/value.h"
 
@@ -29,9 +30,23 @@ struct Envelope {
 // The reply to call `id`: its value, or its error.
 Envelope ReplyEnvelope(uint64_t id, const absl::StatusOr<Value>& result);
 
-absl::StatusOr<Message> EncodeEnvelope(const Envelope& envelope);
-// Validates tensor indices, nesting depth and enum values; never trusts the peer.
-absl::StatusOr<Envelope> DecodeEnvelope(Message message);
+// Tensors on a GPU cross through host memory (staged: copied to the CPU here, once the
+// work queued on them has run, and to their device on arrival). `map` is this worker's
+// map toward the receiver: a request's tensors arrive on map->Forward(their device) (on
+// the CPU without a map); a response says where its tensors were, and the caller places
+// them (DecodeEnvelope).
+absl::StatusOr<Message> EncodeEnvelope(const Envelope& envelope, const DeviceMap* map = nullptr);
+
+// Where the tensors of a decoded frame go: `map` is the receiver's map toward the sender
+// (a response's tensors arrive on map->Inverse(where they were); without a map on the
+// CPU); `gpus` is how many GPUs the receiver has.
+struct Placement {
+  const DeviceMap* map = nullptr;
+  int gpus = 0;
+};
+// Validates tensor indices, nesting depth, enum values and devices (a frame that puts a
+// tensor on a GPU this worker does not have is DATA_LOSS); never trusts the peer.
+absl::StatusOr<Envelope> DecodeEnvelope(Message message, Placement placement = {});
 
 }  // namespace gw::rpc::internal
 

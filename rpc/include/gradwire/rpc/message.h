@@ -53,9 +53,10 @@
 namespace gw::rpc {
 
 // 3: heartbeat frames (PING / PONG envelopes). 4: the hello carries the worker's address
-// and pid (workers join running groups).
-inline constexpr int kProtocolVersion = 4;
-inline constexpr int kMinProtocolVersion = 4;
+// and pid (workers join running groups). 5: envelopes name their tensors' devices
+// (device maps; a peer of 4 would put every GPU tensor on its CPU).
+inline constexpr int kProtocolVersion = 5;
+inline constexpr int kMinProtocolVersion = 5;
 inline constexpr char kReservedPrefix[] = "__";
 
 constexpr bool IsReservedName(std::string_view name) { return name.substr(0, 2) == std::string_view(kReservedPrefix); }

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "gradwire/rpc/device_map.h"
 #include "gradwire/rpc/future.h"
 #include "gradwire/rpc/security.h"
 #include "gradwire/rpc/transport.h"
@@ -28,6 +29,7 @@ struct WorkerInfo {
   int rank = 0;
   std::string address;  // transport address
   int64_t pid = 0;
+  int gpus = 0;  // the GPUs its process sees (device maps toward it are checked against them)
 };
 
 struct AgentOptions {
@@ -81,6 +83,12 @@ struct AgentOptions {
   // logged (kWarn) or also make Shutdown fail with FAILED_PRECONDITION (kError).
   enum class LeakCheck { kOff, kWarn, kError };
   LeakCheck rref_leak_check = LeakCheck::kWarn;
+  // On which of a peer's devices this worker's GPU tensors arrive (device_map.h; empty: on
+  // its CPU). Every map's from() is this worker's name. Start checks the maps against the
+  // GPUs of this process, before announcing it, and of each peer, once the group has
+  // formed (INVALID_ARGUMENT naming the pair and the device; a map toward a worker that is
+  // not in a fixed group is one too).
+  DeviceMaps device_maps;
 
   // From the environment, as set by `gradwire launch` or torchrun: RANK, WORLD_SIZE,
   // MASTER_ADDR, MASTER_PORT (required unless GRADWIRE_RDZV is set); or by srun
@@ -95,6 +103,8 @@ struct AgentOptions {
   // GRADWIRE_MAX_WORLD_SIZE (max_world_size), GRADWIRE_JOIN=1 (join; RANK is then not
   // needed, WORLD_SIZE still is, as the launcher sets it);
   // the security settings (security: Security::FromEnv, the secret, TLS files, limits);
+  // GRADWIRE_DEVICE_MAPS (optional: device_maps in DeviceMaps::Parse's form,
+  // "worker1=cuda:0->cuda:0;worker2=cuda:0->cuda:1", read as the maps of this worker's name);
   // GRADWIRE_HEARTBEAT_INTERVAL and GRADWIRE_PEER_TIMEOUT (optional durations such as
   // "500ms", "3s": heartbeat_interval, peer_timeout); GRADWIRE_FAULTS (optional: faults to inject, as
   // ParseFaults reads them, into transport_options.faults; every worker needs it; the
