@@ -15,7 +15,9 @@
 #include "gradwire/tensor/allocator.h"     // Allocator, the caching CPU allocator
 #include "gradwire/tensor/attention.h"     // fused multi-head attention kernels
 #include "gradwire/tensor/convolution.h"   // convolution kernels (oneDNN), Size2, Conv2dArgs
+#include "gradwire/tensor/cuda.h"          // gw::cuda: GPUs, streams, their memory
 #include "gradwire/tensor/device.h"        // Device
+#include "gradwire/tensor/device_allocator.h"  // CachingDeviceAllocator (GPU memory)
 #include "gradwire/tensor/dtype.h"         // DType
 #include "gradwire/tensor/error.h"         // gw::Error (shape, dtype and index errors)
 #include "gradwire/tensor/generator.h"     // Generator (seeded; no hidden global RNG)
@@ -71,6 +73,7 @@
 // rpc/: agents, remote calls, RRefs.
 #include "gradwire/rpc/agent.h"            // Agent, AgentOptions, CallOptions
 #include "gradwire/rpc/call_hooks.h"       // CallHooks (for layer authors)
+#include "gradwire/rpc/device_map.h"       // DeviceMap: where GPU tensors sent to a peer arrive
 #include "gradwire/rpc/errors.h"           // the failure model's errors, IsRetryable
 #include "gradwire/rpc/executor.h"         // Executor, ThreadPool
 #include "gradwire/rpc/faults.h"           // FaultInjector, FaultSpec (fault injection)
@@ -96,6 +99,7 @@
 #include "gradwire/collectives/collectives.h"    // Collectives (installed per agent)
 #include "gradwire/collectives/process_group.h"  // ProcessGroup: allreduce & co.
 #include "gradwire/collectives/reduce_op.h"      // ReduceOp
+#include "gradwire/parallel/data_parallel.h"     // DataParallel (several GPUs of one process)
 #include "gradwire/parallel/distributed_data_parallel.h"  // DistributedDataParallel
 #include "gradwire/parallel/pipeline.h"    // Pipeline (GPipe, 1F1B), ServeStageReplicas
 
