@@ -13,19 +13,22 @@
 namespace snippets::data_parallel {
 
 gw::Tensor Example(const gw::Tensor& x) {
-  // [START body]
+  // The README shows the region below as it is.
+  // clang-format off
+// [START body]
 
-  auto make = [] {  // the model; DataParallel makes one replica per further GPU with it
-    gw::Generator gen(0);
-    return std::make_shared<gw::nn::Linear>(784, 10, gen);
-  };
-  const gw::Device device = gw::cuda::Available() ? gw::Cuda(0) : gw::kCPU;
-  std::shared_ptr<gw::nn::Module> model = make();
-  model->To(device);
-  auto dp = *gw::parallel::DataParallel::Create(model, make);  // every GPU, or the model alone
-  gw::Tensor out = dp->Forward(gw::To(x, device));             // the batch split over the GPUs, joined on the first
-  // backward: the replicas' gradients are summed into model's, as if it had run the batch alone
-  // [END body]
+auto make = [] {  // the model; DataParallel makes one replica per further GPU with it
+  gw::Generator gen(0);
+  return std::make_shared<gw::nn::Linear>(784, 10, gen);
+};
+const gw::Device device = gw::cuda::Available() ? gw::Cuda(0) : gw::kCPU;
+std::shared_ptr<gw::nn::Module> model = make();
+model->To(device);
+auto dp = *gw::parallel::DataParallel::Create(model, make);  // every GPU, or the model alone
+gw::Tensor out = dp->Forward(gw::To(x, device));  // the batch split over the GPUs, joined on the first
+// backward: the replicas' gradients are summed into model's, as if it had run the batch alone
+// [END body]
+  // clang-format on
   return out;
 }
 
