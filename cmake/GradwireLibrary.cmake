@@ -43,6 +43,9 @@ function(gradwire_add_tests name)
   endif()
   target_compile_definitions(gradwire_${name}_tests PRIVATE
     GRADWIRE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  if(ARG_LABEL STREQUAL "gpu")
+    target_include_directories(gradwire_${name}_tests PRIVATE ${PROJECT_SOURCE_DIR}/cmake)  # require_gpu.h
+  endif()
   gtest_discover_tests(gradwire_${name}_tests
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     DISCOVERY_TIMEOUT 60

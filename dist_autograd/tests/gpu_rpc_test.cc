@@ -6,6 +6,8 @@
 // reason, where there is no GPU.
 #include <gtest/gtest.h>
 
+#include "require_gpu.h"
+
 #include "agent_group.h"
 #include "gradwire/autograd/engine.h"
 #include "gradwire/autograd/functions.h"
@@ -20,12 +22,7 @@ using rpc::Agent;
 using rpc::AgentOptions;
 using rpc::DeviceMap;
 
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!cuda::Available()) GTEST_SKIP() << cuda::UnavailableReason(); \
-  } while (false)
-
-const Device kGpu = Cuda(0);
+using ::gw::testing::kGpu;
 
 // Two workers; with `mapped`, each maps its cuda:0 onto the other's cuda:0.
 struct Pair {

@@ -3,6 +3,8 @@
 // GPU module. Skipped, with the reason, where there is no GPU.
 #include <gtest/gtest.h>
 
+#include "require_gpu.h"
+
 #include "gradwire/autograd/engine.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/nn/layers.h"
@@ -13,12 +15,7 @@
 namespace gw::nn {
 namespace {
 
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!cuda::Available()) GTEST_SKIP() << cuda::UnavailableReason(); \
-  } while (false)
-
-const Device kGpu = Cuda(0);
+using ::gw::testing::kGpu;
 
 std::shared_ptr<Sequential> MakeMlp(uint64_t seed, DType dtype) {
   Generator gen(seed);

@@ -2,6 +2,8 @@
 // step, with its state buffers on the GPU. Skipped, with the reason, where there is no GPU.
 #include <gtest/gtest.h>
 
+#include "require_gpu.h"
+
 #include "gradwire/optim/functional.h"
 #include "gradwire/tensor/cuda.h"
 #include "gradwire/tensor/kernels.h"
@@ -10,7 +12,7 @@ namespace gw::optim {
 namespace {
 
 TEST(GpuOptimTest, EveryOptimizerOnTheGpuEqualsTheCpu) {
-  if (!cuda::Available()) GTEST_SKIP() << cuda::UnavailableReason();
+  REQUIRE_GPU();
   const Device gpu = Cuda(0);
   const std::vector<OptimizerConfig> configs = {
       Sgd{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true}, Adam{.lr = 0.01, .amsgrad = true},

@@ -4,6 +4,8 @@
 // no GPU.
 #include <gtest/gtest.h>
 
+#include "require_gpu.h"
+
 #include "gradwire/autograd/engine.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/nn/layers.h"
@@ -16,12 +18,7 @@
 namespace gw::parallel {
 namespace {
 
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!cuda::Available()) GTEST_SKIP() << cuda::UnavailableReason(); \
-  } while (false)
-
-const Device kGpu = Cuda(0);
+using ::gw::testing::kGpu;
 
 std::shared_ptr<nn::Sequential> MakeMlp(uint64_t seed) {
   Generator gen(seed);

@@ -3,6 +3,8 @@
 // with the reason, where there is no GPU (ctest reports them as not run).
 #include <gtest/gtest.h>
 
+#include "require_gpu.h"
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -16,12 +18,7 @@ namespace {
 
 namespace k = kernels;
 
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!cuda::Available()) GTEST_SKIP() << cuda::UnavailableReason(); \
-  } while (false)
-
-const Device kGpu = Cuda(0);
+using ::gw::testing::kGpu;
 
 double Tolerance(DType dtype) { return dtype == DType::kFloat32 ? 2e-5 : 1e-12; }
 
