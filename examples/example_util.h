@@ -61,9 +61,10 @@ inline double TestAccuracy(nn::Module& model, const data::Dataset& test, int64_t
   autograd::NoGradGuard no_grad;
   double correct = 0;
   const int64_t total = test.size();
+  const Device device = model.device();  // a GPU trainer's model: its images go there
   for (int64_t begin = 0; begin < total; begin += batch) {
     const int64_t n = std::min(batch, total - begin);
-    const Tensor logits = model.Forward(Narrow(test.images, 0, begin, n));
+    const Tensor logits = model.Forward(kernels::ToDevice(Narrow(test.images, 0, begin, n), device));
     correct += nn::Accuracy(logits, Narrow(test.labels, 0, begin, n)) * static_cast<double>(n);
   }
   model.Train(was_training);

@@ -14,7 +14,10 @@
 //                                         [--stop_at=0.85] [--report] [--checkpoint_dir=DIR]
 //                                         [--checkpoint_every_s=S] [--checkpoint_keep=K] [--fresh]
 //                                         [--checkpoint_max_failures=N] [--reconnect_timeout_s=S]
-//                                         [--show_network] [--save=PATH]
+//                                         [--show_network] [--save=PATH] [--device=cpu|cuda:N]
+//
+// --device=cuda:0 trains each trainer on that GPU with the servers on the CPU: gradients
+// and parameters cross through host memory (not yet run on a GPU; see README "GPUs").
 //
 // Defaults per model (--epochs=0, --lr=0): mlp 10 epochs at lr 0.05, cnn 8 at 0.05,
 // resnet 4 at 0.05, lstm 5 at 0.1, others 3 at 0.02.
@@ -48,6 +51,9 @@ ABSL_FLAG(double, stop_at, 0, "stop after the first epoch whose test accuracy re
 ABSL_FLAG(std::string, save, "",
           "trainer 0 writes the trained model's state dict to this file (examples/serve_fashion_mnist serves the "
           "mlp's)");
+ABSL_FLAG(std::string, device, "cpu",
+          "where each trainer computes: cpu, or cuda:N (the servers stay on the CPU; gradients and parameters "
+          "cross through host memory)");
 ABSL_FLAG(bool, report, false,
           "print benchmark W9's result lines (time_to_85, samples_per_s, final_test_acc) at the end");
 
@@ -64,7 +70,21 @@ gw::examples::Recipe ChosenRecipe() {
                                     absl::GetFlag(FLAGS_epochs));
 }
 
+// --device: where this trainer computes; a GPU it cannot use is an error naming it.
+absl::StatusOr<gw::Device> TrainerDevice() {
+  absl::StatusOr<gw::Device> device = gw::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok() || device->is_cpu()) return device;
+  try {
+    gw::cuda::CheckDevice("a trainer cannot use it", *device);
+  } catch (const gw::Error& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  return device;
+}
+
 int Train(gw::rpc::AgentOptions options, int servers) {
+  const absl::StatusOr<gw::Device> device = TrainerDevice();
+  if (!device.ok()) return Fail("--device", device.status());
   if (options.rank == servers && !options.join) {  // trainer 0 saves the model
     gw::examples::CheckWritable("save", absl::GetFlag(FLAGS_save));
   }
@@ -90,6 +110,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       return Fail("cannot create the tables", s);
     }
   }
+  model->To(*device);  // in place: `params` are the GPU tensors now
   std::vector<std::string> names;
   for (const auto& [name, p] : params) names.push_back(name);
   gw::Generator shuffle(absl::GetFlag(FLAGS_seed) + 1 + static_cast<uint64_t>(trainer));
@@ -143,8 +164,8 @@ int Train(gw::rpc::AgentOptions options, int servers) {
       // carries the parameters of the next step (one message each way per server).
       for (size_t i = 0; i < params.size(); ++i) gw::kernels::CopyInPlace(params[i].second, values[i]);
       model->ZeroGrad();
-      gw::Tensor logits = model->Forward(batch.inputs);
-      gw::Tensor loss = gw::models::Loss(model_name, logits, batch.targets);
+      gw::Tensor logits = model->Forward(gw::kernels::ToDevice(batch.inputs, *device));
+      gw::Tensor loss = gw::models::Loss(model_name, logits, gw::kernels::ToDevice(batch.targets, *device));
       gw::autograd::Backward({loss});
       std::vector<gw::Tensor> grads;
       for (const auto& [name, p] : params) grads.push_back(p.grad());

@@ -317,7 +317,7 @@ absl::Status SaveSafetensors(const std::string& path, const NamedTensors& tensor
   uint32_t crc = 0;
   for (size_t i : order) {
     const auto& [name, t] = tensors[i];
-    const Tensor& c = payloads.emplace_back(kernels::Contiguous(t));
+    const Tensor& c = payloads.emplace_back(kernels::Contiguous(kernels::ToDevice(t, kCPU)));
     crc = Crc32cExtend(crc, c.raw_data(), c.nbytes());
     entries[name] = {{"dtype", StoredTypeOf(t.dtype()).name},
                      {"shape", std::vector<int64_t>(t.sizes().begin(), t.sizes().end())},

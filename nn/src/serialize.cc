@@ -57,7 +57,7 @@ class FileImage {
     uint64_t file_bytes = s->size();
     for (size_t i = 0; i < tensors.size(); ++i) {
       const auto& [name, t] = tensors[i];
-      const Tensor& c = payloads_.emplace_back(kernels::Contiguous(t));
+      const Tensor& c = payloads_.emplace_back(kernels::Contiguous(kernels::ToDevice(t, kCPU)));
       const size_t meta_start = s->size();
       Put<uint32_t>(s, static_cast<uint32_t>(name.size()));
       s->append(name);

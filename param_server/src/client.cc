@@ -420,6 +420,14 @@ Future<std::vector<Tensor>> Client::PushPullManyOn(const std::vector<Table>& tab
 
 // ---------------------------------------------------------------- sparse
 
+namespace {
+
+// A GPU trainer's ids and gradient rows, copied to the host, where the client splits them
+// by server (dense tensors cross as they are: the agent stages GPU tensors itself).
+Tensor OnHost(const Tensor& t) { return t.defined() && !t.device().is_cpu() ? kernels::ToDevice(t, kCPU) : t; }
+
+}  // namespace
+
 Client::Split Client::SplitIds(const Table& table, const Tensor& ids) {
   const size_t servers = table.servers.size();
   Split split;
@@ -443,7 +451,8 @@ Client::Split Client::SplitIds(const Table& table, const Tensor& ids) {
   return split;
 }
 
-Future<Tensor> Client::PullRows(const std::string& name, int64_t clock, const Tensor& ids) {
+Future<Tensor> Client::PullRows(const std::string& name, int64_t clock, const Tensor& gpu_or_host_ids) {
+  const Tensor ids = OnHost(gpu_or_host_ids);  // the split reads them
   if (absl::StatusOr<Table> table = FindSparse(name); !table.ok()) {
     return MakeReadyFuture<Tensor>(agent_.executor(), table.status());
   }
@@ -491,7 +500,9 @@ Future<Tensor> Client::PullRowsOn(const Table& table, const std::string& name, i
       });
 }
 
-Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tensor& ids, const Tensor& grad) {
+Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tensor& gpu_or_host_ids,
+                              const Tensor& gpu_or_host_grad) {
+  const Tensor ids = OnHost(gpu_or_host_ids), grad = OnHost(gpu_or_host_grad);  // the split reads them
   if (absl::Status s = BeforePush(); !s.ok()) return MakeReadyFuture<bool>(agent_.executor(), s);
   absl::StatusOr<Table> table = FindSparse(name);
   if (!table.ok()) return MakeReadyFuture<bool>(agent_.executor(), table.status());

@@ -10,9 +10,9 @@
 //     (kSync: after the pushes of clock-1 were applied); Push(name, clock, grad) sends
 //     this trainer's gradient for step `clock`; PushPull does both and returns the table
 //     as of clock+1, including this push (the server runs requests concurrently, so
-//     outside kSync the pull is sent once the push is acknowledged); PushPullMany does it for several tables in one message per server.
-//     One message per server each; shard buffers are views of `grad`
-//     (no copy) and the pulled shards are assembled into one tensor.
+//     outside kSync the pull is sent once the push is acknowledged); PushPullMany does it for several tables in one
+//     message per server. One message per server each; shard buffers are views of `grad` (no copy) and the pulled
+//     shards are assembled into one tensor.
 //   - CreateSparse(name, dim, options, optimizer, consistency) creates an embedding-style
 //     table of rows keyed by 64-bit ids on every server (each holds the ids IdPlacement
 //     gives it). PullRows(name, clock, ids) returns rows [n, dim] in the order of `ids`
@@ -23,6 +23,10 @@
 //     and every server is asked by a pull (maybe for no rows, `ids` may be empty), so
 //     that a pull at `clock` returns once step clock-1 is complete on all of them.
 //     (SparseEmbedding, sparse_embedding.h, does both inside an autograd graph.)
+//   - GPU trainers: gradients, ids and gradient rows may be GPU tensors. They cross to the
+//     servers through host memory (the agent stages dense tensors; sparse ids and rows are
+//     copied to the host for the split); what comes back is on the CPU (the agent's device
+//     maps can put it on a GPU), and CopyInPlace takes it into GPU parameters.
 //   - Elastic trainers: the table's creators are trainers 0 .. trainers-1; another
 //     (its index unused so far, e.g. a worker that joined the job) calls Join(name) after
 //     CreateDense/CreateSparse (which find the table as it is) and gets the clock it takes
