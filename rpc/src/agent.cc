@@ -229,7 +229,9 @@ class Agent::Impl {
   // worker of an elastic group that joins later is not checked.)
   absl::Status CheckPeerDeviceMaps() const {
     const std::vector<WorkerInfo> present = members_->Present();
-    for (const auto& [peer, map] : options_.device_maps.all()) {
+    for (const auto& entry : options_.device_maps.all()) {
+      const std::string& peer = entry.first;
+      const DeviceMap& map = entry.second;
       auto it = std::find_if(present.begin(), present.end(), [&](const WorkerInfo& w) { return w.name == peer; });
       if (it != present.end()) {
         if (absl::Status s = map.CheckDevices(gpus_, it->gpus); !s.ok()) return s;
