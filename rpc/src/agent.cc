@@ -31,8 +31,10 @@
 #include "cluster/rendezvous.h"
 #include "cluster/shutdown_barrier.h"
 #include "gradwire/rpc/errors.h"
+#include "gradwire/rpc/metrics_endpoint.h"
 #include "gradwire/rpc/statistics.h"
 #include "gradwire/tensor/cuda.h"
+#include "observe/call_metrics.h"
 #include "rref/rref_context.h"
 #include "rref/rref_messages.h"
 #include "transport/host_address.h"
@@ -143,7 +145,7 @@ class Agent::Impl {
             [this](int to, uint64_t id, const absl::StatusOr<Value>& result, const CallHooks::Scope& scope) {
               return EncodeReply(to, id, result, scope);
             }},
-        options_.security.limits.max_calls_in_flight);
+        options_.security.limits.max_calls_in_flight, &call_metrics_);
 
     // The RRef context exists before any peer can reach us.
     internal::RRefContext::Hooks hooks;
@@ -186,6 +188,7 @@ class Agent::Impl {
       return s;
     }
 
+    if (absl::Status s = ServeMetrics(); !s.ok()) return s;
     absl::StatusOr<std::string> advertise = AdvertiseHost();
     if (!advertise.ok()) return advertise.status();
     auto address = transport_->Listen(options_.listen_host, *advertise, peers_->callbacks());
@@ -208,6 +211,20 @@ class Agent::Impl {
     if (absl::Status s = CheckPeerDeviceMaps(); !s.ok()) return s;
     heartbeats_->Start();
     if (options_.join) membership_->Introduce(deadline);
+    return absl::OkStatus();
+  }
+
+  // The metrics endpoint the environment asks for (metrics_endpoint.h), before the worker
+  // is announced: a port it cannot take stops Start.
+  absl::Status ServeMetrics() {
+    absl::StatusOr<std::optional<MetricsEndpointOptions>> wanted = internal::MetricsFromEnv(options_);
+    if (!wanted.ok()) return wanted.status();
+    if (!wanted->has_value()) return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start(statistics_, **wanted);
+    if (!endpoint.ok()) return endpoint.status();
+    metrics_endpoint_ = std::move(*endpoint);
+    std::fprintf(stderr, "gradwire: %s serves its metrics at %s\n", options_.name.c_str(),
+                 metrics_endpoint_->url().c_str());
     return absl::OkStatus();
   }
 
@@ -362,7 +379,8 @@ class Agent::Impl {
     env.payload = Value(std::move(args));
     env.timeout_ms = absl::ToInt64Milliseconds(timeout);
     size_t in_flight = 0;
-    env.id = calls_->Add(rank, function, timeout, std::move(done), &in_flight);
+    internal::CallMetrics::Series& series = call_metrics_.For(internal::CallMetrics::Side::kClient, rank, function);
+    env.id = calls_->Add(rank, function, timeout, std::move(done), &in_flight, &series);
     if (env.id == 0) return;  // the agent closed meanwhile: failed with its reason
     auto fail = [&](const absl::Status& s) {
       calls_->Complete(env.id, absl::Status(s.code(), absl::StrCat("call to ", to, ".", function, ": ", s.message())));
@@ -388,6 +406,7 @@ class Agent::Impl {
       calls_->Complete(env.id, conn.status());
       return;
     }
+    series.Sent(internal::MessageBytes(*message));
     auto on_sent = [this, id = env.id](absl::Status s) {
       if (s.ok()) return;
       if (std::optional<internal::CallTable::Call> call = calls_->Find(id)) {  // name the peer
@@ -493,6 +512,10 @@ class Agent::Impl {
     add("gradwire_shm_tensors_total", t.shared_memory_tensors);
     add("gradwire_rpc_heartbeats_sent_total", heartbeats_->pings_sent());
     add("gradwire_rpc_peers_declared_silent_total", heartbeats_->declared_dead());
+    for (const auto& [rank, running] : dispatcher_->running_by_peer()) {
+      out.push_back({"gradwire_rpc_server_requests_running", {{"peer", NameOf(rank)}}, static_cast<double>(running)});
+    }
+    call_metrics_.Collect(out, [this](int rank) { return NameOf(rank); });
   }
   void SetCallHooks(std::shared_ptr<CallHooks> hooks) {
     hooks_ = hooks;
@@ -534,6 +557,7 @@ class Agent::Impl {
 
   void OnMessage(const std::shared_ptr<Connection>& conn, Message m) {
     const int from = peers_->RankOf(conn.get());  // -1 before its hello
+    const uint64_t bytes = internal::MessageBytes(m);
     const internal::Placement placement{from >= 0 ? MapToward(peers_->Name(from)) : nullptr, gpus_};
     absl::StatusOr<Envelope> env = internal::DecodeEnvelope(std::move(m), placement);
     if (!env.ok()) {
@@ -546,10 +570,10 @@ class Agent::Impl {
         (void)peers_->OnHello(conn, *env);
         return;
       case Kind::kRequest:
-        OnRequest(conn, from, *std::move(env));
+        OnRequest(conn, from, *std::move(env), bytes);
         return;
       case Kind::kResponse:
-        OnResponse(from, *std::move(env));
+        OnResponse(from, *std::move(env), bytes);
         return;
       case Kind::kPing:
         if (from >= 0) internal::Heartbeats::Answer(*conn);
@@ -559,7 +583,7 @@ class Agent::Impl {
     }
   }
 
-  void OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env) {
+  void OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env, uint64_t bytes) {
     if (from < 0) {
       if (!conn->closed()) {
         conn->Close(absl::DataLossError(absl::StrCat(conn->peer(), " sent a request before its hello")));
@@ -571,38 +595,41 @@ class Agent::Impl {
       if (absl::Status s = rrefs_->AdoptIncoming(&env.payload, from); !s.ok()) {
         // Its own code: malformed (INVALID_ARGUMENT), freed (NOT_FOUND), a dead worker's
         // (UNAVAILABLE), or we are shutting down.
-        dispatcher_->Refuse(conn, from, env.id, absl::Status(s.code(), absl::StrCat(env.function, ": ", s.message())));
+        dispatcher_->Refuse(conn, from, env.id, absl::Status(s.code(), absl::StrCat(env.function, ": ", s.message())),
+                            env.function, bytes);
         return;
       }
     }
-    dispatcher_->OnRequest(conn, from, std::move(env));
+    dispatcher_->OnRequest(conn, from, std::move(env), bytes);
   }
 
-  void OnResponse(int from, Envelope env) {
+  void OnResponse(int from, Envelope env, uint64_t bytes) {
     if (env.has_rrefs) {
       // Also for a reply to a call that already timed out: its RRefs must still be
       // adopted (and then dropped), or their owner would keep them.
       absl::Status s = from < 0 ? absl::InvalidArgumentError("RRefs from an unidentified peer")
                                 : rrefs_->AdoptIncoming(&env.payload, from);
       if (!s.ok()) {
-        calls_->Complete(env.id, s);
+        calls_->Complete(env.id, s, bytes);
         return;
       }
     }
     if (hooks_ && env.status.ok()) {
       if (absl::Status s = hooks_->OnReceiveReply(from, env.payload, env.meta); !s.ok()) {
-        calls_->Complete(env.id, s);
+        calls_->Complete(env.id, s, bytes);
         return;
       }
     }
     if (env.status.ok()) {
-      calls_->Complete(env.id, std::move(env.payload));
+      calls_->Complete(env.id, std::move(env.payload), bytes);
       return;
     }
     std::optional<internal::CallTable::Call> call = calls_->Find(env.id);
     if (!call) return;  // timed out or failed already
-    calls_->Complete(env.id, absl::Status(env.status.code(), ReplyErrorMessage(peers_->Name(call->rank), call->function,
-                                                                               env.status.message())));
+    calls_->Complete(env.id,
+                     absl::Status(env.status.code(),
+                                  ReplyErrorMessage(peers_->Name(call->rank), call->function, env.status.message())),
+                     bytes);
   }
 
   absl::StatusOr<Message> EncodeReply(int to, uint64_t id, const absl::StatusOr<Value>& result,
@@ -690,6 +717,7 @@ class Agent::Impl {
   // Declared in destruction order's reverse: units that others refer to come first.
   AgentOptions options_;
   Statistics statistics_;
+  internal::CallMetrics call_metrics_;  // the calls and requests of the units below
   ThreadPool pool_;
   TimerQueue timers_;
   std::optional<GlobalIdGenerator> ids_;  // set in Start, once the rank is known
@@ -709,6 +737,7 @@ class Agent::Impl {
   absl::Mutex gone_mu_;
   absl::flat_hash_set<int> gone_ ABSL_GUARDED_BY(gone_mu_);  // connection closed, not reached since
   Statistics::Source own_statistics_;               // reads the units above: dropped first
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;  // reads statistics_: stops before anything goes
 
   absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kRunning;

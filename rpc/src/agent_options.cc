@@ -177,4 +177,38 @@ absl::Status internal::ResolveOptions(AgentOptions& options) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<MetricsEndpointOptions>> internal::MetricsFromEnv(const AgentOptions& options) {
+  // GRADWIRE_METRICS_PORT: this worker's port (0: any free one); _BASE: plus the rank.
+  auto port_of = [&](const char* variable, bool base) -> absl::StatusOr<int> {
+    const std::string v = Env(variable);
+    const int offset = base ? options.rank : 0;
+    int port = 0;
+    if (!absl::SimpleAtoi(v, &port) || port < (base ? 1 : 0) || port + offset > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(options.name, ": ", variable, "=", v,
+                                                     base ? absl::StrCat(" plus rank ", offset) : "",
+                                                     " is not a TCP port: give a number in 1-65535",
+                                                     base ? " (the workers take base + rank)" : " (0: any free port)"));
+    }
+    return port + offset;
+  };
+  MetricsEndpointOptions m;
+  if (!Env("GRADWIRE_METRICS_PORT").empty()) {
+    absl::StatusOr<int> port = port_of("GRADWIRE_METRICS_PORT", false);
+    if (!port.ok()) return port.status();
+    m.port = *port;
+  } else if (!Env("GRADWIRE_METRICS_PORT_BASE").empty()) {
+    absl::StatusOr<int> port = port_of("GRADWIRE_METRICS_PORT_BASE", true);
+    if (!port.ok()) return port.status();
+    m.port = *port;
+  } else {
+    return std::nullopt;
+  }
+  if (std::string host = Env("GRADWIRE_METRICS_HOST"); !host.empty()) m.host = std::move(host);
+  if (!internal::IsLoopbackHost(m.host) && options.security.authenticates()) {
+    m.bearer_token = MetricsToken(options.security.secret);
+  }
+  m.owner = options.name;
+  return m;
+}
+
 }  // namespace gw::rpc

@@ -10,15 +10,26 @@
 //     peer_timeout under twice a positive heartbeat_interval, or bad TLS files;
 //     FAILED_PRECONDITION, saying how to give one, for a group that may have more than
 //     one worker and authenticates with no secret. Each message names the worker.
+//   - MetricsFromEnv(options): the metrics endpoint the environment asks this worker to
+//     serve (metrics_endpoint.h), once its rank is known: nullopt when neither
+//     GRADWIRE_METRICS_PORT nor GRADWIRE_METRICS_PORT_BASE (port = base + rank) is set;
+//     host GRADWIRE_METRICS_HOST or 127.0.0.1; off loopback, in a job that authenticates,
+//     the job's metrics token is asked. INVALID_ARGUMENT, naming the variable, for a value
+//     that is not a port.
 #ifndef GRADWIRE_RPC_SRC_AGENT_OPTIONS_H_
 #define GRADWIRE_RPC_SRC_AGENT_OPTIONS_H_
 
+#include <optional>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gradwire/rpc/metrics_endpoint.h"
 #include "gradwire/rpc/worker.h"
 
 namespace gw::rpc::internal {
 
 absl::Status ResolveOptions(AgentOptions& options);
+absl::StatusOr<std::optional<MetricsEndpointOptions>> MetricsFromEnv(const AgentOptions& options);
 
 }  // namespace gw::rpc::internal
 

@@ -1,19 +1,15 @@
 // EtcdServer: a real etcd on loopback for tests (see etcd_server.h).
 #include "etcd_server.h"
 
+#include "child_process.h"
+
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -36,34 +32,6 @@ absl::StatusOr<int> FreeLoopbackPort() {
   if (!ok) return absl::InternalError("cannot find a free loopback port");
   return static_cast<int>(ntohs(a.sin_port));
 }
-
-namespace {
-
-// The body of GET `path` from 127.0.0.1:port (HTTP/1.0: the server closes when done).
-absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket failed");
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-    if (::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[16384];
-      for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) response.append(buf, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  if (body == std::string::npos) return absl::UnavailableError(absl::StrCat("no answer from 127.0.0.1:", port, path));
-  return response.substr(body + 4);
-}
-
-}  // namespace
 
 bool EtcdServer::Available() { return ::access(kBinary, X_OK) == 0; }
 
@@ -88,13 +56,7 @@ EtcdServer::~EtcdServer() {
   std::filesystem::remove_all(dir_, ignored);
 }
 
-void EtcdServer::Stop() {
-  if (pid_ <= 0) return;
-  ::kill(pid_, SIGKILL);
-  int status = 0;
-  ::waitpid(pid_, &status, 0);
-  pid_ = -1;
-}
+void EtcdServer::Stop() { process_.Kill(); }
 
 absl::Status EtcdServer::Restart() {
   Stop();
@@ -124,51 +86,25 @@ absl::Status EtcdServer::Launch() {
       args.push_back(flag);
     }
   }
-  const std::string log = absl::StrCat(dir_, "/etcd.log");
-  std::vector<char*> argv;  // made before fork: the child of a threaded process must not allocate
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    const int in = ::open("/dev/null", O_RDONLY);
-    if (out >= 0) {
-      ::dup2(out, STDOUT_FILENO);
-      ::dup2(out, STDERR_FILENO);
-    }
-    if (in >= 0) ::dup2(in, STDIN_FILENO);
-    ::execv(kBinary, argv.data());
-    ::_exit(127);
-  }
-  pid_ = pid;
+  if (absl::Status s = process_.Start(args, absl::StrCat(dir_, "/etcd.log")); !s.ok()) return s;
   // Answering etcd's KV API is what ConnectStore waits for.
   Security security;
   security.tls = tls_;
   absl::StatusOr<std::unique_ptr<Store>> probe =
       ConnectStore(Url("probe"), absl::Now() + absl::Seconds(30), security);
   if (probe.ok()) return absl::OkStatus();
-  int status = 0;
-  const bool exited = ::waitpid(pid_, &status, WNOHANG) == pid_;
-  if (exited) pid_ = -1;
+  const bool exited = process_.Exited();
   return absl::UnavailableError(absl::StrCat("etcd on ", endpoint(), exited ? " exited" : " does not answer", ": ",
                                              probe.status().message(), "; its log ends with:\n", LogTail()));
 }
 
-std::string EtcdServer::LogTail() const {
-  std::ifstream in(absl::StrCat(dir_, "/etcd.log"));
-  std::stringstream all;
-  all << in.rdbuf();
-  const std::string text = all.str();
-  return text.size() > 2000 ? text.substr(text.size() - 2000) : text;
-}
+std::string EtcdServer::LogTail() const { return FileTail(absl::StrCat(dir_, "/etcd.log")); }
 
 double EtcdServer::Metric(absl::string_view name, absl::string_view labels) const {
-  absl::StatusOr<std::string> body = HttpGet(client_port_, "/metrics");
-  if (!body.ok()) return -1;
+  absl::StatusOr<HttpResponse> response = HttpGet(client_port_, "/metrics");
+  if (!response.ok()) return -1;
   double sum = 0;
-  for (absl::string_view line : absl::StrSplit(*body, '\n')) {
+  for (absl::string_view line : absl::StrSplit(response->body, '\n')) {
     if (line.empty() || line[0] == '#' || !absl::ConsumePrefix(&line, name)) continue;
     if (line.empty() || (line[0] != '{' && line[0] != ' ')) continue;  // another metric with this prefix
     const size_t space = line.rfind(' ');

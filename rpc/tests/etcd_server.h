@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "child_process.h"
 #include "gradwire/rpc/security.h"
 
 namespace gw::rpc::testing {
@@ -77,7 +78,7 @@ class EtcdServer {
   TlsOptions tls_;
   int client_port_ = 0;
   int peer_port_ = 0;
-  pid_t pid_ = -1;
+  ChildProcess process_;
 };
 
 // A test fixture with a fresh etcd in etcd_ (skipped where etcd is not installed).

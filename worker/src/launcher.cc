@@ -167,6 +167,15 @@ absl::Status ValidateOptions(const LaunchOptions& options, std::FILE* out, std::
   if (options.command.empty() || options.command[0].empty()) {
     return absl::InvalidArgumentError("command is empty; give the program to run and its arguments");
   }
+  if (options.metrics_port != 0) {
+    const int ranks = std::max(options.max_workers, options.nnodes * options.num_workers);
+    if (options.metrics_port < 1 || options.metrics_port + ranks - 1 > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("metrics_port (--metrics-port) ", options.metrics_port,
+                                                     ": worker k serves its metrics on port ", options.metrics_port,
+                                                     " + k, so the ports up to ", options.metrics_port + ranks - 1,
+                                                     " must exist; give a port in 1-", 65536 - ranks));
+    }
+  }
   if (options.nnodes < 1 || options.node_rank < 0 || options.node_rank >= options.nnodes) {
     return absl::InvalidArgumentError(absl::StrCat("node_rank must be in [0, nnodes) with nnodes >= 1, got node_rank ",
                                                    options.node_rank, " of nnodes ", options.nnodes));
@@ -247,6 +256,7 @@ std::vector<std::string> CommonEnvironment(const LaunchOptions& options, int por
   env.push_back(absl::StrCat("WORLD_SIZE=", options.nnodes * options.num_workers));
   if (options.max_workers > 0) env.push_back(absl::StrCat("GRADWIRE_MAX_WORLD_SIZE=", options.max_workers));
   if (options.join) env.push_back("GRADWIRE_JOIN=1");
+  if (options.metrics_port != 0) env.push_back(absl::StrCat("GRADWIRE_METRICS_PORT_BASE=", options.metrics_port));
   env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", options.num_workers));
   env.push_back(absl::StrCat("GROUP_RANK=", options.node_rank));
   if (!options.rdzv.empty()) {

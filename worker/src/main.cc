@@ -1,6 +1,6 @@
-// gradwire: the command-line tool. Today it has one command, `gradwire launch`, which
-// starts N local workers of a program (like torchrun's local mode); see Usage() below and
-// gradwire/worker/launcher.h for what the workers get and how failures are handled.
+// gradwire: the command-line tool. `gradwire launch` starts N local workers of a program
+// (like torchrun's local mode); see Usage() below and gradwire/worker/launcher.h for what
+// the workers get and how failures are handled. `gradwire secret` makes job secrets.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "gradwire/rpc/metrics_endpoint.h"
 #include "gradwire/rpc/security.h"
 #include "gradwire/worker/launcher.h"
 
@@ -19,9 +20,9 @@ namespace {
 constexpr char kUsage[] =
     R"(usage: gradwire launch [-n N] [--nnodes M --node-rank K] [--master-addr A] [--master-port P]
                        [--name-prefix S] [--kill-grace SECONDS] [--max-restarts K]
-                       [--max-workers M] [--join] PROGRAM [ARGS...]
+                       [--max-workers M] [--join] [--metrics-port P] PROGRAM [ARGS...]
        gradwire launch --rdzv etcd://HOST:PORT/JOB [-n N] [--nnodes M --node-rank K] ... PROGRAM [ARGS...]
-       gradwire secret
+       gradwire secret [--metrics-token]
        gradwire --help
 
 Commands:
@@ -29,7 +30,10 @@ Commands:
            job, or with --nnodes this machine's share of a job over several machines
   secret   print a fresh job secret (64 hex digits), for a job over several machines or
            one that others join: save it to a file readable by the job's user only, copy
-           it to every machine, and set GRADWIRE_SECRET_FILE=FILE for every launcher
+           it to every machine, and set GRADWIRE_SECRET_FILE=FILE for every launcher;
+           with --metrics-token, print the metrics token of the job whose secret
+           GRADWIRE_SECRET_FILE (or GRADWIRE_SECRET) gives: what a scraper sends as
+           "Authorization: Bearer TOKEN" to endpoints bound beyond loopback
 
 Options of launch (they end at PROGRAM; everything after it goes to PROGRAM untouched):
   -n N, --nproc-per-node N  number of workers on this machine (default 1)
@@ -58,6 +62,9 @@ Options of launch (they end at PROGRAM; everything after it goes to PROGRAM unto
                             --max-workers): give its --master-addr and --master-port (or
                             --rdzv); each gets the next free rank and the name
                             worker<rank> from the job, and leaves it when it exits
+  --metrics-port P          worker k serves Prometheus metrics at http://127.0.0.1:(P+k)/metrics
+                            (GRADWIRE_METRICS_HOST=ADDR binds another address; beyond
+                            loopback a job with a secret asks for its metrics token)
   -h, --help                print this help
 
 Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the node
@@ -120,7 +127,7 @@ int RunLaunch(const std::vector<std::string>& args) {
     const bool known = name == "-n" || name == "--nproc-per-node" || name == "--nnodes" || name == "--node-rank" ||
                        name == "--master-addr" || name == "--master-port" || name == "--rdzv" ||
                        name == "--name-prefix" || name == "--kill-grace" || name == "--max-restarts" ||
-                       name == "--max-workers";
+                       name == "--max-workers" || name == "--metrics-port";
     if (name == "--join") {  // a flag
       options.join = true;
       continue;
@@ -164,6 +171,11 @@ int RunLaunch(const std::vector<std::string>& args) {
     } else if (name == "--max-workers") {
       if (!absl::SimpleAtoi(value, &options.max_workers) || options.max_workers < 1) {
         return UsageError(absl::StrCat(kWho, "--max-workers expects a number of workers, got '", value, "'"));
+      }
+    } else if (name == "--metrics-port") {
+      if (!absl::SimpleAtoi(value, &options.metrics_port) || options.metrics_port < 1 || options.metrics_port > 65535) {
+        return UsageError(absl::StrCat(
+            kWho, "--metrics-port expects a port in [1, 65535] (worker k takes P + k), got '", value, "'"));
       }
     } else if (name == "--name-prefix") {
       options.name_prefix = value;
@@ -262,6 +274,18 @@ int Main(int argc, char** argv) {
   }
   if (command == "launch") return RunLaunch(std::vector<std::string>(args.begin() + 1, args.end()));
   if (command == "secret") {
+    if (args.size() == 2 && args[1] == "--metrics-token") {
+      absl::StatusOr<rpc::Security> security = rpc::Security::FromEnv();
+      if (!security.ok() || security->secret.empty()) {
+        std::fprintf(stderr, "gradwire secret --metrics-token: %s\n",
+                     security.ok() ? "no job secret: set GRADWIRE_SECRET_FILE=FILE, the job's secret file"
+                                   : std::string(security.status().message()).c_str());
+        return 1;
+      }
+      std::printf("%s\n", rpc::MetricsToken(security->secret).c_str());
+      return 0;
+    }
+    if (args.size() > 1) return UsageError(absl::StrCat("gradwire secret: unknown option '", args[1], "'"));
     std::printf("%s\n", rpc::MakeJobSecret().c_str());
     return 0;
   }

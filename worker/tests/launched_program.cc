@@ -6,6 +6,10 @@
 //   read_secret      reads the job secret as every worker does (rpc Security::FromEnv),
 //                    then says whether it still holds the descriptor and whether a
 //                    program it starts inherits it.
+//   serve_metrics DIR joins the job's group (an agent from the environment, which
+//                    serves metrics when the launcher asks), worker1 calls worker0's
+//                    "ping" 3 times, each worker writes DIR/ready.<rank> and waits for
+//                    DIR/done, so that the test can scrape the running job.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,6 +49,25 @@ int main(int argc, char** argv) {
                 inherited && WIFEXITED(child) && WEXITSTATUS(child) == 0 ? "inherited" : "not inherited");
     return 0;
   }
-  std::fprintf(stderr, "usage: %s print_then_wait|read_secret\n", argv[0]);
+  if (mode == "serve_metrics" && argc > 2) {
+    const std::string dir = argv[2];
+    absl::StatusOr<gw::rpc::AgentOptions> options = gw::rpc::AgentOptions::FromEnv();
+    if (!options.ok()) return 3;
+    auto agent = gw::rpc::Agent::Start(
+        *options, [](gw::rpc::Agent& a) { return a.Register("ping", []() -> int64_t { return 1; }); });
+    if (!agent.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(agent.status().message()).c_str());
+      return 4;
+    }
+    if (options->rank == 1) {
+      for (int i = 0; i < 3; ++i) {
+        if (!(*agent)->Sync<int64_t>("worker0", "ping").ok()) return 5;
+      }
+    }
+    std::fclose(std::fopen(absl::StrCat(dir, "/ready.", options->rank).c_str(), "w"));
+    while (::access(absl::StrCat(dir, "/done").c_str(), F_OK) != 0) ::usleep(10000);
+    return (*agent)->Shutdown().ok() ? 0 : 6;
+  }
+  std::fprintf(stderr, "usage: %s print_then_wait|read_secret|serve_metrics DIR\n", argv[0]);
   return 2;
 }

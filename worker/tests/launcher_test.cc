@@ -4,15 +4,18 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <thread>
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstdlib>
+#include <thread>
 
 #include <algorithm>
 #include <chrono>
@@ -28,10 +31,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "gradwire/rpc/metrics_endpoint.h"
 #include "gradwire/rpc/security.h"
 #include "scoped_env.h"
 
 #ifdef GRADWIRE_RPC_TEST_WORKER
+#include "child_process.h"
 #include "etcd_server.h"
 #include "gradwire/rpc/store.h"
 #endif
@@ -160,6 +165,59 @@ TEST(LaunchTest, AllSucceedWithEnvironmentAndPrefixedOutput) {
     const std::string r = std::to_string(rank);
     EXPECT_NE(err.find("[worker" + r + "] stderr of " + r + "\n"), std::string::npos) << err;
   }
+}
+
+// --metrics-port P: worker k serves its metrics at P + k while the job runs (the test
+// scrapes both workers of a running job over HTTP).
+TEST(LaunchTest, MetricsPortGivesEachWorkerItsOwnEndpoint) {
+  TempDir dir;
+  // Two consecutive ports that were free a moment ago.
+  auto bindable = [](int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    ::close(fd);
+    return ok;
+  };
+  int base = 0;
+  for (int attempt = 0; attempt < 100 && base == 0; ++attempt) {
+    absl::StatusOr<int> p = PickFreePort("127.0.0.1");
+    if (p.ok() && *p < 65535 && bindable(*p + 1)) base = *p;
+  }
+  ASSERT_GT(base, 0);
+  LaunchOptions options;
+  options.num_workers = 2;
+  options.metrics_port = base;
+  options.command = {GRADWIRE_LAUNCHED_PROGRAM, "serve_metrics", dir.path()};
+  std::string body0, body1;
+  std::thread scraper([&] {
+    const auto start = Clock::now();
+    while (!(std::filesystem::exists(dir.path() + "/ready.0") && std::filesystem::exists(dir.path() + "/ready.1")) &&
+           SecondsSince(start) < 60) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    absl::StatusOr<rpc::testing::HttpResponse> r0 = rpc::testing::HttpGet(base, "/metrics");
+    absl::StatusOr<rpc::testing::HttpResponse> r1 = rpc::testing::HttpGet(base + 1, "/metrics");
+    body0 = r0.ok() ? r0->body : std::string(r0.status().message());
+    body1 = r1.ok() ? r1->body : std::string(r1.status().message());
+    std::ofstream(dir.path() + "/done") << "";
+  });
+  Capture cap;
+  absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
+  scraper.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 0) << cap.Err();
+  EXPECT_TRUE(absl::StrContains(body0, "gradwire_rpc_server_calls_total{function=\"ping\",peer=\"worker1\"} 3"))
+      << body0;
+  EXPECT_TRUE(absl::StrContains(body1, "gradwire_rpc_client_calls_total{function=\"ping\",peer=\"worker0\"} 3"))
+      << body1;
+  const std::string err = cap.Err();
+  EXPECT_TRUE(absl::StrContains(
+      err, absl::StrCat("[worker1] gradwire: worker1 serves its metrics at http://127.0.0.1:", base + 1, "/metrics")))
+      << err;
 }
 
 TEST(LaunchTest, ExplicitPortAndPrefixAreUsed) {
@@ -653,7 +711,8 @@ TEST(CliTest, HelpAndUsageErrors) {
   EXPECT_EQ(RunCli("launch --help").exit_code, 0);
 
   for (const char* bad : {"", "frobnicate", "launch", "launch -n", "launch -n zero /bin/true",
-                          "launch --bogus /bin/true", "launch --master-port 70000 /bin/true"}) {
+                          "launch --bogus /bin/true", "launch --master-port 70000 /bin/true",
+                          "launch --metrics-port 0 /bin/true", "launch --metrics-port x /bin/true"}) {
     CliRun run = RunCli(bad);
     EXPECT_EQ(run.exit_code, 2) << bad;
     EXPECT_NE(run.err.find("\n\nusage: gradwire launch"), std::string::npos) << bad << run.err;
@@ -661,6 +720,19 @@ TEST(CliTest, HelpAndUsageErrors) {
   EXPECT_EQ(RunCli("launch -n zero /bin/true").err.rfind(
                 "gradwire launch: -n expects a positive number of workers, got 'zero'\n", 0),
             0u);
+  // Worker k takes P + k: the last worker's port must exist.
+  CliRun high = RunCli("launch -n 3 --metrics-port 65534 /bin/true");
+  EXPECT_EQ(high.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(high.err, "the ports up to 65536 must exist; give a port in 1-65533")) << high.err;
+}
+
+TEST(CliTest, SecretPrintsTheJobsMetricsToken) {
+  CliRun token = RunCli("secret --metrics-token", "GRADWIRE_SECRET=abc ");
+  EXPECT_EQ(token.exit_code, 0) << token.err;
+  EXPECT_EQ(token.out, rpc::MetricsToken("abc") + "\n");
+  CliRun none = RunCli("secret --metrics-token", "env -u GRADWIRE_SECRET -u GRADWIRE_SECRET_FILE ");
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(none.err, "no job secret: set GRADWIRE_SECRET_FILE")) << none.err;
 }
 
 TEST(CliTest, LaunchPassesArgumentsThroughAndReportsFailure) {

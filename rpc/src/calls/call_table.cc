@@ -14,15 +14,25 @@ CallTable::CallTable(TimerQueue& timers, std::function<std::string(int)> describ
 
 CallTable::~CallTable() { Close(absl::CancelledError("the call table was destroyed")); }
 
-uint64_t CallTable::Add(int rank, std::string function, absl::Duration timeout, Done done, size_t* in_flight) {
+void CallTable::Pending::Finish(absl::StatusOr<Value> result, uint64_t received_bytes) {
+  if (series != nullptr) {
+    series->Received(received_bytes);
+    series->Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), result.ok());
+  }
+  done(std::move(result));
+}
+
+uint64_t CallTable::Add(int rank, std::string function, absl::Duration timeout, Done done, size_t* in_flight,
+                        CallMetrics::Series* series) {
   const absl::Time when = absl::Now() + timeout;
+  const auto start = series != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   absl::Status closed;
   {
     absl::MutexLock lock(&mu_);
     if (in_flight != nullptr) *in_flight = pending_.size();
     if (closed_.ok()) {
       const uint64_t id = next_id_++;
-      pending_.emplace(id, Pending{std::move(done), rank, std::move(function), timeout});
+      pending_.emplace(id, Pending{std::move(done), rank, std::move(function), timeout, series, start});
       if (when != absl::InfiniteFuture()) {
         deadlines_.push_back({when, id});
         std::push_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
@@ -32,6 +42,7 @@ uint64_t CallTable::Add(int rank, std::string function, absl::Duration timeout, 
     }
     closed = closed_;
   }
+  if (series != nullptr) series->Record(0, /*ok=*/false);
   done(closed);
   return 0;
 }
@@ -57,17 +68,17 @@ void CallTable::Forget() {
   }
 }
 
-bool CallTable::Complete(uint64_t id, absl::StatusOr<Value> result) {
-  Done done;
+bool CallTable::Complete(uint64_t id, absl::StatusOr<Value> result, uint64_t received_bytes) {
+  std::optional<Pending> call;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(id);
     if (it == pending_.end()) return false;
-    done = std::move(it->second.done);
+    call.emplace(std::move(it->second));
     pending_.erase(it);
     Forget();
   }
-  done(std::move(result));
+  call->Finish(std::move(result), received_bytes);
   return true;
 }
 
@@ -96,8 +107,8 @@ void CallTable::OnTimer(absl::Time armed_for) {
     ArmEarliest();
   }
   for (Pending& p : expired) {
-    p.done(absl::DeadlineExceededError(absl::StrCat("call to ", describe_(p.rank), ".", p.function, " timed out after ",
-                                                    absl::FormatDuration(p.timeout))));
+    p.Finish(absl::DeadlineExceededError(absl::StrCat("call to ", describe_(p.rank), ".", p.function,
+                                                      " timed out after ", absl::FormatDuration(p.timeout))));
   }
 }
 
@@ -118,7 +129,8 @@ void CallTable::FailPeer(int rank, const absl::Status& why) {
   const absl::StatusCode code =
       why.code() == absl::StatusCode::kFailedPrecondition ? why.code() : absl::StatusCode::kUnavailable;
   for (Pending& p : failed) {
-    p.done(absl::Status(code, absl::StrCat("call to ", describe_(rank), ".", p.function, " failed: ", why.message())));
+    p.Finish(
+        absl::Status(code, absl::StrCat("call to ", describe_(rank), ".", p.function, " failed: ", why.message())));
   }
 }
 
@@ -134,7 +146,7 @@ void CallTable::Close(const absl::Status& why) {
     if (!armed_.empty()) timers_.Cancel(armed_);
     armed_ = {};
   }
-  for (Pending& p : failed) p.done(why);
+  for (Pending& p : failed) p.Finish(why);
 }
 
 size_t CallTable::size() const {

@@ -15,6 +15,9 @@
 //   - `done` runs on the thread that completes the call (transport I/O thread, timer
 //     thread, or the caller), never under the table's lock; it must be quick.
 //   - AwaitEmpty(deadline) waits until no call is pending. Thread-safe.
+//   - Metrics: a call added with a series (CallMetrics) is recorded in it when it
+//     completes, whichever way: its latency from Add, whether it failed, and the reply's
+//     bytes given to Complete.
 //   - Deadlines: the table keeps them in its own min-heap and arms one TimerQueue timer, at
 //     the earliest; a call's entry is dropped lazily once the call completes (the heap is
 //     compacted when it holds twice as many entries as pending calls). Adding and completing
@@ -23,6 +26,7 @@
 #ifndef GRADWIRE_RPC_SRC_CALLS_CALL_TABLE_H_
 #define GRADWIRE_RPC_SRC_CALLS_CALL_TABLE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -36,6 +40,7 @@
 #include "absl/time/time.h"
 #include "gradwire/rpc/timer_queue.h"
 #include "gradwire/rpc/value.h"
+#include "observe/call_metrics.h"
 
 namespace gw::rpc::internal {
 
@@ -47,8 +52,10 @@ class CallTable {
   ~CallTable();
 
   // *in_flight (optional): how many calls were pending before this one.
-  uint64_t Add(int rank, std::string function, absl::Duration timeout, Done done, size_t* in_flight = nullptr);
-  bool Complete(uint64_t id, absl::StatusOr<Value> result);
+  uint64_t Add(int rank, std::string function, absl::Duration timeout, Done done, size_t* in_flight = nullptr,
+               CallMetrics::Series* series = nullptr);
+  // `received_bytes`: the size of the reply's frame (0 when none arrived).
+  bool Complete(uint64_t id, absl::StatusOr<Value> result, uint64_t received_bytes = 0);
   // The peer and function of a pending call.
   struct Call {
     int rank = -1;
@@ -66,6 +73,10 @@ class CallTable {
     int rank;
     std::string function;
     absl::Duration timeout;
+    CallMetrics::Series* series = nullptr;
+    std::chrono::steady_clock::time_point start = {};
+    // Records the call's end in its series (if any), then runs `done`.
+    void Finish(absl::StatusOr<Value> result, uint64_t received_bytes = 0);
   };
   struct Deadline {
     absl::Time when;

@@ -73,11 +73,21 @@ absl::Status Dispatcher::MissingFunctionError(const std::string& function) const
                                           "' (registered: ", names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
 }
 
-Dispatcher::Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int max_calls_in_flight)
+Dispatcher::Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int max_calls_in_flight,
+                       CallMetrics* metrics)
     : self_name_(std::move(self_name)),
       pool_(pool),
       peers_(std::move(peers)),
-      max_calls_in_flight_(max_calls_in_flight) {}
+      max_calls_in_flight_(max_calls_in_flight),
+      metrics_(metrics) {}
+
+Dispatcher::Timing Dispatcher::Arrived(int from, const std::string& function, bool registered, uint64_t bytes) {
+  if (metrics_ == nullptr) return {};
+  CallMetrics::Series& series = metrics_->For(CallMetrics::Side::kServer, from,
+                                              registered ? std::string_view(function) : CallMetrics::kUnknownFunction);
+  series.Received(bytes);
+  return {&series, std::chrono::steady_clock::now()};
+}
 
 absl::Status Dispatcher::Register(const std::string& name, RawHandler handler, RegisterOptions options) {
   absl::MutexLock lock(&mu_);
@@ -110,13 +120,14 @@ int Dispatcher::Started(int from) {
   return ++inflight_by_peer_[from];
 }
 
-void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env) {
+void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env, uint64_t bytes) {
   Request request;
   request.id = env.id;
   request.info.function = env.function;
   request.info.caller_rank = from;
   request.info.caller = from >= 0 ? peers_.name_of(from) : "unknown";
   request.handler = Find(env.function);
+  request.timing = Arrived(from, env.function, request.handler != nullptr, bytes);
   ReadBatch batch;
   // gradwire's own protocols (reserved names: RRef forks and deletes, context releases,
   // membership) are never refused: refusing them would leak what the limits protect.
@@ -127,7 +138,7 @@ void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, En
               env.function, ": ", request.info.caller, " has ", running - 1, " calls in flight on ", self_name_,
               ", its limit (PeerLimits::max_calls_in_flight, GRADWIRE_MAX_CALLS_IN_FLIGHT): wait for replies "
               "before sending more")),
-          &batch.replies);
+          &batch.replies, nullptr, request.timing);
     MergeBatch(conn, batch);
     return;
   }
@@ -136,7 +147,7 @@ void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, En
     if (!scope.ok()) {
       Reply(conn, from, request.id,
             absl::Status(scope.status().code(), absl::StrCat(env.function, ": ", scope.status().message())),
-            &batch.replies);
+            &batch.replies, nullptr, request.timing);
       MergeBatch(conn, batch);
       return;
     }
@@ -144,7 +155,7 @@ void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, En
   }
   if (env.payload.is<ValueList>()) request.args = std::move(std::get<ValueList>(env.payload.storage()));
   if (!request.handler) {
-    Reply(conn, from, request.id, MissingFunctionError(env.function), &batch.replies);
+    Reply(conn, from, request.id, MissingFunctionError(env.function), &batch.replies, nullptr, request.timing);
   } else if (request.handler->mode == HandlerMode::kInline) {
     t_read_batch = &batch;  // Defer() called by the handler lands in this read's batch
     Run(conn, std::move(request), &batch.replies);
@@ -155,9 +166,10 @@ void Dispatcher::OnRequest(const std::shared_ptr<Connection>& conn, int from, En
   MergeBatch(conn, batch);
 }
 
-void Dispatcher::Refuse(const std::shared_ptr<Connection>& conn, int from, uint64_t id, const absl::Status& why) {
+void Dispatcher::Refuse(const std::shared_ptr<Connection>& conn, int from, uint64_t id, const absl::Status& why,
+                        const std::string& function, uint64_t bytes) {
   Started(from);
-  Reply(conn, from, id, why, nullptr);
+  Reply(conn, from, id, why, nullptr, nullptr, Arrived(from, function, Has(function), bytes));
 }
 
 void Dispatcher::MergeBatch(const std::shared_ptr<Connection>& conn, ReadBatch& batch) {
@@ -198,8 +210,13 @@ void Dispatcher::OnFlush(const std::shared_ptr<Connection>& conn) {
     for (size_t i = t * n / tasks; i < (t + 1) * n / tasks; ++i) chunk.push_back(std::move(batch.pool[i]));
     std::vector<std::function<void()>> deferred;
     for (size_t i = t * d / tasks; i < (t + 1) * d / tasks; ++i) deferred.push_back(std::move(batch.deferred[i]));
-    std::vector<std::pair<int, uint64_t>> ids;  // (caller, request)
-    for (const Request& r : chunk) ids.emplace_back(r.info.caller_rank, r.id);
+    struct Id {
+      int caller;
+      uint64_t request;
+      Timing timing;
+    };
+    std::vector<Id> ids;
+    for (const Request& r : chunk) ids.push_back({r.info.caller_rank, r.id, r.timing});
     auto run = [this, conn, chunk = std::move(chunk), deferred = std::move(deferred)]() mutable {
       ++t_handler_depth;  // deferred work belongs to handlers
       for (auto& fn : deferred) fn();
@@ -211,8 +228,9 @@ void Dispatcher::OnFlush(const std::shared_ptr<Connection>& conn) {
     if (!pool_.Post(std::move(run))) {
       // The pool has shut down: answer what it will not run.
       std::vector<Message> replies;
-      for (const auto& [from, id] : ids) {
-        Reply(conn, from, id, UnavailableError(self_name_, "it is shutting down"), &replies);
+      for (const Id& id : ids) {
+        Reply(conn, id.caller, id.request, UnavailableError(self_name_, "it is shutting down"), &replies, nullptr,
+              id.timing);
       }
       conn->SendMany(std::move(replies));
     }
@@ -231,19 +249,23 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, std::ve
   --t_handler_depth;
   if (result.IsReady()) {
     // Answered synchronously: no hop.
-    Reply(conn, r.info.caller_rank, r.id, result.Get(absl::ZeroDuration()), replies, r.scope);
+    Reply(conn, r.info.caller_rank, r.id, result.Get(absl::ZeroDuration()), replies, r.scope, r.timing);
   } else {
     // Sent by the thread that completes the handler's future: no pool hop.
-    result.Subscribe([this, conn, to = r.info.caller_rank, id = r.id, scope = r.scope](const absl::StatusOr<Value>& v) {
-      Reply(conn, to, id, v, nullptr, scope);
-    });
+    result.Subscribe([this, conn, to = r.info.caller_rank, id = r.id, scope = r.scope, timing = r.timing](
+                         const absl::StatusOr<Value>& v) { Reply(conn, to, id, v, nullptr, scope, timing); });
   }
 }
 
 void Dispatcher::Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t id,
-                       const absl::StatusOr<Value>& result, std::vector<Message>* batch,
-                       const CallHooks::Scope& scope) {
+                       const absl::StatusOr<Value>& result, std::vector<Message>* batch, const CallHooks::Scope& scope,
+                       Timing timing) {
   absl::StatusOr<Message> m = peers_.encode_reply(to, id, result, scope);
+  if (timing.series != nullptr) {
+    if (m.ok()) timing.series->Sent(MessageBytes(*m));
+    timing.series->Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - timing.start).count(),
+                          result.ok());
+  }
   if (m.ok()) {
     if (batch) {
       batch->push_back(std::move(*m));
@@ -273,6 +295,13 @@ Future<Value> Dispatcher::InvokeLocal(const CallInfo& info, ValueList args, bool
     promise.Set(UnavailableError(self_name_, "it is shutting down"));
   }
   return promise.future();
+}
+
+std::vector<std::pair<int, int>> Dispatcher::running_by_peer() const {
+  absl::MutexLock lock(&idle_mu_);
+  std::vector<std::pair<int, int>> out(inflight_by_peer_.begin(), inflight_by_peer_.end());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 bool Dispatcher::AwaitIdle(absl::Time deadline) {

@@ -22,12 +22,19 @@
 //     limit, and runs nothing; the peer's other calls and everyone else's go on. Requests
 //     of gradwire's own protocols (reserved names) count but are never refused.
 //   - AwaitIdle(deadline): no handler is running or awaiting its future. Thread-safe.
+//   - Metrics (with a CallMetrics): every request is counted in the server-side series of
+//     its caller and function (an unregistered one as CallMetrics::kUnknownFunction) when
+//     its reply is encoded, refusals included: from its arrival to its reply, the
+//     request's and the reply's bytes. running_by_peer() is how many requests of each
+//     rank are running or queued here.
 #ifndef GRADWIRE_RPC_SRC_CALLS_DISPATCHER_H_
 #define GRADWIRE_RPC_SRC_CALLS_DISPATCHER_H_
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -37,12 +44,20 @@
 #include "gradwire/rpc/executor.h"
 #include "gradwire/rpc/transport.h"
 #include "gradwire/rpc/worker.h"
+#include "observe/call_metrics.h"
 #include "wire/codec.h"
 
 namespace gw::rpc::internal {
 
+// Where a request's reply is counted (CallMetrics), and since when.
+struct RequestTiming {
+  CallMetrics::Series* series = nullptr;
+  std::chrono::steady_clock::time_point start = {};
+};
+
 class Dispatcher {
  public:
+  using Timing = RequestTiming;
   struct Peers {
     // A rank's worker name.
     std::function<std::string(int rank)> name_of;
@@ -53,7 +68,8 @@ class Dispatcher {
         encode_reply;
   };
 
-  Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int max_calls_in_flight = 0);
+  Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int max_calls_in_flight = 0,
+             CallMetrics* metrics = nullptr);
 
   // REQUIRES: before any request arrives (Agent::Start's setup).
   void SetHooks(std::shared_ptr<CallHooks> hooks) { hooks_ = std::move(hooks); }
@@ -70,15 +86,18 @@ class Dispatcher {
   void ClearHandlers();
 
   // `from`: the rank of the connection's peer (the agent knows it from the hello).
-  void OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env);
+  // `bytes`: the size of the request's frame.
+  void OnRequest(const std::shared_ptr<Connection>& conn, int from, Envelope env, uint64_t bytes = 0);
   // Answers request `id` from rank `from` with an error without running anything.
-  void Refuse(const std::shared_ptr<Connection>& conn, int from, uint64_t id, const absl::Status& why);
+  void Refuse(const std::shared_ptr<Connection>& conn, int from, uint64_t id, const absl::Status& why,
+              const std::string& function = "", uint64_t bytes = 0);
   void OnFlush(const std::shared_ptr<Connection>& conn);
 
   // With `here`, on this thread whatever the function's mode (the caller is a pool thread).
   Future<Value> InvokeLocal(const CallInfo& info, ValueList args, bool here);
   void Defer(std::function<void()> fn);
   bool AwaitIdle(absl::Time deadline);
+  std::vector<std::pair<int, int>> running_by_peer() const;
   // True while this thread runs a handler (which may still call out during shutdown).
   static bool InHandler() { return t_handler_depth > 0; }
 
@@ -93,6 +112,7 @@ class Dispatcher {
     uint64_t id = 0;
     ValueList args;
     CallHooks::Scope scope;  // from CallHooks::OnReceiveRequest
+    Timing timing;
   };
   // The requests decoded from one read of a connection, until its OnFlush.
   struct ReadBatch {
@@ -107,7 +127,9 @@ class Dispatcher {
   // Encodes the answer to request `id` of rank `to`; appends it to `batch`, or sends it now
   // if null.
   void Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t id, const absl::StatusOr<Value>& result,
-             std::vector<Message>* batch, const CallHooks::Scope& scope = nullptr);
+             std::vector<Message>* batch, const CallHooks::Scope& scope = nullptr, Timing timing = {});
+  // The series a request of `function` from `from` is counted in (bytes received added).
+  Timing Arrived(int from, const std::string& function, bool registered, uint64_t bytes);
   // Counts a request of `from` as running; returns how many of its requests now are.
   int Started(int from);
 
@@ -120,12 +142,13 @@ class Dispatcher {
   const Peers peers_;
   const int max_calls_in_flight_;
   std::shared_ptr<CallHooks> hooks_;  // set in setup, then read-only
+  CallMetrics* const metrics_;
 
   // Three locks, so that looking up handlers (every request, on I/O threads), counting
   // running handlers (I/O and pool threads) and merging read batches do not contend.
   mutable absl::Mutex mu_;  // handlers_: read per request (shared), written by Register
   absl::flat_hash_map<std::string, std::shared_ptr<Handler>> handlers_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex idle_mu_;
+  mutable absl::Mutex idle_mu_;
   int inflight_ ABSL_GUARDED_BY(idle_mu_) = 0;
   absl::flat_hash_map<int, int> inflight_by_peer_ ABSL_GUARDED_BY(idle_mu_);  // rank (-1: unidentified)
   absl::Mutex batch_mu_;

@@ -115,6 +115,10 @@ struct LaunchOptions {
   // master_port or rdzv must name the running job's rendezvous).
   int max_workers = 0;
   bool join = false;
+  // Each worker serves its metrics (rpc/metrics_endpoint.h) on port metrics_port + its
+  // rank (GRADWIRE_METRICS_PORT_BASE; the agent adds the rank, which a joining worker
+  // learns from the group). 0: no endpoint.
+  int metrics_port = 0;
   std::vector<std::string> command;    // PROGRAM ARGS...
   // Added to every worker's environment. Must not set the variables Launch() sets.
   std::map<std::string, std::string> extra_env;
@@ -127,9 +131,17 @@ struct LaunchResult {
 };
 
 // The environment variables Launch() sets in every worker.
-inline constexpr const char* kLaunchEnvVars[] = {
-    "RANK",        "LOCAL_RANK",  "WORLD_SIZE",           "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_WORKER_NAME", "GRADWIRE_RDZV",    "GRADWIRE_RESTART_COUNT"};
+inline constexpr const char* kLaunchEnvVars[] = {"RANK",
+                                                 "LOCAL_RANK",
+                                                 "WORLD_SIZE",
+                                                 "LOCAL_WORLD_SIZE",
+                                                 "GROUP_RANK",
+                                                 "MASTER_ADDR",
+                                                 "MASTER_PORT",
+                                                 "GRADWIRE_WORKER_NAME",
+                                                 "GRADWIRE_RDZV",
+                                                 "GRADWIRE_RESTART_COUNT",
+                                                 "GRADWIRE_METRICS_PORT_BASE"};
 
 absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options, std::FILE* out = stdout,
                                     std::FILE* err = stderr);
