@@ -262,6 +262,7 @@ void Dispatcher::Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t
                        Timing timing) {
   absl::StatusOr<Message> m = peers_.encode_reply(to, id, result, scope);
   if (timing.series != nullptr) {
+    timing.series->Received(timing.received_bytes);
     if (m.ok()) timing.series->Sent(MessageBytes(*m));
     timing.series->Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - timing.start).count(),
                           result.ok());

@@ -53,6 +53,7 @@ namespace gw::rpc::internal {
 struct RequestTiming {
   CallMetrics::Series* series = nullptr;
   std::chrono::steady_clock::time_point start = {};
+  uint64_t received_bytes = 0;  // counted with the reply, by the thread that sends it
 };
 
 class Dispatcher {

@@ -12,7 +12,6 @@ void LatencyHistogram::Observe(double seconds) {
   const size_t bucket =
       static_cast<size_t>(std::lower_bound(kBounds.begin(), kBounds.end(), seconds) - kBounds.begin());
   buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
-  count_.fetch_add(1, std::memory_order_relaxed);
   const double ns = std::max(0.0, seconds) * 1e9;
   sum_ns_.fetch_add(static_cast<uint64_t>(std::llround(ns)), std::memory_order_relaxed);
 }
@@ -36,7 +35,38 @@ size_t CallMetrics::Hash::operator()(const KeyView& k) const {
   return absl::HashOf(static_cast<int>(k.side), k.peer, k.function);
 }
 
+namespace {
+std::atomic<uint64_t> next_table_id{1};
+}  // namespace
+
+CallMetrics::CallMetrics() : id_(next_table_id.fetch_add(1, std::memory_order_relaxed)) {}
+
 CallMetrics::Series& CallMetrics::For(Side side, int peer, std::string_view function) {
+  struct Cached {
+    uint64_t table = 0;  // 0: empty
+    size_t hash = 0;
+    Side side = Side::kClient;
+    int peer = 0;
+    std::string function;
+    Series* series = nullptr;
+  };
+  thread_local std::array<Cached, 32> cache;
+  const size_t hash = Hash{}(KeyView{side, peer, function});
+  Cached& c = cache[hash % cache.size()];
+  if (c.table == id_ && c.hash == hash && c.side == side && c.peer == peer && c.function == function) {
+    return *c.series;
+  }
+  Series& series = FindOrAdd(side, peer, function);
+  c.table = id_;
+  c.hash = hash;
+  c.side = side;
+  c.peer = peer;
+  c.function.assign(function);
+  c.series = &series;
+  return series;
+}
+
+CallMetrics::Series& CallMetrics::FindOrAdd(Side side, int peer, std::string_view function) {
   const KeyView key{side, peer, function};
   {
     absl::ReaderMutexLock lock(&mu_);

@@ -5,8 +5,12 @@
 //
 // Contract
 //   - For(side, peer, function) returns the series of that triple, made on first use; it
-//     lives as long as the CallMetrics. Finding one takes a shared lock and a hash of the
-//     function name; recording into it (Series::Record, the byte counters) is lock-free.
+//     lives as long as the CallMetrics. Finding one costs a hash of the triple: each
+//     thread keeps the series it found last in a small cache of its own, so only a miss
+//     takes the table's lock (a shared lock, taken by every thread, would move its cache
+//     line between cores on every call). Recording (Series::Record, the byte counters) is
+//     lock-free; the agent records each call's side from one thread, the one that
+//     completes it, so a series' cache lines stay with that thread.
 //   - A series counts a call once: Record(seconds, ok) when it completes (a client's call:
 //     reply, error or timeout; a served request: its reply is encoded).
 //   - Collect(out, name_of) appends, for each series, with labels {function, peer}
@@ -52,11 +56,10 @@ class LatencyHistogram {
   // name_bucket (cumulative, le="+Inf" last), name_sum, name_count.
   void AppendTo(std::vector<Sample>& out, const std::string& name,
                 const std::map<std::string, std::string>& labels) const;
-  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
 
  private:
-  std::array<std::atomic<uint64_t>, kBounds.size() + 1> buckets_{};  // the last: above every bound
-  std::atomic<uint64_t> count_{0};
+  std::array<std::atomic<uint64_t>, kBounds.size() + 1>
+      buckets_{};  // the last: above every bound; their sum is the count
   std::atomic<uint64_t> sum_ns_{0};
 };
 
@@ -66,11 +69,14 @@ class CallMetrics {
   static constexpr std::string_view kUnknownFunction = "(unknown)";
 
   struct Series {
+    // Written by the thread that completes a call (a client's I/O thread, the server's
+    // replying thread)...
     std::atomic<uint64_t> calls{0};
     std::atomic<uint64_t> errors{0};
-    std::atomic<uint64_t> sent_bytes{0};
     std::atomic<uint64_t> received_bytes{0};
     LatencyHistogram latency;
+    // ... and, on its own cache line, by a client's calling threads.
+    alignas(64) std::atomic<uint64_t> sent_bytes{0};
     void Record(double seconds, bool ok) {
       calls.fetch_add(1, std::memory_order_relaxed);
       if (!ok) errors.fetch_add(1, std::memory_order_relaxed);
@@ -80,10 +86,13 @@ class CallMetrics {
     void Received(uint64_t bytes) { received_bytes.fetch_add(bytes, std::memory_order_relaxed); }
   };
 
+  CallMetrics();
   Series& For(Side side, int peer, std::string_view function);
   void Collect(std::vector<Sample>& out, const std::function<std::string(int rank)>& name_of) const;
 
  private:
+  Series& FindOrAdd(Side side, int peer, std::string_view function);
+
   struct Key {
     Side side;
     int peer;
@@ -110,6 +119,8 @@ class CallMetrics {
     }
   };
 
+  // Names this table in the threads' caches: never reused, unlike an address.
+  const uint64_t id_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, std::unique_ptr<Series>, Hash, Eq> series_ ABSL_GUARDED_BY(mu_);
 };

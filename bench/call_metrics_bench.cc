@@ -1,0 +1,68 @@
+// bench_call_metrics: what the always-on call records (rpc/src/observe/call_metrics.h)
+// cost per call, without the network: one call's records on both sides, as the agent
+// makes them (the client: its series found, two clock reads, the bytes, the result; the
+// server: the same for the request), in a loop on one thread, then on two threads at
+// once (a caller and an I/O thread of one process recording into the same series).
+// Prints harness lines (bench/run): ns per call.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gradwire/rpc/frame.h"
+#include "observe/call_metrics.h"
+
+namespace {
+
+using gw::rpc::internal::CallMetrics;
+using Clock = std::chrono::steady_clock;
+
+// One call's records on both sides, as agent.cc, call_table.cc and dispatcher.cc make them.
+void RecordOneCall(CallMetrics& metrics, const gw::rpc::Message& request, const gw::rpc::Message& reply) {
+  CallMetrics::Series& client = metrics.For(CallMetrics::Side::kClient, 1, "train_step");
+  const auto sent_at = Clock::now();
+  client.Sent(gw::rpc::internal::MessageBytes(request));
+  CallMetrics::Series& server = metrics.For(CallMetrics::Side::kServer, 0, "train_step");
+  server.Received(gw::rpc::internal::MessageBytes(request));
+  const auto arrived = Clock::now();
+  server.Sent(gw::rpc::internal::MessageBytes(reply));
+  server.Record(std::chrono::duration<double>(Clock::now() - arrived).count(), true);
+  client.Received(gw::rpc::internal::MessageBytes(reply));
+  client.Record(std::chrono::duration<double>(Clock::now() - sent_at).count(), true);
+}
+
+double NsPerCall(int threads, int64_t calls) {
+  CallMetrics metrics;
+  gw::rpc::Message request{std::string(64, 'h'), {}}, reply{std::string(32, 'r'), {}};
+  for (int i = 0; i < 16; ++i) metrics.For(CallMetrics::Side::kClient, i, absl::StrCat("f", i));  // a fuller table
+  std::atomic<bool> go{false};
+  std::vector<std::thread> pool;
+  const auto start = Clock::now();
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      while (!go.load()) {
+      }
+      for (int64_t i = 0; i < calls; ++i) RecordOneCall(metrics, request, reply);
+    });
+  }
+  go.store(true);
+  for (std::thread& t : pool) t.join();
+  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
+  return ns / static_cast<double>(calls);  // per call of one thread: the wall time each call adds
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int64_t calls = quick ? 200000 : 2000000;
+  NsPerCall(1, calls / 10);  // warm-up
+  std::printf("workload=call_metrics impl=gradwire metric=records_ns_per_call value=%.1f unit=ns\n",
+              NsPerCall(1, calls));
+  std::printf("workload=call_metrics impl=gradwire metric=records_ns_per_call_two_threads value=%.1f unit=ns\n",
+              NsPerCall(2, calls));
+  return 0;
+}
