@@ -1,7 +1,8 @@
 #include "gradwire/dist_autograd/dist_autograd.h"
 
-#include <deque>
 #include <algorithm>
+#include <atomic>
+#include <deque>
 #include <functional>
 
 #include "absl/container/flat_hash_map.h"
@@ -15,6 +16,7 @@
 #include "gradwire/rpc/call_hooks.h"
 #include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/retry.h"
+#include "gradwire/rpc/statistics.h"
 #include "gradwire/tensor/error.h"
 #include "gradwire/tensor/kernels.h"
 #include "messages.h"
@@ -309,8 +311,31 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
 
   // ---------------------------------------------------------------- backward
 
+  // The agent's statistics (a metrics endpoint exports them): contexts and passes.
+  void AddStatistics() {
+    statistics_ = agent_.statistics().Add("dist_autograd", [this](std::vector<rpc::Sample>& out) {
+      auto add = [&](const char* name, double value) {
+        out.push_back({absl::StrCat("gradwire_dist_autograd_", name), {}, value});
+      };
+      add("contexts", static_cast<double>(live()));
+      add("backward_passes_total", static_cast<double>(passes_.load(std::memory_order_relaxed)));
+      add("backward_passes_failed_total", static_cast<double>(passes_failed_.load(std::memory_order_relaxed)));
+      add("backward_passes_running", static_cast<double>(passes_running_.load(std::memory_order_relaxed)));
+      add("gradients_received_total", static_cast<double>(gradients_received_.load(std::memory_order_relaxed)));
+    });
+  }
+
   absl::Status Backward(const std::shared_ptr<ContextState>& ctx, const std::vector<Tensor>& roots,
                         const BackwardOptions& options) {
+    passes_running_.fetch_add(1, std::memory_order_relaxed);
+    absl::Status s = RunBackward(ctx, roots, options);
+    passes_running_.fetch_sub(1, std::memory_order_relaxed);
+    (s.ok() ? passes_ : passes_failed_).fetch_add(1, std::memory_order_relaxed);
+    return s;
+  }
+
+  absl::Status RunBackward(const std::shared_ptr<ContextState>& ctx, const std::vector<Tensor>& roots,
+                           const BackwardOptions& options) {
     if (ctx->creator != self_) {
       return absl::FailedPreconditionError("Backward runs on the worker that created the context");
     }
@@ -587,6 +612,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   }
 
   Future<Ack> OnGrad(const rpc::CallInfo& info, GradMessage m) {
+    gradients_received_.fetch_add(1, std::memory_order_relaxed);
     if (!m.context.valid() || m.pass < 1 || (m.mode != Mode::kSmart && m.mode != Mode::kFast)) {
       return Failed(absl::InvalidArgumentError("GradMessage: null context, bad pass or unknown mode"));
     }
@@ -634,6 +660,11 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   static constexpr size_t kEndedKept = 4096;
   absl::flat_hash_map<GlobalId, std::string> ended_ ABSL_GUARDED_BY(mu_);
   std::deque<GlobalId> ended_order_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> passes_{0};
+  std::atomic<uint64_t> passes_failed_{0};
+  std::atomic<int64_t> passes_running_{0};
+  std::atomic<uint64_t> gradients_received_{0};
+  rpc::Statistics::Source statistics_;  // reads the members above: the last, dropped first
 
   friend class Context;
   absl::Status Explain(ContextState& ctx, Mode mode, const absl::Status& s, const char* phase) {
@@ -673,6 +704,7 @@ absl::StatusOr<std::shared_ptr<DistAutograd>> DistAutograd::Install(rpc::Agent& 
     return absl::Status(s.code(), absl::StrCat("DistAutograd::Install on ", agent.self().name, ": ", s.message()));
   }
   agent.SetCallHooks(impl);
+  impl->AddStatistics();
   return std::shared_ptr<DistAutograd>(new DistAutograd(impl));
 }
 

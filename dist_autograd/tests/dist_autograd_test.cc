@@ -13,6 +13,7 @@
 #include "gradwire/autograd/functions.h"
 #include "gradwire/rpc/rref.h"
 #include "gradwire/tensor/kernels.h"
+#include "samples.h"
 
 namespace gw::dist_autograd {
 namespace {
@@ -172,6 +173,14 @@ TEST(DistAutogradTest, UnusedSendFailsFastModeWithAReasonAndPassesSmartMode) {
       ExpectClose(w.engine(1).GradOf(ctx.id(), w.weights[1]), l1.grad(), "w1");
     }
   }
+  // The statistics (a metrics endpoint's gradwire_dist_autograd_*) count both passes on
+  // the worker that ran them, the failed one too, and the gradients that reached worker1.
+  using rpc::testing::SampleValue;
+  const std::vector<rpc::Sample> ran = w.agent(0).statistics().Collect();
+  EXPECT_EQ(SampleValue(ran, "gradwire_dist_autograd_backward_passes_total"), 1);
+  EXPECT_EQ(SampleValue(ran, "gradwire_dist_autograd_backward_passes_failed_total"), 1);
+  EXPECT_EQ(SampleValue(ran, "gradwire_dist_autograd_backward_passes_running"), 0);
+  EXPECT_GE(SampleValue(w.agent(1).statistics().Collect(), "gradwire_dist_autograd_gradients_received_total"), 2);
 }
 
 // A reply carrying two tensors of which only one reaches the loss. PyTorch records one

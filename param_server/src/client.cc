@@ -1,6 +1,7 @@
 #include "gradwire/param_server/client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <set>
 #include <utility>
@@ -25,6 +26,12 @@ using namespace internal;  // the messages
 
 }  // namespace
 
+struct Client::Progress {
+  std::atomic<uint64_t> pushes{0};
+  std::atomic<int64_t> last_clock{0};
+  std::atomic<int64_t> last_push_ns{0};  // Unix time
+};
+
 Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer, int trainers, ClientOptions options)
     : agent_(agent),
       servers_(std::move(servers)),
@@ -34,11 +41,32 @@ Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer,
       reconnect_timeout_(options.reconnect_timeout),
       last_pushes_(std::make_shared<LastPushes>()),
       checkpoint_every_(options.checkpoint_every),
-      checkpointer_(std::make_shared<internal::Checkpointer>(agent, options.checkpoint_max_failures,
-                                                             options.sync_timeout)),
-      next_checkpoint_(absl::Now() + options.checkpoint_every) {}
+      checkpointer_(
+          std::make_shared<internal::Checkpointer>(agent, options.checkpoint_max_failures, options.sync_timeout)),
+      next_checkpoint_(absl::Now() + options.checkpoint_every),
+      progress_(std::make_shared<Progress>()) {
+  statistics_ =
+      agent_.statistics().Add("ps_client", [p = progress_, trainer = trainer_](std::vector<rpc::Sample>& out) {
+        const std::map<std::string, std::string> labels = {{"trainer", absl::StrCat(trainer)}};
+        out.push_back({"gradwire_ps_client_pushes_total", labels, static_cast<double>(p->pushes.load())});
+        out.push_back({"gradwire_ps_client_last_clock", labels, static_cast<double>(p->last_clock.load())});
+        out.push_back(
+            {"gradwire_ps_client_last_push_time_seconds", labels, static_cast<double>(p->last_push_ns.load()) * 1e-9});
+      });
+}
 
 Client::~Client() = default;
+
+template <typename T>
+Future<T> Client::CountPush(int64_t clock, Future<T> pushed) const {
+  pushed.Subscribe([progress = progress_, clock](const absl::StatusOr<T>& r) {
+    if (!r.ok()) return;
+    progress->pushes.fetch_add(1, std::memory_order_relaxed);
+    progress->last_clock.store(clock, std::memory_order_relaxed);
+    progress->last_push_ns.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
+  });
+  return pushed;
+}
 
 // The last push of a synchronous or bounded-staleness table to each server, kept so that
 // a pull retried after the server was unavailable sends it again first: a restarted
@@ -304,7 +332,8 @@ Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& 
     return MakeReadyFuture<bool>(agent_.executor(), table.status());
   }
   const Tensor flat = kernels::Reshape(kernels::Contiguous(grad), {grad.numel()});
-  return OnLayout<bool>(name, [this, name, clock, flat](const Table& t) { return PushOn(t, name, clock, flat); });
+  return CountPush(
+      clock, OnLayout<bool>(name, [this, name, clock, flat](const Table& t) { return PushOn(t, name, clock, flat); }));
 }
 
 Future<bool> Client::PushOn(const Table& table, const std::string& name, int64_t clock, const Tensor& flat) const {
@@ -363,24 +392,26 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
   policy.max_backoff = absl::Milliseconds(500);
   policy.deadline = sync_timeout_;
   policy.retryable = [](const absl::Status& s) { return s.code() == absl::StatusCode::kAborted; };
-  return rpc::Retry<std::vector<Tensor>>(
-      agent_.executor(), agent_.timers(), std::move(policy),
-      [this, names, clock, grads, flat](int attempt) -> Future<std::vector<Tensor>> {
-        std::vector<Table> tables;
-        for (const std::string& name : names) {
-          absl::StatusOr<Table> t = attempt == 0 ? Find(name) : Refreshed(name);
-          if (!t.ok()) return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), t.status());
-          tables.push_back(*std::move(t));
-        }
-        for (const Table& t : tables) {
-          if (t.servers != tables[0].servers || t.epoch != tables[0].epoch) {
-            std::vector<Future<Tensor>> each;
-            for (size_t i = 0; i < names.size(); ++i) each.push_back(PushPull(names[i], clock, grads[i]));
-            return WhenAll(agent_.executor(), std::move(each));
-          }
-        }
-        return PushPullManyOn(tables, names, clock, flat);
-      });
+  return CountPush(clock, rpc::Retry<std::vector<Tensor>>(
+                              agent_.executor(), agent_.timers(), std::move(policy),
+                              [this, names, clock, grads, flat](int attempt) -> Future<std::vector<Tensor>> {
+                                std::vector<Table> tables;
+                                for (const std::string& name : names) {
+                                  absl::StatusOr<Table> t = attempt == 0 ? Find(name) : Refreshed(name);
+                                  if (!t.ok())
+                                    return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), t.status());
+                                  tables.push_back(*std::move(t));
+                                }
+                                for (const Table& t : tables) {
+                                  if (t.servers != tables[0].servers || t.epoch != tables[0].epoch) {
+                                    std::vector<Future<Tensor>> each;
+                                    for (size_t i = 0; i < names.size(); ++i)
+                                      each.push_back(PushPull(names[i], clock, grads[i]));
+                                    return WhenAll(agent_.executor(), std::move(each));
+                                  }
+                                }
+                                return PushPullManyOn(tables, names, clock, flat);
+                              }));
 }
 
 Future<std::vector<Tensor>> Client::PushPullManyOn(const std::vector<Table>& tables, const std::vector<std::string>& names,
@@ -516,7 +547,9 @@ Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tens
                                                 grad.defined() ? ShapeToString(grad.sizes()) : "undefined")));
   }
   const Tensor g = kernels::Contiguous(grad);
-  return OnLayout<bool>(name, [this, name, clock, ids, g](const Table& t) { return PushRowsOn(t, name, clock, ids, g); });
+  return CountPush(clock, OnLayout<bool>(name, [this, name, clock, ids, g](const Table& t) {
+                     return PushRowsOn(t, name, clock, ids, g);
+                   }));
 }
 
 Future<bool> Client::PushRowsOn(const Table& table, const std::string& name, int64_t clock, const Tensor& ids,

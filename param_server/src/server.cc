@@ -12,6 +12,7 @@
 #include <cmath>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -136,10 +137,11 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       if (!s.ok()) return s;
     }
     watchdog_ = std::thread([this] { Watch(); });
-    if (!options_.checkpoint_dir.empty()) {
-      writer_ = std::thread([this] { WriteCuts(); });
-      // The checkpoints in the agent's statistics (what a metrics endpoint exports).
-      statistics_ = agent_.statistics().Add("ps_checkpoints", [this](std::vector<rpc::Sample>& out) {
+    if (!options_.checkpoint_dir.empty()) writer_ = std::thread([this] { WriteCuts(); });
+    // The tables and checkpoints in the agent's statistics (what a metrics endpoint exports).
+    statistics_ = agent_.statistics().Add("ps", [this](std::vector<rpc::Sample>& out) {
+      AppendTableStatistics(out);
+      if (!options_.checkpoint_dir.empty()) {
         const CheckpointStats c = checkpoint_stats();
         auto add = [&](const char* name, double value) {
           out.push_back({absl::StrCat("gradwire_ps_checkpoint_", name), {}, value});
@@ -153,8 +155,8 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
         add("last_copy_seconds", absl::ToDoubleSeconds(c.last_copy));
         add("last_write_seconds", absl::ToDoubleSeconds(c.last_write));
         add("restored_version", static_cast<double>(restored_.version));
-      });
-    }
+      }
+    });
     // A trainer declared dead fails the steps waiting for its push at once.
     peer_watch_ = agent_.WatchPeers([weak = weak_from_this()](int rank) {
       if (std::shared_ptr<Impl> self = weak.lock()) self->OnWorkerGone(rank);
@@ -246,6 +248,43 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   absl::Status NoDirectory() const {
     return absl::FailedPreconditionError(absl::StrCat(
         name_, " has no checkpoint directory (ServerOptions::checkpoint_dir; the examples' --checkpoint_dir)"));
+  }
+
+  // Per table this server serves a shard of: where its clock is, how far its trainers are
+  // apart, the pulls that wait, its rows and the optimizer steps applied.
+  void AppendTableStatistics(std::vector<rpc::Sample>& out) const {
+    for (const auto& [table, s] : Live()) {
+      const std::map<std::string, std::string> labels = {{"table", table}};
+      auto add = [&](const char* name, double value) {
+        out.push_back({absl::StrCat("gradwire_ps_table_", name), labels, value});
+      };
+      int64_t rows = 0;
+      if (s->config.sparse) rows = s->rows->stats().rows;
+      absl::MutexLock lock(&s->mu);
+      const internal::ConsistencyClock& c = s->clock;
+      // The clock: kSync, the open step; bounded staleness, the furthest trainer's; async,
+      // the updates applied (it has no clock).
+      int64_t slowest = std::numeric_limits<int64_t>::max(), fastest = 0;
+      for (const auto& [trainer, t] : c.trainers()) {
+        if (t.until != internal::ConsistencyClock::kForever) continue;  // left
+        slowest = std::min(slowest, t.next);
+        fastest = std::max(fastest, t.next);
+      }
+      const bool bounded = c.mode() == Consistency::kBoundedStaleness;
+      if (c.mode() != Consistency::kAsync || !s->config.sparse) {
+        add("clock", static_cast<double>(c.mode() == Consistency::kSync ? c.applied()
+                                         : bounded                      ? c.JoinHint()
+                                                                        : s->state.step));
+      }
+      if (bounded && slowest <= fastest) add("staleness", static_cast<double>(fastest - slowest));
+      if (c.mode() == Consistency::kSync) {
+        add("step_pushed", static_cast<double>(c.pushed().size()));
+        add("step_trainers", static_cast<double>(c.taking_part()));
+      }
+      add("waiting_pulls", static_cast<double>(s->waiting.size()));
+      add("rows", static_cast<double>(s->config.sparse ? rows : s->values.numel()));
+      if (!s->config.sparse) add("updates_total", static_cast<double>(s->state.step));
+    }
   }
 
   // The shards that serve now (not those staged for a next layout), by table name.

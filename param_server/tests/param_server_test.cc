@@ -15,6 +15,7 @@
 #include "gradwire/param_server/server.h"
 #include "gradwire/param_server/sharding.h"
 #include "gradwire/tensor/kernels.h"
+#include "samples.h"
 
 namespace gw::param_server {
 namespace {
@@ -113,6 +114,40 @@ TEST(ParameterServerTest, SynchronousStepsAverageBothTrainersAndPullsWaitForThem
   EXPECT_TRUE(d.group->ShutdownAll().ok());
 }
 
+// What a metrics endpoint exports of a synchronous table and its trainers: each server's
+// clock, trainers, rows and updates; each trainer's pushes and its last one's clock.
+TEST(ParameterServerTest, StatisticsShowEachTablesClockAndEachTrainersPushes) {
+  Deployment d;
+  ASSERT_NE(d.group, nullptr);
+  Client c0 = d.MakeClient(0), c1 = d.MakeClient(1);
+  const Tensor init = Tensor::Zeros({2, 5});  // 10 keys over 3 servers: 4 + 3 + 3
+  ASSERT_TRUE(c0.CreateDense("w", init, optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
+  ASSERT_TRUE(c1.CreateDense("w", init, optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
+  for (int64_t step = 0; step < 3; ++step) {
+    Future<Tensor> next0 = c0.PushPull("w", step, Tensor::Full({2, 5}, 1.0));
+    Future<Tensor> next1 = c1.PushPull("w", step, Tensor::Full({2, 5}, 2.0));
+    ASSERT_TRUE(next0.Get(absl::Seconds(20)).ok());
+    ASSERT_TRUE(next1.Get(absl::Seconds(20)).ok());
+  }
+  // Trainer 0 pushes step 3 alone: the step waits for trainer 1.
+  ASSERT_TRUE(c0.Push("w", 3, Tensor::Full({2, 5}, 1.0)).Get(absl::Seconds(20)).ok());
+  using rpc::testing::SampleValue;
+  const std::vector<rpc::Sample> server = (*d.group)[0].statistics().Collect();
+  const std::map<std::string, std::string> w = {{"table", "w"}};
+  EXPECT_EQ(SampleValue(server, "gradwire_ps_table_clock", w), 3);
+  EXPECT_EQ(SampleValue(server, "gradwire_ps_table_step_pushed", w), 1);
+  EXPECT_EQ(SampleValue(server, "gradwire_ps_table_step_trainers", w), 2);
+  EXPECT_EQ(SampleValue(server, "gradwire_ps_table_rows", w), 4);
+  EXPECT_EQ(SampleValue(server, "gradwire_ps_table_updates_total", w), 3);
+  EXPECT_EQ(SampleValue(server, "gradwire_ps_table_waiting_pulls", w), 0);
+  const std::vector<rpc::Sample> trainer = (*d.group)[3].statistics().Collect();
+  EXPECT_EQ(SampleValue(trainer, "gradwire_ps_client_pushes_total", {{"trainer", "0"}}), 4);
+  EXPECT_EQ(SampleValue(trainer, "gradwire_ps_client_last_clock", {{"trainer", "0"}}), 3);
+  const double pushed_at = SampleValue(trainer, "gradwire_ps_client_last_push_time_seconds", {{"trainer", "0"}});
+  EXPECT_NEAR(pushed_at, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), 60);
+  EXPECT_TRUE(d.group->ShutdownAll().ok());
+}
+
 // Three trainers: the first two pushes of a step are summed as they arrive, the third
 // completes the average (one server, trainers on ranks 1-3).
 TEST(ParameterServerTest, ThreeSynchronousTrainersAverageAllThreePushes) {
@@ -199,6 +234,10 @@ TEST(ParameterServerTest, BoundedStalenessHoldsTheFastTrainerBack) {
   // fast: clock 2; a pull for clock 2 needs the slow trainer at >= 1: it waits...
   Future<Tensor> ahead = fast.PushPull("t", 1, Tensor::Ones({6}));
   EXPECT_FALSE(ahead.WaitFor(absl::Milliseconds(150)).ok()) << "the fast trainer ran two clocks ahead";
+  // Its metrics say how far apart the trainers are: clocks 2 and 0.
+  EXPECT_EQ(
+      rpc::testing::SampleValue((*d.group)[0].statistics().Collect(), "gradwire_ps_table_staleness", {{"table", "t"}}),
+      2);
   // ... until the slow trainer pushes once.
   ASSERT_TRUE(slow.Push("t", 0, Tensor::Ones({6})).Get().ok());
   absl::StatusOr<Tensor> after = ahead.Get(absl::Seconds(10));

@@ -19,6 +19,7 @@
 #include "gradwire/rpc/agent.h"
 #include "observe/call_metrics.h"
 #include "prometheus_server.h"
+#include "samples.h"
 #include "scoped_env.h"
 #include "test_support.h"
 
@@ -29,22 +30,8 @@ using testing::AgentGroup;
 using testing::HttpGet;
 using testing::HttpResponse;
 using testing::PrometheusServer;
+using testing::SampleValue;
 using testing::ScopedEnv;
-
-// The value of the sample `name` whose labels include `labels`; -1 when there is none.
-double ValueOf(const std::vector<Sample>& samples, const std::string& name,
-               const std::map<std::string, std::string>& labels) {
-  for (const Sample& s : samples) {
-    if (s.name != name) continue;
-    bool match = true;
-    for (const auto& [k, v] : labels) {
-      auto it = s.labels.find(k);
-      match = match && it != s.labels.end() && it->second == v;
-    }
-    if (match) return s.value;
-  }
-  return -1;
-}
 
 // A listening socket on 127.0.0.1 (port 0: any); closed by the destructor.
 class Listener {
@@ -122,13 +109,13 @@ TEST(LatencyHistogramTest, CountsEachObservationInItsBucketCumulatively) {
   std::vector<Sample> out;
   h.AppendTo(out, "x_seconds", {{"function", "f"}});
   ASSERT_EQ(out.size(), internal::LatencyHistogram::kBounds.size() + 3);
-  EXPECT_EQ(ValueOf(out, "x_seconds_bucket", {{"le", "1e-05"}}), 2);
-  EXPECT_EQ(ValueOf(out, "x_seconds_bucket", {{"le", "0.0025"}}), 2);
-  EXPECT_EQ(ValueOf(out, "x_seconds_bucket", {{"le", "0.005"}}), 3);
-  EXPECT_EQ(ValueOf(out, "x_seconds_bucket", {{"le", "10"}}), 3);
-  EXPECT_EQ(ValueOf(out, "x_seconds_bucket", {{"le", "+Inf"}, {"function", "f"}}), 4);
-  EXPECT_EQ(ValueOf(out, "x_seconds_count", {}), 4);
-  EXPECT_NEAR(ValueOf(out, "x_seconds_sum", {}), 60.003015, 1e-9);
+  EXPECT_EQ(SampleValue(out, "x_seconds_bucket", {{"le", "1e-05"}}), 2);
+  EXPECT_EQ(SampleValue(out, "x_seconds_bucket", {{"le", "0.0025"}}), 2);
+  EXPECT_EQ(SampleValue(out, "x_seconds_bucket", {{"le", "0.005"}}), 3);
+  EXPECT_EQ(SampleValue(out, "x_seconds_bucket", {{"le", "10"}}), 3);
+  EXPECT_EQ(SampleValue(out, "x_seconds_bucket", {{"le", "+Inf"}, {"function", "f"}}), 4);
+  EXPECT_EQ(SampleValue(out, "x_seconds_count", {}), 4);
+  EXPECT_NEAR(SampleValue(out, "x_seconds_sum", {}), 60.003015, 1e-9);
 }
 
 TEST(CallMetricsTest, CountsCallsErrorsBytesAndLatencyOnBothSides) {
@@ -143,32 +130,33 @@ TEST(CallMetricsTest, CountsCallsErrorsBytesAndLatencyOnBothSides) {
 
   const std::vector<Sample> client = a.statistics().Collect();
   const std::map<std::string, std::string> add = {{"function", "add"}, {"peer", "worker1"}};
-  EXPECT_EQ(ValueOf(client, "gradwire_rpc_client_calls_total", add), 7);
-  EXPECT_EQ(ValueOf(client, "gradwire_rpc_client_errors_total", add), 0);
-  EXPECT_EQ(ValueOf(client, "gradwire_rpc_client_latency_seconds_count", add), 7);
-  EXPECT_GT(ValueOf(client, "gradwire_rpc_client_latency_seconds_sum", add), 0);
+  EXPECT_EQ(SampleValue(client, "gradwire_rpc_client_calls_total", add), 7);
+  EXPECT_EQ(SampleValue(client, "gradwire_rpc_client_errors_total", add), 0);
+  EXPECT_EQ(SampleValue(client, "gradwire_rpc_client_latency_seconds_count", add), 7);
+  EXPECT_GT(SampleValue(client, "gradwire_rpc_client_latency_seconds_sum", add), 0);
   // Two 1 KiB tensors out, one back, each call.
-  const double sent = ValueOf(client, "gradwire_rpc_client_sent_bytes_total", add);
-  const double received = ValueOf(client, "gradwire_rpc_client_received_bytes_total", add);
+  const double sent = SampleValue(client, "gradwire_rpc_client_sent_bytes_total", add);
+  const double received = SampleValue(client, "gradwire_rpc_client_received_bytes_total", add);
   EXPECT_GE(sent, 7 * 2 * 1024);
   EXPECT_GE(received, 7 * 1024);
   EXPECT_LT(received, sent);
   const std::map<std::string, std::string> fail = {{"function", "fail"}, {"peer", "worker1"}};
-  EXPECT_EQ(ValueOf(client, "gradwire_rpc_client_calls_total", fail), 1);
-  EXPECT_EQ(ValueOf(client, "gradwire_rpc_client_errors_total", fail), 1);
+  EXPECT_EQ(SampleValue(client, "gradwire_rpc_client_calls_total", fail), 1);
+  EXPECT_EQ(SampleValue(client, "gradwire_rpc_client_errors_total", fail), 1);
 
   // The server counts the same calls, and the same bytes in the other direction.
   absl::StatusOr<std::vector<Sample>> server = a.StatisticsOf("worker1").Get(absl::Seconds(30));
   ASSERT_TRUE(server.ok()) << server.status();
   const std::map<std::string, std::string> add_in = {{"function", "add"}, {"peer", "worker0"}};
-  EXPECT_EQ(ValueOf(*server, "gradwire_rpc_server_calls_total", add_in), 7);
-  EXPECT_EQ(ValueOf(*server, "gradwire_rpc_server_latency_seconds_count", add_in), 7);
-  EXPECT_EQ(ValueOf(*server, "gradwire_rpc_server_received_bytes_total", add_in), sent);
-  EXPECT_EQ(ValueOf(*server, "gradwire_rpc_server_sent_bytes_total", add_in), received);
-  EXPECT_EQ(ValueOf(*server, "gradwire_rpc_server_errors_total", {{"function", "fail"}}), 1);
+  EXPECT_EQ(SampleValue(*server, "gradwire_rpc_server_calls_total", add_in), 7);
+  EXPECT_EQ(SampleValue(*server, "gradwire_rpc_server_latency_seconds_count", add_in), 7);
+  EXPECT_EQ(SampleValue(*server, "gradwire_rpc_server_received_bytes_total", add_in), sent);
+  EXPECT_EQ(SampleValue(*server, "gradwire_rpc_server_sent_bytes_total", add_in), received);
+  EXPECT_EQ(SampleValue(*server, "gradwire_rpc_server_errors_total", {{"function", "fail"}}), 1);
   // A function the server does not have is counted under one name, whatever the peer sends.
-  EXPECT_EQ(ValueOf(*server, "gradwire_rpc_server_calls_total", {{"function", "(unknown)"}, {"peer", "worker0"}}), 1);
-  EXPECT_EQ(ValueOf(*server, "gradwire_rpc_server_calls_total", {{"function", "no_such_function"}}), -1);
+  EXPECT_EQ(SampleValue(*server, "gradwire_rpc_server_calls_total", {{"function", "(unknown)"}, {"peer", "worker0"}}),
+            1);
+  EXPECT_EQ(SampleValue(*server, "gradwire_rpc_server_calls_total", {{"function", "no_such_function"}}), -1);
 }
 
 TEST(MetricsEndpointTest, ServesTheStatisticsOverHttp) {

@@ -115,6 +115,7 @@
 #include "gradwire/param_server/sharding.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/message.h"
+#include "gradwire/rpc/statistics.h"
 
 namespace gw::param_server {
 namespace internal {
@@ -243,6 +244,9 @@ class Client {
   std::vector<std::string> AllServers() const;
   // Before a push: a periodic checkpoint when one is due, or the error that stops pushes.
   absl::Status BeforePush();
+  // `pushed`, counted in progress_ once the servers acknowledge it.
+  template <typename T>
+  Future<T> CountPush(int64_t clock, Future<T> pushed) const;
 
   rpc::Agent& agent_;
   const std::vector<std::string> servers_;
@@ -256,6 +260,12 @@ class Client {
   mutable absl::Mutex mu_;
   std::map<std::string, Table> tables_ ABSL_GUARDED_BY(mu_);
   absl::Time next_checkpoint_ ABSL_GUARDED_BY(mu_);
+  // The pushes the servers acknowledged, the last one's clock and time: the agent's
+  // statistics (a metrics endpoint's gradwire_ps_client_*), so that a trainer that stopped
+  // making progress shows (time() - gradwire_ps_client_last_push_time_seconds).
+  struct Progress;
+  const std::shared_ptr<Progress> progress_;
+  rpc::Statistics::Source statistics_;  // reads progress_: the last member, dropped first
 };
 
 }  // namespace gw::param_server
