@@ -1,6 +1,7 @@
 #include "gradwire/rpc/statistics.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 
@@ -59,13 +60,16 @@ std::vector<Sample> Statistics::Collect() const {
 
 namespace {
 
-// Counts as integers, other values with 9 significant digits, NaN and infinities as
-// Prometheus spells them.
+// Counts as integers, other values in the shortest form that reads back as the same
+// double (a Unix time keeps its fraction of a second), NaN and infinities as Prometheus
+// spells them.
 std::string FormatValue(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   if (std::abs(v) < 9.0e15 && v == std::trunc(v)) return absl::StrCat(static_cast<int64_t>(v));
-  return absl::StrFormat("%.9g", v);
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : absl::StrFormat("%.17g", v);
 }
 
 }  // namespace
