@@ -17,8 +17,9 @@
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
-#include "gradwire/dist_autograd/distributed_optimizer.h"
 #include "epoch_progress.h"
+#include "gradwire/dist_autograd/distributed_optimizer.h"
+#include "logdir_flag.h"
 #include "pixel_bags.h"
 #include "ps_job.h"
 
@@ -93,6 +94,8 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   gw::data::DataLoader loader(setup.train, absl::GetFlag(FLAGS_batch_size), /*shuffle=*/true, shuffle);
   loader.Shard(trainer, trainers);
   const bool show = trainer == 0;
+  absl::StatusOr<gw::examples::Curves> curves = gw::examples::Curves::Open(absl::GetFlag(FLAGS_logdir), show);
+  if (!curves.ok()) return Fail("--logdir", curves.status());
   if (show) {
     std::printf("EmbeddingBag(%lld ids x %lld, mean) on %d servers -> DDP %s on %d trainers, batch %d per trainer\n",
                 static_cast<long long>(gw::examples::kPixelIds), static_cast<long long>(dim), servers,
@@ -103,6 +106,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   double test_acc = 0;
   for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
     gw::examples::EpochProgress progress(show, epoch, absl::GetFlag(FLAGS_epochs), loader.batches_per_epoch(), trainers, /*count_rows=*/true);
+    progress.LogTo(&*curves);
     gw::data::Batch batch;
     loader.Reset();
     while (loader.Next(&batch)) {

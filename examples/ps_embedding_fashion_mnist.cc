@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_format.h"
 #include "epoch_progress.h"
+#include "logdir_flag.h"
 #include "pixel_bags.h"
 #include "ps_job.h"
 
@@ -76,6 +77,8 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   const Tensor every_id = Tensor::Arange(0, static_cast<double>(gw::examples::kPixelIds));
 
   const bool show = trainer == 0;
+  absl::StatusOr<gw::examples::Curves> curves = gw::examples::Curves::Open(absl::GetFlag(FLAGS_logdir), show, clock);
+  if (!curves.ok()) return Fail("--logdir", curves.status());
   if (show) {
     std::printf("EmbeddingBag(%lld ids x %lld, mean) on %d servers -> %s\n%d trainers, batch %d per trainer\n",
                 static_cast<long long>(gw::examples::kPixelIds), static_cast<long long>(dim), servers,
@@ -85,6 +88,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   double test_acc = 0;
   for (int epoch = resumed->first_epoch; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
     gw::examples::EpochProgress progress(show, epoch, absl::GetFlag(FLAGS_epochs), loader.batches_per_epoch(), trainers, /*count_rows=*/true);
+    progress.LogTo(&*curves);
     gw::data::Batch batch;
     loader.Reset();
     if (epoch == resumed->first_epoch) gw::examples::SkipBatches(loader, resumed->skip);

@@ -15,7 +15,10 @@
 //                                         [--checkpoint_every_s=S] [--checkpoint_keep=K] [--fresh]
 //                                         [--checkpoint_max_failures=N] [--reconnect_timeout_s=S]
 //                                         [--show_network] [--save=PATH] [--device=cpu|cuda:N]
+//                                         [--logdir=DIR]
 //
+// --logdir=DIR: trainer 0 writes the training curves (loss, accuracy, samples/s, step
+// time) as TensorBoard event files in DIR (examples/curves.h).
 // --device=cuda:0 trains each trainer on that GPU with the servers on the CPU: gradients
 // and parameters cross through host memory (not yet run on a GPU; see README "GPUs").
 //
@@ -36,6 +39,7 @@
 #include "absl/strings/str_format.h"
 #include "epoch_progress.h"
 #include "fashion_mnist_mlp.h"
+#include "logdir_flag.h"
 #include "ps_job.h"
 
 ABSL_FLAG(std::string, model, "mlp",
@@ -135,6 +139,8 @@ int Train(gw::rpc::AgentOptions options, int servers) {
     values.push_back(*v);
   }
   const bool show = trainer == 0;
+  absl::StatusOr<gw::examples::Curves> curves = gw::examples::Curves::Open(absl::GetFlag(FLAGS_logdir), show, clock);
+  if (!curves.ok()) return Fail("--logdir", curves.status());
   if (show) {
     std::printf("%s\n%d servers, %d trainers, %lld parameters in %zu tables, batch %d per trainer, "
                 "%d epochs at lr %g (--model=%s)\n",
@@ -156,6 +162,7 @@ int Train(gw::rpc::AgentOptions options, int servers) {
   auto more = [&] { return max_steps == 0 || clock - first_step < max_steps; };
   for (int epoch = resumed->first_epoch; epoch <= epochs && more(); ++epoch) {
     gw::examples::EpochProgress progress(show, epoch, epochs, loader.batches_per_epoch(), trainers);
+    progress.LogTo(&*curves);
     gw::data::Batch batch;
     loader.Reset();
     if (epoch == resumed->first_epoch) gw::examples::SkipBatches(loader, resumed->skip);

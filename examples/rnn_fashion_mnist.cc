@@ -25,6 +25,7 @@
 #include "epoch_progress.h"
 #include "example_util.h"
 #include "flags.h"
+#include "logdir_flag.h"
 #include "rpc_tutorial.h"
 
 ABSL_FLAG(int, epochs, 4, "passes over the training set");
@@ -65,10 +66,13 @@ int Train(gw::examples::TutorialWorker& w) {
   std::fflush(stdout);
 
   const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<gw::examples::Curves> curves = gw::examples::Curves::Open(absl::GetFlag(FLAGS_logdir), /*on=*/true);
+  if (!curves.ok()) return Fail("--logdir", curves.status());
   int64_t samples = 0;
   double test_acc = 0;
   for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
     gw::examples::EpochProgress progress(/*show=*/true, epoch, absl::GetFlag(FLAGS_epochs), steps, /*trainers=*/1);
+    progress.LogTo(&*curves);
     gw::data::Batch batch;
     loader.Reset();
     for (int64_t step = 0; step < steps && loader.Next(&batch); ++step) {

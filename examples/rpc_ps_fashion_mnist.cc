@@ -38,6 +38,7 @@
 #include "epoch_progress.h"
 #include "example_util.h"
 #include "flags.h"
+#include "logdir_flag.h"
 #include "rpc_tutorial.h"
 
 ABSL_FLAG(std::string, model, "cnn", "the model the server holds, from the zoo (models::Create: cnn, resnet, lstm, ...)");
@@ -60,6 +61,8 @@ using gw::examples::Fail;
 
 int Train(gw::examples::TutorialWorker& w) {
   const bool show = w.trainer == 0;
+  absl::StatusOr<gw::examples::Curves> curves = gw::examples::Curves::Open(absl::GetFlag(FLAGS_logdir), show);
+  if (!curves.ok()) return Fail("--logdir", curves.status());
   absl::StatusOr<gw::examples::FashionMnist> data =
       gw::examples::LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), show);
   if (!data.ok()) return Fail("Fashion-MNIST", data.status());
@@ -97,6 +100,7 @@ int Train(gw::examples::TutorialWorker& w) {
   const double stop_at = absl::GetFlag(FLAGS_stop_at);
   for (int epoch = 1; epoch <= absl::GetFlag(FLAGS_epochs); ++epoch) {
     gw::examples::EpochProgress progress(show, epoch, absl::GetFlag(FLAGS_epochs), steps, w.trainers);
+    progress.LogTo(&*curves);
     gw::data::Batch batch;
     loader.Reset();
     for (int64_t step = 0; step < steps && loader.Next(&batch); ++step) {

@@ -46,29 +46,30 @@
 #include "gradwire/autograd/recurrent.h"   // differentiable LSTM / GRU layers
 
 // nn/, optim/, data/: models, optimizers, datasets.
-#include "gradwire/nn/attention.h"         // MultiheadAttention
-#include "gradwire/nn/conv.h"              // Conv1d, Conv2d, ConvTranspose2d
-#include "gradwire/nn/embedding.h"         // Embedding, EmbeddingBag
-#include "gradwire/nn/layers.h"            // Linear, activations, Dropout(2d), Flatten, Sequential
-#include "gradwire/nn/loss.h"              // NllLoss, CrossEntropyLoss, MseLoss, Accuracy
-#include "gradwire/nn/module.h"            // Module
-#include "gradwire/nn/normalization.h"     // BatchNorm1d / 2d, LayerNorm, GroupNorm
-#include "gradwire/nn/pooling.h"           // MaxPool2d, AvgPool2d, AdaptiveAvgPool2d
-#include "gradwire/nn/recurrent.h"         // LSTM, GRU
-#include "gradwire/nn/safetensors.h"       // SaveSafetensors, LoadSafetensors
-#include "gradwire/nn/serialize.h"         // SaveTensors, LoadTensors (the .gwtf format)
-#include "gradwire/nn/transformer.h"       // TransformerEncoderLayer, TransformerEncoder
-#include "gradwire/models/images.h"        // AsImages: the zoo's image input
+#include "gradwire/data/fashion_mnist.h"      // LoadFashionMnist
+#include "gradwire/data/loader.h"             // DataLoader
+#include "gradwire/data/progress.h"           // ProgressBar
+#include "gradwire/data/summary_writer.h"     // SummaryWriter: TensorBoard event files
+#include "gradwire/models/images.h"           // AsImages: the zoo's image input
 #include "gradwire/models/lstm_classifier.h"  // LstmClassifier
-#include "gradwire/models/resnet.h"        // SmallResNet, BasicBlock
-#include "gradwire/models/tutorial_cnn.h"  // TutorialCnn (PyTorch's parameter-server tutorial)
-#include "gradwire/models/vit.h"           // SmallViT
-#include "gradwire/models/zoo.h"           // models::Create by name
-#include "gradwire/optim/functional.h"     // Sgd, Adam, AdamW, Adagrad, Update
-#include "gradwire/optim/optimizer.h"      // Optimizer
-#include "gradwire/data/fashion_mnist.h"   // LoadFashionMnist
-#include "gradwire/data/loader.h"          // DataLoader
-#include "gradwire/data/progress.h"        // ProgressBar
+#include "gradwire/models/resnet.h"           // SmallResNet, BasicBlock
+#include "gradwire/models/tutorial_cnn.h"     // TutorialCnn (PyTorch's parameter-server tutorial)
+#include "gradwire/models/vit.h"              // SmallViT
+#include "gradwire/models/zoo.h"              // models::Create by name
+#include "gradwire/nn/attention.h"            // MultiheadAttention
+#include "gradwire/nn/conv.h"                 // Conv1d, Conv2d, ConvTranspose2d
+#include "gradwire/nn/embedding.h"            // Embedding, EmbeddingBag
+#include "gradwire/nn/layers.h"               // Linear, activations, Dropout(2d), Flatten, Sequential
+#include "gradwire/nn/loss.h"                 // NllLoss, CrossEntropyLoss, MseLoss, Accuracy
+#include "gradwire/nn/module.h"               // Module
+#include "gradwire/nn/normalization.h"        // BatchNorm1d / 2d, LayerNorm, GroupNorm
+#include "gradwire/nn/pooling.h"              // MaxPool2d, AvgPool2d, AdaptiveAvgPool2d
+#include "gradwire/nn/recurrent.h"            // LSTM, GRU
+#include "gradwire/nn/safetensors.h"          // SaveSafetensors, LoadSafetensors
+#include "gradwire/nn/serialize.h"            // SaveTensors, LoadTensors (the .gwtf format)
+#include "gradwire/nn/transformer.h"          // TransformerEncoderLayer, TransformerEncoder
+#include "gradwire/optim/functional.h"        // Sgd, Adam, AdamW, Adagrad, Update
+#include "gradwire/optim/optimizer.h"         // Optimizer
 
 // rpc/: agents, remote calls, RRefs.
 #include "gradwire/rpc/agent.h"            // Agent, AgentOptions, CallOptions
@@ -81,6 +82,7 @@
 #include "gradwire/rpc/future.h"           // Future, Promise
 #include "gradwire/rpc/global_id.h"        // GlobalId
 #include "gradwire/rpc/message.h"          // typed messages, records (Field, Fields())
+#include "gradwire/rpc/metrics_endpoint.h"  // MetricsEndpoint: Prometheus' text format over HTTP
 #include "gradwire/rpc/retry.h"            // RetryPolicy, Retry
 #include "gradwire/rpc/rref.h"             // RRef
 #include "gradwire/rpc/security.h"         // Security: job secret, TLS, limits
