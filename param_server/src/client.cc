@@ -59,13 +59,15 @@ Client::~Client() = default;
 
 template <typename T>
 Future<T> Client::CountPush(int64_t clock, Future<T> pushed) const {
-  pushed.Subscribe([progress = progress_, clock](const absl::StatusOr<T>& r) {
-    if (!r.ok()) return;
-    progress->pushes.fetch_add(1, std::memory_order_relaxed);
-    progress->last_clock.store(clock, std::memory_order_relaxed);
-    progress->last_push_ns.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
+  // The result is handed on after it is counted: whoever sees the push done sees it counted.
+  return Map<T>(pushed, [progress = progress_, clock](const absl::StatusOr<T>& r) -> absl::StatusOr<T> {
+    if (r.ok()) {
+      progress->pushes.fetch_add(1, std::memory_order_relaxed);
+      progress->last_clock.store(clock, std::memory_order_relaxed);
+      progress->last_push_ns.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
+    }
+    return r;
   });
-  return pushed;
 }
 
 // The last push of a synchronous or bounded-staleness table to each server, kept so that

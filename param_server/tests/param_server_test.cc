@@ -111,24 +111,8 @@ TEST(ParameterServerTest, SynchronousStepsAverageBothTrainersAndPullsWaitForThem
     EXPECT_EQ(kernels::MaxAbsDiff(*v0, *v1), 0.0);
   }
   for (auto& s : d.servers) EXPECT_EQ(s->num_shards(), 1u);
-  EXPECT_TRUE(d.group->ShutdownAll().ok());
-}
-
-// What a metrics endpoint exports of a synchronous table and its trainers: each server's
-// clock, trainers, rows and updates; each trainer's pushes and its last one's clock.
-TEST(ParameterServerTest, StatisticsShowEachTablesClockAndEachTrainersPushes) {
-  Deployment d;
-  ASSERT_NE(d.group, nullptr);
-  Client c0 = d.MakeClient(0), c1 = d.MakeClient(1);
-  const Tensor init = Tensor::Zeros({2, 5});  // 10 keys over 3 servers: 4 + 3 + 3
-  ASSERT_TRUE(c0.CreateDense("w", init, optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
-  ASSERT_TRUE(c1.CreateDense("w", init, optim::Sgd{.lr = 1.0}, Consistency::kSync).ok());
-  for (int64_t step = 0; step < 3; ++step) {
-    Future<Tensor> next0 = c0.PushPull("w", step, Tensor::Full({2, 5}, 1.0));
-    Future<Tensor> next1 = c1.PushPull("w", step, Tensor::Full({2, 5}, 2.0));
-    ASSERT_TRUE(next0.Get(absl::Seconds(20)).ok());
-    ASSERT_TRUE(next1.Get(absl::Seconds(20)).ok());
-  }
+  // What a metrics endpoint exports of the table and its trainers: each server's clock,
+  // trainers, rows and updates; each trainer's pushes and its last one's clock.
   // Trainer 0 pushes step 3 alone: the step waits for trainer 1.
   ASSERT_TRUE(c0.Push("w", 3, Tensor::Full({2, 5}, 1.0)).Get(absl::Seconds(20)).ok());
   using rpc::testing::SampleValue;

@@ -244,7 +244,7 @@ class Client {
   std::vector<std::string> AllServers() const;
   // Before a push: a periodic checkpoint when one is due, or the error that stops pushes.
   absl::Status BeforePush();
-  // `pushed`, counted in progress_ once the servers acknowledge it.
+  // `pushed`, completed once progress_ counts it (when the servers acknowledged it).
   template <typename T>
   Future<T> CountPush(int64_t clock, Future<T> pushed) const;
 
