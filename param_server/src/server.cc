@@ -253,37 +253,36 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   // Per table this server serves a shard of: where its clock is, how far its trainers are
   // apart, the pulls that wait, its rows and the optimizer steps applied.
   void AppendTableStatistics(std::vector<rpc::Sample>& out) const {
-    for (const auto& [table, s] : Live()) {
-      const std::map<std::string, std::string> labels = {{"table", table}};
+    for (const auto& entry : Live()) {
+      const std::map<std::string, std::string> labels = {{"table", entry.first}};
       auto add = [&](const char* name, double value) {
         out.push_back({absl::StrCat("gradwire_ps_table_", name), labels, value});
       };
-      int64_t rows = 0;
-      if (s->config.sparse) rows = s->rows->stats().rows;
-      absl::MutexLock lock(&s->mu);
-      const internal::ConsistencyClock& c = s->clock;
+      Shard& shard = *entry.second;
+      const int64_t rows = shard.config.sparse ? shard.rows->stats().rows : 0;
+      absl::MutexLock lock(&shard.mu);
+      const Consistency mode = shard.clock.mode();
       // The clock: kSync, the open step; bounded staleness, the furthest trainer's; async,
       // the updates applied (it has no clock).
       int64_t slowest = std::numeric_limits<int64_t>::max(), fastest = 0;
-      for (const auto& [trainer, t] : c.trainers()) {
-        if (t.until != internal::ConsistencyClock::kForever) continue;  // left
-        slowest = std::min(slowest, t.next);
-        fastest = std::max(fastest, t.next);
+      for (const auto& trainer : shard.clock.trainers()) {
+        if (trainer.second.until != internal::ConsistencyClock::kForever) continue;  // left
+        slowest = std::min(slowest, trainer.second.next);
+        fastest = std::max(fastest, trainer.second.next);
       }
-      const bool bounded = c.mode() == Consistency::kBoundedStaleness;
-      if (c.mode() != Consistency::kAsync || !s->config.sparse) {
-        add("clock", static_cast<double>(c.mode() == Consistency::kSync ? c.applied()
-                                         : bounded                      ? c.JoinHint()
-                                                                        : s->state.step));
+      if (mode == Consistency::kSync) {
+        add("clock", static_cast<double>(shard.clock.applied()));
+        add("step_pushed", static_cast<double>(shard.clock.pushed().size()));
+        add("step_trainers", static_cast<double>(shard.clock.taking_part()));
+      } else if (mode == Consistency::kBoundedStaleness) {
+        add("clock", static_cast<double>(shard.clock.JoinHint()));
+        if (slowest <= fastest) add("staleness", static_cast<double>(fastest - slowest));
+      } else if (!shard.config.sparse) {
+        add("clock", static_cast<double>(shard.state.step));
       }
-      if (bounded && slowest <= fastest) add("staleness", static_cast<double>(fastest - slowest));
-      if (c.mode() == Consistency::kSync) {
-        add("step_pushed", static_cast<double>(c.pushed().size()));
-        add("step_trainers", static_cast<double>(c.taking_part()));
-      }
-      add("waiting_pulls", static_cast<double>(s->waiting.size()));
-      add("rows", static_cast<double>(s->config.sparse ? rows : s->values.numel()));
-      if (!s->config.sparse) add("updates_total", static_cast<double>(s->state.step));
+      add("waiting_pulls", static_cast<double>(shard.waiting.size()));
+      add("rows", static_cast<double>(shard.config.sparse ? rows : shard.values.numel()));
+      if (!shard.config.sparse) add("updates_total", static_cast<double>(shard.state.step));
     }
   }
 
