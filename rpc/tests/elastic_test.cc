@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "agent_group.h"
+#include "samples.h"
 #include "test_support.h"
 
 namespace gw::rpc::testing {
@@ -115,6 +116,14 @@ TEST(ElasticTest, AWorkerLeavesAndTheOthersGoOn) {
   Agent::PeerWatch peers = (*group)[0].WatchPeers([&](int rank) { gone = rank; });
   // worker1 has a call in flight to worker2 when worker2 leaves: it is still answered.
   Future<int64_t> slow = (*group)[1].Async<int64_t>("worker2", "sleep_ms", int64_t{300});
+  // In flight means taken by worker2: its metrics say when the request runs there (before,
+  // on a loaded machine, the request could arrive after worker2 had closed).
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (testing::SampleValue((*group)[2].statistics().Collect(), "gradwire_rpc_server_requests_running",
+                              {{"peer", "worker1"}}) != 1 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
 
   ASSERT_TRUE((*group)[2].Leave().ok());
   absl::StatusOr<int64_t> answered = slow.Get(absl::Seconds(10));

@@ -121,7 +121,10 @@ TEST(ServingTest, RouterSpreadsRequestsOverReplicasAndAnswersEqualTheLocalModel)
   const std::map<std::string, ReplicaLoad> loads = router->loads();
   ASSERT_EQ(loads.size(), 2u);
   for (const auto& [replica, load] : loads) {
-    EXPECT_GT(load.sent, 500) << replica;  // least outstanding keeps both busy
+    // Least outstanding keeps both busy: each gets a good share of the 2000 (an even split
+    // is not guaranteed: on a loaded machine one replica's thread may be descheduled for a
+    // while, and one run under the whole suite gave 413 and 1587).
+    EXPECT_GT(load.sent, 300) << replica;
     EXPECT_EQ(load.outstanding, 0) << replica;
   }
   absl::StatusOr<ModelStats> stats = router->ReplicaStats("worker1");
