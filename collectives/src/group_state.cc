@@ -1,11 +1,14 @@
 #include "group_state.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gradwire/rpc/errors.h"
+#include "gradwire/rpc/statistics.h"
 
 namespace gw::collectives {
 namespace {
@@ -141,8 +144,28 @@ GroupState::~GroupState() {
 }
 
 void GroupState::Start() {
+  statistics_ =
+      config_.agent->statistics().Add("collectives", [this](std::vector<rpc::Sample>& out) { AppendStatistics(out); });
   // The thread keeps the state alive until it returns (after Close).
   thread_ = std::thread([self = shared_from_this()] { self->Run(); });
+}
+
+void GroupState::AppendStatistics(std::vector<rpc::Sample>& out) const {
+  const std::map<std::string, std::string> labels = {
+      {"group", config_.options.name.empty() ? absl::StrCat("[", absl::StrJoin(config_.ranks, ", "), "]")
+                                             : config_.options.name}};
+  auto add = [&](const char* name, double value) {
+    out.push_back({absl::StrCat("gradwire_collectives_", name), labels, value});
+  };
+  absl::MutexLock lock(&mu_);
+  add("issued_total", static_cast<double>(next_seq_));
+  add("completed_total", static_cast<double>(retired_ + 1));
+  add("failed_total", static_cast<double>(failures_));
+  add("queued", static_cast<double>(queue_.size()));
+  // The running collective's number (-1: none) and how long it has run: a collective that
+  // waits for a member shows here on every member that issued it.
+  add("running", static_cast<double>(running_));
+  add("running_seconds", running_ >= 0 ? absl::ToDoubleSeconds(absl::Now() - running_since_) : 0.0);
 }
 
 int GroupState::GroupRankOf(int agent_rank) const {
@@ -379,6 +402,7 @@ bool GroupState::SpinLocked(absl::Time deadline) {
 
 void GroupState::BeginLocked(const Queued& q) {
   running_ = q.seq;
+  running_since_ = absl::Now();
   running_signature_ = q.job.signature;
   for (const auto& [key, arrival] : inbox_) {
     if (std::get<0>(key) == q.seq) CheckSignatureLocked(std::get<2>(key), arrival.signature);
@@ -428,6 +452,7 @@ void GroupState::Execute(Queued& q) {
     // from this collective on, so it fails here as well.
     if (s.ok() && closed_) s = rpc::ShuttingDownError(config_.agent->self().name, absl::StrCat(Label(), " was closed"));
     if (!s.ok()) {
+      ++failures_;
       std::optional<Failure> e = ErrorLocked(q.seq);
       tell = !(e && e->from_peer);
       broken = BrokenAtLocked(q.seq);

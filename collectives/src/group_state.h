@@ -155,7 +155,9 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   };
   // The error that ends collective `seq` now, if any.
   std::optional<Failure> ErrorLocked(int64_t seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string Label() const;  // "group 'g'" or "group [0, 1, 2]" 
+  std::string Label() const;  // "group 'g'" or "group [0, 1, 2]"
+  // Issued, completed, failed, queued, and the running one's number and age.
+  void AppendStatistics(std::vector<rpc::Sample>& out) const;
   // Drops what is left of collectives up to `seq`; the held answers go out.
   void RetireLocked(int64_t seq, std::vector<Promise<rpc::Ack>>* answers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BroadcastAbort(int64_t seq, const absl::Status& status, bool broken);
@@ -182,6 +184,11 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // pieces sent and not yet taken
   std::atomic<uint64_t> events_{0};           // bumped by Wake (for SpinLocked)
+  absl::Time running_since_ ABSL_GUARDED_BY(mu_);
+  int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;  // collectives that failed here
+  // The group in the agent's statistics (a metrics endpoint's gradwire_collectives_*):
+  // the last member, dropped first.
+  rpc::Statistics::Source statistics_;
 };
 
 }  // namespace gw::collectives

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "collectives_job.h"
 #include "gradwire/tensor/generator.h"
 #include "gradwire/tensor/kernels.h"
+#include "samples.h"
 
 namespace gw::collectives {
 namespace {
@@ -416,6 +418,37 @@ TEST(CollectivesTest, AMemberThatNeverIssuesMakesTheOthersFailByTheDeadlineNamin
   // The group is broken for good: the next collective fails at once.
   auto next = groups[0]->AllReduce(Tensor::Ones({8})).Get(absl::Seconds(5));
   EXPECT_EQ(next.status().code(), absl::StatusCode::kDeadlineExceeded) << next.status();
+}
+
+// What a metrics endpoint shows of a collective that a member never issues: the members
+// that issued it run it (its number and for how long), the one that did not has issued
+// nothing; once the deadline fails it, it counts as completed and failed.
+TEST(CollectivesTest, TheStatisticsShowWhoIssuedTheCollectiveTheOthersWaitFor) {
+  Job job = Job::Start(3);
+  ASSERT_NE(job.agents, nullptr);
+  GroupOptions options;
+  options.name = "ddp";
+  options.timeout = absl::Seconds(2);
+  auto groups = job.Groups({}, options);
+  Future<Tensor> at0 = groups[0]->AllReduce(Tensor::Ones({8}));
+  Future<Tensor> at2 = groups[2]->AllReduce(Tensor::Ones({8}));
+  absl::SleepFor(absl::Milliseconds(300));
+  using rpc::testing::SampleValue;
+  const std::map<std::string, std::string> ddp = {{"group", "ddp"}};
+  const std::vector<rpc::Sample> waiting = (*job.agents)[0].statistics().Collect();
+  EXPECT_EQ(SampleValue(waiting, "gradwire_collectives_issued_total", ddp), 1);
+  EXPECT_EQ(SampleValue(waiting, "gradwire_collectives_completed_total", ddp), 0);
+  EXPECT_EQ(SampleValue(waiting, "gradwire_collectives_running", ddp), 0);  // collective #0
+  EXPECT_GE(SampleValue(waiting, "gradwire_collectives_running_seconds", ddp), 0.25);
+  const std::vector<rpc::Sample> idle = (*job.agents)[1].statistics().Collect();
+  EXPECT_EQ(SampleValue(idle, "gradwire_collectives_issued_total", ddp), 0);
+  EXPECT_EQ(SampleValue(idle, "gradwire_collectives_running", ddp), -1);
+  EXPECT_FALSE(at0.Get(absl::Seconds(30)).ok());
+  EXPECT_FALSE(at2.Get(absl::Seconds(30)).ok());
+  const std::vector<rpc::Sample> after = (*job.agents)[0].statistics().Collect();
+  EXPECT_EQ(SampleValue(after, "gradwire_collectives_completed_total", ddp), 1);
+  EXPECT_EQ(SampleValue(after, "gradwire_collectives_failed_total", ddp), 1);
+  EXPECT_EQ(SampleValue(after, "gradwire_collectives_running", ddp), -1);
 }
 
 TEST(CollectivesTest, AGroupMadeLateOnOneMemberGetsTheDataSentBeforeIt) {
