@@ -175,7 +175,8 @@ void Dispatcher::Refuse(const std::shared_ptr<Connection>& conn, int from, uint6
 void Dispatcher::MergeBatch(const std::shared_ptr<Connection>& conn, ReadBatch& batch) {
   absl::MutexLock lock(&batch_mu_);
   ReadBatch& pending = batches_[conn.get()];
-  for (Message& m : batch.replies) pending.replies.push_back(std::move(m));
+  for (Message& m : batch.replies.messages) pending.replies.messages.push_back(std::move(m));
+  for (int to : batch.replies.to) pending.replies.to.push_back(to);
   for (Request& r : batch.pool) pending.pool.push_back(std::move(r));
   for (auto& fn : batch.deferred) pending.deferred.push_back(std::move(fn));
 }
@@ -202,7 +203,7 @@ void Dispatcher::OnFlush(const std::shared_ptr<Connection>& conn) {
     batch = std::move(it->second);
     batches_.erase(it);
   }
-  if (!batch.replies.empty()) conn->SendMany(std::move(batch.replies));
+  if (!batch.replies.to.empty()) SendBatch(conn, std::move(batch.replies));
   const size_t n = batch.pool.size(), d = batch.deferred.size();
   const size_t tasks = std::min(std::max(n, d), pool_.num_threads());
   for (size_t t = 0; t < tasks; ++t) {
@@ -221,23 +222,23 @@ void Dispatcher::OnFlush(const std::shared_ptr<Connection>& conn) {
       ++t_handler_depth;  // deferred work belongs to handlers
       for (auto& fn : deferred) fn();
       --t_handler_depth;
-      std::vector<Message> replies;
+      ReplyBatch replies;
       for (Request& r : chunk) Run(conn, std::move(r), &replies);
-      if (!replies.empty()) conn->SendMany(std::move(replies));
+      if (!replies.to.empty()) SendBatch(conn, std::move(replies));
     };
     if (!pool_.Post(std::move(run))) {
       // The pool has shut down: answer what it will not run.
-      std::vector<Message> replies;
+      ReplyBatch replies;
       for (const Id& id : ids) {
         Reply(conn, id.caller, id.request, UnavailableError(self_name_, "it is shutting down"), &replies, nullptr,
               id.timing);
       }
-      conn->SendMany(std::move(replies));
+      SendBatch(conn, std::move(replies));
     }
   }
 }
 
-void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, std::vector<Message>* replies) {
+void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBatch* replies) {
   Future<Value> result;
   auto call = [&] { result = Invoke(r.handler->fn, r.info, std::move(r.args), pool_); };
   ++t_handler_depth;
@@ -258,7 +259,7 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, std::ve
 }
 
 void Dispatcher::Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t id,
-                       const absl::StatusOr<Value>& result, std::vector<Message>* batch, const CallHooks::Scope& scope,
+                       const absl::StatusOr<Value>& result, ReplyBatch* batch, const CallHooks::Scope& scope,
                        Timing timing) {
   absl::StatusOr<Message> m = peers_.encode_reply(to, id, result, scope);
   if (timing.series != nullptr) {
@@ -267,17 +268,28 @@ void Dispatcher::Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t
     timing.series->Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - timing.start).count(),
                           result.ok());
   }
-  if (m.ok()) {
-    if (batch) {
-      batch->push_back(std::move(*m));
-    } else {
-      conn->Send(std::move(*m));
-    }
+  if (batch) {
+    // Counted as done when the batch is handed to the connection (SendBatch).
+    if (m.ok()) batch->messages.push_back(std::move(*m));
+    batch->to.push_back(to);
+    return;
   }
+  if (m.ok()) conn->Send(std::move(*m));
+  Answered({to});
+}
+
+void Dispatcher::SendBatch(const std::shared_ptr<Connection>& conn, ReplyBatch batch) {
+  if (!batch.messages.empty()) conn->SendMany(std::move(batch.messages));
+  Answered(batch.to);
+}
+
+void Dispatcher::Answered(const std::vector<int>& to) {
   absl::MutexLock lock(&idle_mu_);
-  --inflight_;
-  if (auto it = inflight_by_peer_.find(to); it != inflight_by_peer_.end() && --it->second == 0) {
-    inflight_by_peer_.erase(it);
+  for (int rank : to) {
+    --inflight_;
+    if (auto it = inflight_by_peer_.find(rank); it != inflight_by_peer_.end() && --it->second == 0) {
+      inflight_by_peer_.erase(it);
+    }
   }
 }
 

@@ -115,20 +115,31 @@ class Dispatcher {
     CallHooks::Scope scope;  // from CallHooks::OnReceiveRequest
     Timing timing;
   };
+  // Replies that leave together (one SendMany), and whose requests they answer: those
+  // count as running until the replies are handed to the connection (Answered), so that
+  // AwaitIdle does not return while an answer is still in a batch.
+  struct ReplyBatch {
+    std::vector<Message> messages;
+    std::vector<int> to;
+  };
   // The requests decoded from one read of a connection, until its OnFlush.
   struct ReadBatch {
     std::vector<Request> pool;
-    std::vector<Message> replies;
+    ReplyBatch replies;
     std::vector<std::function<void()>> deferred;  // pool work started by inline handlers
   };
 
   std::shared_ptr<Handler> Find(const std::string& name) const;
   void MergeBatch(const std::shared_ptr<Connection>& conn, ReadBatch& batch);
-  void Run(const std::shared_ptr<Connection>& conn, Request r, std::vector<Message>* replies);
+  void Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBatch* replies);
   // Encodes the answer to request `id` of rank `to`; appends it to `batch`, or sends it now
   // if null.
   void Reply(const std::shared_ptr<Connection>& conn, int to, uint64_t id, const absl::StatusOr<Value>& result,
-             std::vector<Message>* batch, const CallHooks::Scope& scope = nullptr, Timing timing = {});
+             ReplyBatch* batch, const CallHooks::Scope& scope = nullptr, Timing timing = {});
+  // Sends a batch of replies and counts their requests as done.
+  void SendBatch(const std::shared_ptr<Connection>& conn, ReplyBatch batch);
+  // The requests of these ranks were answered: no longer running.
+  void Answered(const std::vector<int>& to);
   // The series a request of `function` from `from` is counted in (bytes received added).
   Timing Arrived(int from, const std::string& function, bool registered, uint64_t bytes);
   // Counts a request of `from` as running; returns how many of its requests now are.
