@@ -6,8 +6,8 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "agent_group.h"
-#include "samples.h"
 #include "test_support.h"
 
 namespace gw::rpc::testing {
@@ -109,21 +109,27 @@ TEST(ElasticTest, WorkersJoinARunningGroupAndAreCalledByName) {
 TEST(ElasticTest, AWorkerLeavesAndTheOthersGoOn) {
   AgentOptions base;
   base.shutdown_timeout = absl::Seconds(30);
-  std::unique_ptr<AgentGroup> group = AgentGroup::Start(3, RegisterTestFunctions, base);
+  // "started_sleep_ms" says when it starts: the test knows the request is in flight on
+  // its callee (taken, not just sent) before the callee leaves.
+  auto started = std::make_shared<absl::Notification>();
+  std::unique_ptr<AgentGroup> group = AgentGroup::Start(
+      3,
+      [started](Agent& a) {
+        RegisterTestFunctions(a);
+        return a.Register("started_sleep_ms", [started](int64_t ms) {
+          started->Notify();
+          absl::SleepFor(absl::Milliseconds(ms));
+          return ms;
+        });
+      },
+      base);
   ASSERT_NE(group, nullptr);
   MemberLog log0((*group)[0]);
   std::atomic<int> gone{-1};
   Agent::PeerWatch peers = (*group)[0].WatchPeers([&](int rank) { gone = rank; });
   // worker1 has a call in flight to worker2 when worker2 leaves: it is still answered.
-  Future<int64_t> slow = (*group)[1].Async<int64_t>("worker2", "sleep_ms", int64_t{300});
-  // In flight means taken by worker2: its metrics say when the request runs there (before,
-  // on a loaded machine, the request could arrive after worker2 had closed).
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (testing::SampleValue((*group)[2].statistics().Collect(), "gradwire_rpc_server_requests_running",
-                              {{"peer", "worker1"}}) != 1 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  Future<int64_t> slow = (*group)[1].Async<int64_t>("worker2", "started_sleep_ms", int64_t{300});
+  ASSERT_TRUE(started->WaitForNotificationWithTimeout(absl::Seconds(10))) << "worker2 never ran the request";
 
   ASSERT_TRUE((*group)[2].Leave().ok());
   absl::StatusOr<int64_t> answered = slow.Get(absl::Seconds(10));

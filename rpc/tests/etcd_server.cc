@@ -20,17 +20,36 @@
 
 namespace gw::rpc::testing {
 
-absl::StatusOr<int> FreeLoopbackPort() {
+namespace {
+
+// Binds 127.0.0.1:port (0: any) and returns the port bound, or -1; the socket is closed.
+int BindLoopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(a);
   const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
   if (fd >= 0) ::close(fd);
-  if (!ok) return absl::InternalError("cannot find a free loopback port");
-  return static_cast<int>(ntohs(a.sin_port));
+  return ok ? static_cast<int>(ntohs(a.sin_port)) : -1;
+}
+
+}  // namespace
+
+absl::StatusOr<int> FreeLoopbackPort() {
+  const int port = BindLoopback(0);
+  if (port < 0) return absl::InternalError("cannot find a free loopback port");
+  return port;
+}
+
+absl::StatusOr<int> FreeLoopbackPortPair() {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = BindLoopback(0);
+    if (port > 0 && port < 65535 && BindLoopback(port + 1) == port + 1) return port;
+  }
+  return absl::InternalError("cannot find two consecutive free loopback ports");
 }
 
 bool EtcdServer::Available() { return ::access(kBinary, X_OK) == 0; }

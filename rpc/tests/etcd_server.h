@@ -21,7 +21,8 @@
 //     (etcd_debugging_mvcc_watcher_total >= 1), or that its watch is gone (== 0);
 //     AwaitWatchers(holds) is that for the number of watchers.
 //   - The destructor kills etcd, reaps it and removes the directory.
-//   - FreeLoopbackPort() is a port of 127.0.0.1 that was free a moment ago.
+//   - FreeLoopbackPort() is a port of 127.0.0.1 that was free a moment ago;
+//     FreeLoopbackPortPair() one whose next port was free too.
 //   - EtcdTest: a GoogleTest fixture that starts one in SetUp (etcd_), or skips.
 //   - etcd dies with the thread that started it (PR_SET_PDEATHSIG), so that no test leaves
 //     one behind: Start and Restart from the test's main thread. Not thread-safe.
@@ -44,6 +45,9 @@
 namespace gw::rpc::testing {
 
 absl::StatusOr<int> FreeLoopbackPort();
+// A port p of 127.0.0.1 such that p and p + 1 were both free a moment ago (for workers
+// that take base + rank).
+absl::StatusOr<int> FreeLoopbackPortPair();
 
 class EtcdServer {
  public:

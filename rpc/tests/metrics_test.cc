@@ -62,18 +62,6 @@ class Listener {
   int port_ = 0;
 };
 
-// A port p such that p and p + 1 were both free a moment ago.
-int FreePortPair() {
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    absl::StatusOr<int> p = testing::FreeLoopbackPort();
-    if (!p.ok() || *p >= 65535) continue;
-    Listener first(*p), second(*p + 1);
-    if (first.ok() && second.ok()) return *p;
-  }
-  ADD_FAILURE() << "no two consecutive free loopback ports";
-  return 0;
-}
-
 TEST(MetricsExpositionTest, GroupsFamiliesAndNamesTheirTypes) {
   const std::vector<Sample> samples = {
       {"gradwire_a_total", {{"peer", "worker1"}}, 3},
@@ -278,8 +266,9 @@ TEST(MetricsEndpointTest, APortInUseFailsNamingIt) {
 }
 
 TEST(AgentMetricsTest, EachWorkerServesItsOwnAtTheBasePlusItsRank) {
-  const int base = FreePortPair();
-  ASSERT_GT(base, 0);
+  absl::StatusOr<int> pair = testing::FreeLoopbackPortPair();
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  const int base = *pair;
   ScopedEnv env("GRADWIRE_METRICS_PORT_BASE", std::to_string(base).c_str());
   auto group = AgentGroup::Start(2, testing::RegisterTestFunctions);
   ASSERT_NE(group, nullptr);
@@ -321,8 +310,9 @@ TEST(AgentMetricsTest, AMetricsPortInUseStopsStartNamingIt) {
 // the calls the test made.
 TEST(PrometheusTest, ScrapesARunningGroupAndHoldsItsCalls) {
   if (!PrometheusServer::Available()) GTEST_SKIP() << PrometheusServer::kMissing;
-  const int base = FreePortPair();
-  ASSERT_GT(base, 0);
+  absl::StatusOr<int> pair = testing::FreeLoopbackPortPair();
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  const int base = *pair;
   ScopedEnv env("GRADWIRE_METRICS_PORT_BASE", std::to_string(base).c_str());
   auto group = AgentGroup::Start(2, testing::RegisterTestFunctions);
   ASSERT_NE(group, nullptr);

@@ -8,8 +8,9 @@
 //                    program it starts inherits it.
 //   serve_metrics DIR joins the job's group (an agent from the environment, which
 //                    serves metrics when the launcher asks), worker1 calls worker0's
-//                    "ping" 3 times, each worker writes DIR/ready.<rank> and waits for
-//                    DIR/done, so that the test can scrape the running job.
+//                    "ping" 3 times; each worker opens the FIFO DIR/go, writes a byte to
+//                    the FIFO DIR/ready and reads DIR/go until end-of-file (the test
+//                    closes it once it has scraped the running job), then shuts down.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -64,8 +65,14 @@ int main(int argc, char** argv) {
         if (!(*agent)->Sync<int64_t>("worker0", "ping").ok()) return 5;
       }
     }
-    std::fclose(std::fopen(absl::StrCat(dir, "/ready.", options->rank).c_str(), "w"));
-    while (::access(absl::StrCat(dir, "/done").c_str(), F_OK) != 0) ::usleep(10000);
+    const int go = ::open(absl::StrCat(dir, "/go").c_str(), O_RDONLY);  // before "ready": the test closes it after
+    const int ready = ::open(absl::StrCat(dir, "/ready").c_str(), O_WRONLY);
+    if (go < 0 || ready < 0 || ::write(ready, "r", 1) != 1) return 7;
+    ::close(ready);
+    char c;
+    while (::read(go, &c, 1) > 0) {
+    }
+    ::close(go);
     return (*agent)->Shutdown().ok() ? 0 : 6;
   }
   std::fprintf(stderr, "usage: %s print_then_wait|read_secret|serve_metrics DIR\n", argv[0]);

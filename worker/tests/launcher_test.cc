@@ -4,13 +4,11 @@
 
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -171,43 +169,41 @@ TEST(LaunchTest, AllSucceedWithEnvironmentAndPrefixedOutput) {
 // scrapes both workers of a running job over HTTP).
 TEST(LaunchTest, MetricsPortGivesEachWorkerItsOwnEndpoint) {
   TempDir dir;
-  // Two consecutive ports that were free a moment ago.
-  auto bindable = [](int port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    ::close(fd);
-    return ok;
-  };
-  int base = 0;
-  for (int attempt = 0; attempt < 100 && base == 0; ++attempt) {
-    absl::StatusOr<int> p = PickFreePort("127.0.0.1");
-    if (p.ok() && *p < 65535 && bindable(*p + 1)) base = *p;
-  }
-  ASSERT_GT(base, 0);
+  absl::StatusOr<int> pair = rpc::testing::FreeLoopbackPortPair();
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  const int base = *pair;
+  // Two FIFOs (launched_program.cc): each worker writes a byte to "ready" once it has
+  // made its calls, then reads "go" until the test closes it. The test holds both open
+  // read-write, so neither open blocks and "ready" never reads end-of-file meanwhile.
+  const std::string ready = dir.path() + "/ready", go = dir.path() + "/go";
+  ASSERT_EQ(::mkfifo(ready.c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo(go.c_str(), 0600), 0);
+  const int ready_fd = ::open(ready.c_str(), O_RDWR | O_CLOEXEC);
+  int go_fd = ::open(go.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(ready_fd, 0);
+  ASSERT_GE(go_fd, 0);
   LaunchOptions options;
   options.num_workers = 2;
   options.metrics_port = base;
   options.command = {GRADWIRE_LAUNCHED_PROGRAM, "serve_metrics", dir.path()};
   std::string body0, body1;
   std::thread scraper([&] {
-    const auto start = Clock::now();
-    while (!(std::filesystem::exists(dir.path() + "/ready.0") && std::filesystem::exists(dir.path() + "/ready.1")) &&
-           SecondsSince(start) < 60) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    int bytes = 0;
+    for (pollfd p{ready_fd, POLLIN, 0}; bytes < 2 && ::poll(&p, 1, 60000) == 1;) {
+      char c;
+      if (::read(ready_fd, &c, 1) == 1) ++bytes;
     }
     absl::StatusOr<rpc::testing::HttpResponse> r0 = rpc::testing::HttpGet(base, "/metrics");
     absl::StatusOr<rpc::testing::HttpResponse> r1 = rpc::testing::HttpGet(base + 1, "/metrics");
     body0 = r0.ok() ? r0->body : std::string(r0.status().message());
     body1 = r1.ok() ? r1->body : std::string(r1.status().message());
-    std::ofstream(dir.path() + "/done") << "";
+    ::close(go_fd);  // the workers read end-of-file and shut down
+    go_fd = -1;
   });
   Capture cap;
   absl::StatusOr<LaunchResult> result = Launch(options, cap.out, cap.err);
   scraper.join();
+  ::close(ready_fd);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->exit_code, 0) << cap.Err();
   EXPECT_TRUE(absl::StrContains(body0, "gradwire_rpc_server_calls_total{function=\"ping\",peer=\"worker1\"} 3"))
