@@ -394,26 +394,28 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
   policy.max_backoff = absl::Milliseconds(500);
   policy.deadline = sync_timeout_;
   policy.retryable = [](const absl::Status& s) { return s.code() == absl::StatusCode::kAborted; };
-  return CountPush(clock, rpc::Retry<std::vector<Tensor>>(
-                              agent_.executor(), agent_.timers(), std::move(policy),
-                              [this, names, clock, grads, flat](int attempt) -> Future<std::vector<Tensor>> {
-                                std::vector<Table> tables;
-                                for (const std::string& name : names) {
-                                  absl::StatusOr<Table> t = attempt == 0 ? Find(name) : Refreshed(name);
-                                  if (!t.ok())
-                                    return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), t.status());
-                                  tables.push_back(*std::move(t));
-                                }
-                                for (const Table& t : tables) {
-                                  if (t.servers != tables[0].servers || t.epoch != tables[0].epoch) {
-                                    std::vector<Future<Tensor>> each;
-                                    for (size_t i = 0; i < names.size(); ++i)
-                                      each.push_back(PushPull(names[i], clock, grads[i]));
-                                    return WhenAll(agent_.executor(), std::move(each));
-                                  }
-                                }
-                                return PushPullManyOn(tables, names, clock, flat);
-                              }));
+  return rpc::Retry<std::vector<Tensor>>(agent_.executor(), agent_.timers(), std::move(policy),
+                                         [this, names, clock, grads, flat](int attempt) -> Future<std::vector<Tensor>> {
+                                           std::vector<Table> tables;
+                                           for (const std::string& name : names) {
+                                             absl::StatusOr<Table> t = attempt == 0 ? Find(name) : Refreshed(name);
+                                             if (!t.ok())
+                                               return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(),
+                                                                                           t.status());
+                                             tables.push_back(*std::move(t));
+                                           }
+                                           for (const Table& t : tables) {
+                                             if (t.servers != tables[0].servers || t.epoch != tables[0].epoch) {
+                                               std::vector<Future<Tensor>> each;
+                                               for (size_t i = 0; i < names.size(); ++i)
+                                                 each.push_back(PushPull(names[i], clock, grads[i]));
+                                               return WhenAll(agent_.executor(), std::move(each));
+                                             }
+                                           }
+                                           // One push of every table (the one-by-one path above counts each table's
+                                           // push).
+                                           return CountPush(clock, PushPullManyOn(tables, names, clock, flat));
+                                         });
 }
 
 Future<std::vector<Tensor>> Client::PushPullManyOn(const std::vector<Table>& tables, const std::vector<std::string>& names,
