@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/statistics.h"
+#include "gradwire/rpc/trace.h"
 
 namespace gw::collectives {
 namespace {
@@ -74,16 +75,22 @@ absl::StatusOr<Tensor> Op::Recv(int from, int64_t step, int64_t numel) {
   {
     absl::MutexLock lock(&g.mu_);
     for (;;) {
-      if (std::optional<GroupState::Failure> e = g.ErrorLocked(seq_)) return e->status;
+      if (std::optional<GroupState::Failure> e = g.ErrorLocked(seq_)) {
+        g.waiting_for_ = -1;
+        return e->status;
+      }
       auto it = g.inbox_.find(key);
       if (it != g.inbox_.end()) {
+        g.waiting_for_ = -1;
         data = std::move(it->second.data);
         taken = std::move(it->second.taken);
         g.inbox_.erase(it);
         break;
       }
+      g.waiting_for_ = from;
       if (g.SpinLocked(deadline_)) continue;
       if (absl::Now() >= deadline_) {
+        g.waiting_for_ = -1;
         absl::Status s = absl::DeadlineExceededError(
             absl::StrCat(g.Describe(signature_, seq_), ": nothing from ", g.Member(from), " within ",
                          absl::FormatDuration(g.config_.timeout), " (did it issue this collective, or is it frozen?); ",
@@ -130,7 +137,7 @@ absl::Status Op::Finish() {
 // ---------------------------------------------------------------------- GroupState
 
 GroupState::GroupState(Config config)
-    : config_(std::move(config)), completed_below_(config_.ranks.size(), 0) {}
+    : config_(std::move(config)), completed_below_(config_.ranks.size(), 0), heard_(config_.ranks.size(), false) {}
 
 GroupState::~GroupState() {
   Close();
@@ -146,6 +153,7 @@ GroupState::~GroupState() {
 void GroupState::Start() {
   statistics_ =
       config_.agent->statistics().Add("collectives", [this](std::vector<rpc::Sample>& out) { AppendStatistics(out); });
+  waits_ = config_.agent->waits().Add("collectives", [this](std::vector<rpc::Wait>& out) { AppendWaits(out); });
   // The thread keeps the state alive until it returns (after Close).
   thread_ = std::thread([self = shared_from_this()] { self->Run(); });
 }
@@ -166,6 +174,40 @@ void GroupState::AppendStatistics(std::vector<rpc::Sample>& out) const {
   // waits for a member shows here on every member that issued it.
   add("running", static_cast<double>(running_));
   add("running_seconds", running_ >= 0 ? absl::ToDoubleSeconds(absl::Now() - running_since_) : 0.0);
+}
+
+void GroupState::AppendWaits(std::vector<rpc::Wait>& out) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (running_ >= 0) {
+    rpc::Wait w{.layer = "collectives",
+                .state = "waits",
+                .what = Describe(running_signature_, running_),
+                .seconds = absl::ToDoubleSeconds(now - running_since_)};
+    for (size_t m = 0; m < heard_.size(); ++m) {
+      if (heard_[m] || static_cast<int>(m) == config_.rank) w.ready.push_back(config_.ranks[m]);
+    }
+    if (waiting_for_ >= 0) {
+      w.on.push_back(config_.ranks[static_cast<size_t>(waiting_for_)]);
+      w.note = absl::StrCat("waits for a piece from ", Member(waiting_for_));
+    } else {
+      w.note = "sending or reducing";
+    }
+    out.push_back(std::move(w));
+  }
+  if (retired_ >= 0) {
+    out.push_back({.layer = "collectives",
+                   .state = "last",
+                   .what = Describe(last_signature_, retired_),
+                   .seconds = absl::ToDoubleSeconds(now - last_done_at_),
+                   .note = absl::StrCat(next_seq_, " issued, ", queue_.size(), " queued")});
+  } else if (running_ < 0) {
+    out.push_back({.layer = "collectives",
+                   .state = "last",
+                   .what = absl::StrCat("no collective of ", Label(), " yet"),
+                   .seconds = -1,
+                   .note = absl::StrCat(next_seq_, " issued, ", queue_.size(), " queued")});
+  }
 }
 
 int GroupState::GroupRankOf(int agent_rank) const {
@@ -265,7 +307,10 @@ Future<rpc::Ack> GroupState::Deliver(int from_agent_rank, internal::CollectiveCh
     return MakeReadyFuture<rpc::Ack>(executor(), absl::InvalidArgumentError(absl::StrCat(
         Member(sender), " sent piece ", chunk.step, " of collective #", chunk.seq, " of ", Label(), " twice")));
   }
-  if (chunk.seq == running_) CheckSignatureLocked(sender, chunk.signature);
+  if (chunk.seq == running_) {
+    CheckSignatureLocked(sender, chunk.signature);
+    heard_[static_cast<size_t>(sender)] = true;
+  }
   Promise<rpc::Ack> taken(executor());
   Future<rpc::Ack> answer = taken.future();
   inbox_.emplace(key, Arrival{std::move(chunk.signature), std::move(chunk.data), std::move(taken)});
@@ -358,6 +403,10 @@ void GroupState::RetireLocked(int64_t seq, std::vector<Promise<rpc::Ack>>* answe
       ++it;
     }
   }
+  if (seq == running_) {
+    last_signature_ = running_signature_;
+    last_done_at_ = absl::Now();
+  }
   retired_ = seq;
   running_ = -1;
 }
@@ -404,8 +453,11 @@ void GroupState::BeginLocked(const Queued& q) {
   running_ = q.seq;
   running_since_ = absl::Now();
   running_signature_ = q.job.signature;
+  std::fill(heard_.begin(), heard_.end(), false);
   for (const auto& [key, arrival] : inbox_) {
-    if (std::get<0>(key) == q.seq) CheckSignatureLocked(std::get<2>(key), arrival.signature);
+    if (std::get<0>(key) != q.seq) continue;
+    CheckSignatureLocked(std::get<2>(key), arrival.signature);
+    heard_[static_cast<size_t>(std::get<2>(key))] = true;
   }
 }
 
@@ -429,6 +481,15 @@ void GroupState::Run() {
 }
 
 void GroupState::Execute(Queued& q) {
+  rpc::Tracer& tracer = config_.agent->tracer();
+  rpc::Tracer::Scope span(tracer, tracer.Intern("collectives"), tracer.Intern(KindName(q.job.signature.kind)));
+  span.span().arg_names[0] = tracer.Intern("seq");
+  span.span().arg_values[0] = q.seq;
+  int64_t numel = 1;
+  for (int64_t d : q.job.signature.shape) numel *= d;
+  span.span().arg_names[1] = tracer.Intern("elements");
+  span.span().arg_values[1] = numel;
+  span.span().note = tracer.Intern(Label());
   const absl::Time deadline = absl::Now() + config_.timeout;
   Op op(*this, q.seq, q.job.signature, deadline);
   absl::Status s = q.job.invalid;

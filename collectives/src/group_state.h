@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "gradwire/collectives/process_group.h"
 #include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/waits.h"
 #include "messages.h"
 
 namespace gw::collectives {
@@ -158,6 +159,9 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   std::string Label() const;  // "group 'g'" or "group [0, 1, 2]"
   // Issued, completed, failed, queued, and the running one's number and age.
   void AppendStatistics(std::vector<rpc::Sample>& out) const;
+  // What the group waits for (waits.h): the running collective, the member whose piece it
+  // waits for and the members heard from; and the last collective completed.
+  void AppendWaits(std::vector<rpc::Wait>& out) const;
   // Drops what is left of collectives up to `seq`; the held answers go out.
   void RetireLocked(int64_t seq, std::vector<Promise<rpc::Ack>>* answers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BroadcastAbort(int64_t seq, const absl::Status& status, bool broken);
@@ -186,9 +190,16 @@ class GroupState : public std::enable_shared_from_this<GroupState> {
   std::atomic<uint64_t> events_{0};           // bumped by Wake (for SpinLocked)
   absl::Time running_since_ ABSL_GUARDED_BY(mu_);
   int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;  // collectives that failed here
-  // The group in the agent's statistics (a metrics endpoint's gradwire_collectives_*):
-  // the last member, dropped first.
+  // For the waits: the member (group rank) the running collective waits for a piece from
+  // (-1: none), the members heard from in it, and the last one completed.
+  int waiting_for_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<bool> heard_ ABSL_GUARDED_BY(mu_);
+  internal::Signature last_signature_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_done_at_ ABSL_GUARDED_BY(mu_);
+  // The group in the agent's statistics (a metrics endpoint's gradwire_collectives_*)
+  // and waits: the last members, dropped first.
   rpc::Statistics::Source statistics_;
+  rpc::Waits::Source waits_;
 };
 
 }  // namespace gw::collectives

@@ -3,7 +3,9 @@
 #ifndef GRADWIRE_DIST_AUTOGRAD_SRC_CONTEXT_STATE_H_
 #define GRADWIRE_DIST_AUTOGRAD_SRC_CONTEXT_STATE_H_
 
+#include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -124,6 +126,11 @@ class ContextState {
   };
   std::vector<std::shared_ptr<Waiter>> waiters ABSL_GUARDED_BY(mu);
   std::vector<OutgoingGradients> outbox ABSL_GUARDED_BY(mu);  // filled by RecvFunction::Apply
+  // For the waits (waits.h): when this worker's part of the pass began (read without the
+  // lock, which a pass holds while it runs nodes here), and its gradient messages not
+  // answered yet, by rank.
+  std::atomic<int64_t> pass_started_ns{0};
+  std::map<int, int> unanswered ABSL_GUARDED_BY(mu);
 };
 
 }  // namespace gw::dist_autograd

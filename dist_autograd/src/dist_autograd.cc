@@ -17,6 +17,8 @@
 #include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/retry.h"
 #include "gradwire/rpc/statistics.h"
+#include "gradwire/rpc/trace.h"
+#include "gradwire/rpc/waits.h"
 #include "gradwire/tensor/error.h"
 #include "gradwire/tensor/kernels.h"
 #include "messages.h"
@@ -323,10 +325,66 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       add("backward_passes_running", static_cast<double>(passes_running_.load(std::memory_order_relaxed)));
       add("gradients_received_total", static_cast<double>(gradients_received_.load(std::memory_order_relaxed)));
     });
+    waits_ = agent_.waits().Add("dist_autograd", [this](std::vector<rpc::Wait>& out) { AppendWaits(out); });
+  }
+
+  void AppendPassLocked(ContextState& ctx, double seconds, std::vector<rpc::Wait>& waits) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu) {
+    if (ctx.waiters.empty()) return;
+    rpc::Wait w{.layer = "dist_autograd",
+                .state = "waits",
+                .what = absl::StrCat("backward pass ", ctx.pass, " of context ", ctx.id.ToString()),
+                .seconds = seconds};
+    int messages = 0;
+    for (const auto& [rank, n] : ctx.unanswered) {
+      w.on.push_back(rank);
+      messages += n;
+    }
+    const int64_t holding = ctx.task ? static_cast<int64_t>(ctx.task->waiting()) : 0;
+    w.note = messages > 0  ? absl::StrCat(messages, " gradient message(s) unanswered")
+             : holding > 0 ? absl::StrCat(holding, " node(s) here wait for gradients that have not arrived")
+                           : "finishing";
+    waits.push_back(std::move(w));
+  }
+
+  // Each context whose pass is not done here (a run awaits its answers): the workers its
+  // gradient messages wait on, or the local nodes that wait for input. The 16 oldest.
+  void AppendWaits(std::vector<rpc::Wait>& out) const {
+    constexpr size_t kMostListed = 16;
+    std::vector<std::shared_ptr<ContextState>> all;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, ctx] : contexts_) all.push_back(ctx);
+    }
+    const absl::Time now = absl::Now();
+    std::vector<rpc::Wait> waits;
+    for (const auto& ctx : all) {
+      const int64_t started = ctx->pass_started_ns.load(std::memory_order_relaxed);
+      if (started == 0) continue;  // no pass yet
+      const double seconds = absl::ToDoubleSeconds(now - absl::FromUnixNanos(started));
+      // A pass holds the lock while it runs nodes here (a user's backward function may
+      // take long): this source must not wait for it, and says so instead.
+      if (ctx->mu.TryLock()) {
+        AppendPassLocked(*ctx, seconds, waits);
+        ctx->mu.Unlock();
+      } else {
+        waits.push_back({.layer = "dist_autograd",
+                         .state = "runs",
+                         .what = absl::StrCat("backward functions of context ", ctx->id.ToString()),
+                         .seconds = seconds,
+                         .note = "a backward pass runs them here"});
+      }
+    }
+    std::sort(waits.begin(), waits.end(), [](const rpc::Wait& a, const rpc::Wait& b) { return a.seconds > b.seconds; });
+    if (waits.size() > kMostListed) waits.resize(kMostListed);
+    for (rpc::Wait& w : waits) out.push_back(std::move(w));
   }
 
   absl::Status Backward(const std::shared_ptr<ContextState>& ctx, const std::vector<Tensor>& roots,
                         const BackwardOptions& options) {
+    rpc::Tracer& tracer = agent_.tracer();
+    rpc::Tracer::Scope span(tracer, tracer.Intern("dist_autograd"), tracer.Intern("backward pass"));
+    span.span().note = tracer.Intern(absl::StrCat("context ", ctx->id.ToString()));
     passes_running_.fetch_add(1, std::memory_order_relaxed);
     absl::Status s = RunBackward(ctx, roots, options);
     passes_running_.fetch_sub(1, std::memory_order_relaxed);
@@ -458,6 +516,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
 
   void StartPass(ContextState& ctx, uint64_t pass, Mode mode, bool retain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu) {
     ctx.pass = pass;
+    ctx.pass_started_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
     ctx.mode = mode;
     ctx.retain_graph = retain;
     ctx.task = std::make_unique<autograd::GraphTask>(autograd::BackwardOptions{retain, &ctx.gradients});
@@ -522,7 +581,22 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       m.send = g.key;
       m.grads = std::move(g.grads);
       m.budget_ms = BudgetMs(deadline);
-      answers.push_back(agent_.Send(Name(g.to), m, rpc::CallOptions{absl::Milliseconds(m.budget_ms)}));
+      {
+        absl::MutexLock lock(&ctx->mu);
+        ++ctx->unanswered[g.to];
+      }
+      Promise<Ack> answered(agent_.executor());
+      answers.push_back(answered.future());
+      agent_.Send(Name(g.to), m, rpc::CallOptions{absl::Milliseconds(m.budget_ms)},
+                  [ctx, to = g.to, answered](absl::StatusOr<Ack> r) mutable {
+                    {
+                      absl::MutexLock lock(&ctx->mu);
+                      if (auto it = ctx->unanswered.find(to); it != ctx->unanswered.end() && --it->second == 0) {
+                        ctx->unanswered.erase(it);
+                      }
+                    }
+                    answered.Set(std::move(r));
+                  });
     }
     return answers;
   }
@@ -643,6 +717,9 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       } catch (...) {  // a gradient of the wrong shape
         RecordError(*ctx, rpc::StatusFromException(Name(self_)));
       }
+      rpc::Tracer& tracer = agent_.tracer();
+      rpc::Tracer::Scope span(tracer, tracer.Intern("dist_autograd"), tracer.Intern("backward"));
+      span.span().note = tracer.Intern(absl::StrCat("context ", ctx->id.ToString(), ", gradients from ", info.caller));
       RunLocked(*ctx);
       ctx->waiters.push_back(waiter);
     }
@@ -665,6 +742,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
   std::atomic<int64_t> passes_running_{0};
   std::atomic<uint64_t> gradients_received_{0};
   rpc::Statistics::Source statistics_;  // reads the members above: the last, dropped first
+  rpc::Waits::Source waits_;            // as statistics_
 
   friend class Context;
   absl::Status Explain(ContextState& ctx, Mode mode, const absl::Status& s, const char* phase) {

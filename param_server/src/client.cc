@@ -11,10 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "checkpointer.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/rpc/retry.h"
+#include "gradwire/rpc/waits.h"
 #include "gradwire/tensor/kernels.h"
-#include "checkpointer.h"
 #include "messages.h"
 #include "resplit.h"
 
@@ -45,7 +46,7 @@ Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer,
           std::make_shared<internal::Checkpointer>(agent, options.checkpoint_max_failures, options.sync_timeout)),
       next_checkpoint_(absl::Now() + options.checkpoint_every),
       progress_(std::make_shared<Progress>()) {
-  statistics_ =
+  rpc::Statistics::Source statistics =
       agent_.statistics().Add("ps_client", [p = progress_, trainer = trainer_](std::vector<rpc::Sample>& out) {
         const std::map<std::string, std::string> labels = {{"trainer", absl::StrCat(trainer)}};
         out.push_back({"gradwire_ps_client_pushes_total", labels, static_cast<double>(p->pushes.load())});
@@ -53,6 +54,27 @@ Client::Client(rpc::Agent& agent, std::vector<std::string> servers, int trainer,
         out.push_back(
             {"gradwire_ps_client_last_push_time_seconds", labels, static_cast<double>(p->last_push_ns.load()) * 1e-9});
       });
+  // The trainer's last completed push, for `gradwire debug` (a trainer stuck in its own
+  // code shows how long ago it last pushed).
+  rpc::Waits::Source waits =
+      agent_.waits().Add("ps_client", [p = progress_, trainer = trainer_](std::vector<rpc::Wait>& out) {
+        const int64_t last_ns = p->last_push_ns.load();
+        if (last_ns == 0) {
+          out.push_back({.layer = "param_server",
+                         .state = "last",
+                         .what = absl::StrCat("trainer ", trainer, ": no push yet"),
+                         .seconds = -1});
+          return;
+        }
+        out.push_back({.layer = "param_server",
+                       .state = "last",
+                       .what = absl::StrCat("trainer ", trainer, "'s push of clock ", p->last_clock.load()),
+                       .seconds = absl::ToDoubleSeconds(absl::Now() - absl::FromUnixNanos(last_ns)),
+                       .note = absl::StrCat(p->pushes.load(), p->pushes.load() == 1 ? " push" : " pushes")});
+      });
+  // Both sources go with the client's one handle.
+  statistics_ =
+      std::make_shared<std::pair<rpc::Statistics::Source, rpc::Waits::Source>>(std::move(statistics), std::move(waits));
 }
 
 Client::~Client() = default;

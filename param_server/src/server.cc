@@ -22,12 +22,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "freeze.h"
 #include "gradwire/nn/file_io.h"
 #include "gradwire/nn/serialize.h"
 #include "gradwire/optim/functional.h"
 #include "gradwire/rpc/errors.h"
+#include "gradwire/rpc/waits.h"
 #include "gradwire/tensor/kernels.h"
-#include "freeze.h"
 #include "manifest.h"
 #include "messages.h"
 #include "shard.h"
@@ -139,6 +140,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
     watchdog_ = std::thread([this] { Watch(); });
     if (!options_.checkpoint_dir.empty()) writer_ = std::thread([this] { WriteCuts(); });
     // The tables and checkpoints in the agent's statistics (what a metrics endpoint exports).
+    waits_ = agent_.waits().Add("ps", [this](std::vector<rpc::Wait>& out) { AppendWaits(out); });
     statistics_ = agent_.statistics().Add("ps", [this](std::vector<rpc::Sample>& out) {
       AppendTableStatistics(out);
       if (!options_.checkpoint_dir.empty()) {
@@ -283,6 +285,52 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
       add("waiting_pulls", static_cast<double>(shard.waiting.size()));
       add("rows", static_cast<double>(shard.config.sparse ? rows : shard.values.numel()));
       if (!shard.config.sparse) add("updates_total", static_cast<double>(shard.state.step));
+    }
+  }
+
+  // What the tables wait for (waits.h): a synchronous step's missing pushes, and pulls
+  // that wait for a clock, each on the workers of the trainers they wait for.
+  void AppendWaits(std::vector<rpc::Wait>& out) const {
+    const absl::Time now = absl::Now();
+    for (const auto& [table, shard_ptr] : Live()) {
+      Shard& shard = *shard_ptr;
+      absl::MutexLock lock(&shard.mu);
+      const Consistency mode = shard.clock.mode();
+      auto on_trainers = [&](const std::vector<int>& trainers, rpc::Wait& w) {
+        std::vector<std::string> names;
+        for (int t : trainers) {
+          const int rank = trainers_.RankOf(t);
+          if (rank >= 0) w.on.push_back(rank);
+          names.push_back(rank >= 0 ? absl::StrCat("trainer ", t, " (", agent_.NameOf(rank), ")")
+                                    : absl::StrCat("trainer ", t, " (no push yet)"));
+        }
+        return absl::StrJoin(names, ", ");
+      };
+      if (mode == Consistency::kSync && !shard.clock.pushed().empty()) {
+        const int64_t step = shard.clock.applied();
+        rpc::Wait w{
+            .layer = "param_server", .state = "waits", .what = absl::StrCat("step ", step, " of table '", table, "'")};
+        if (shard.step_deadline != absl::InfiniteFuture()) {
+          w.seconds = absl::ToDoubleSeconds(shard.config.sync_timeout - (shard.step_deadline - now));
+        }
+        for (int t : shard.clock.pushed()) {
+          if (const int rank = trainers_.RankOf(t); rank >= 0) w.ready.push_back(rank);
+        }
+        const std::string missing = on_trainers(shard.clock.Lagging(step + 1), w);
+        w.note = absl::StrCat(shard.clock.pushed().size(), " of ", shard.clock.taking_part(),
+                              " trainers pushed; waiting for ", missing.empty() ? "none" : missing);
+        out.push_back(std::move(w));
+      }
+      if (!shard.waiting.empty()) {
+        int64_t clock = std::numeric_limits<int64_t>::max();
+        for (const Waiter& waiter : shard.waiting) clock = std::min(clock, waiter.clock);
+        rpc::Wait w{.layer = "param_server",
+                    .state = "waits",
+                    .what = absl::StrCat(shard.waiting.size(), " pull(s) of table '", table, "' for clock ", clock)};
+        const std::string missing = on_trainers(shard.clock.Lagging(clock), w);
+        w.note = absl::StrCat("waiting for ", missing.empty() ? "none" : missing);
+        out.push_back(std::move(w));
+      }
     }
   }
 
@@ -1401,6 +1449,7 @@ class ParameterServer::Impl : public std::enable_shared_from_this<ParameterServe
   absl::Time last_logged_ ABSL_GUARDED_BY(cut_mu_) = absl::InfinitePast();
   std::thread writer_;
   rpc::Statistics::Source statistics_;  // last: dropped first
+  rpc::Waits::Source waits_;            // as statistics_
 };
 
 absl::StatusOr<std::shared_ptr<ParameterServer>> ParameterServer::Install(rpc::Agent& agent, ServerOptions options) {

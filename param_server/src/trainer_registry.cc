@@ -32,4 +32,10 @@ std::string TrainerRegistry::DeadAmong(const std::vector<int>& trainers) const {
   return "";
 }
 
+int TrainerRegistry::RankOf(int64_t trainer) const {
+  absl::MutexLock lock(&mu_);
+  auto it = trainers_.find(trainer);
+  return it == trainers_.end() ? -1 : it->second.rank;
+}
+
 }  // namespace gw::param_server::internal

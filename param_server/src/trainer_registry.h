@@ -10,6 +10,7 @@
 //   - DeadAmong(trainers) describes the first dead trainer of the list ("trainer 1
 //     (worker2)"), or returns "" when none is: a step that waits for a dead trainer's push
 //     fails at once (UNAVAILABLE naming it) instead of at the table's sync_timeout.
+//   - RankOf(trainer): the agent rank it last pushed from, -1 before its first push.
 //   - Thread-safe.
 #ifndef GRADWIRE_PARAM_SERVER_SRC_TRAINER_REGISTRY_H_
 #define GRADWIRE_PARAM_SERVER_SRC_TRAINER_REGISTRY_H_
@@ -29,6 +30,8 @@ class TrainerRegistry {
   void Pushed(int64_t trainer, int rank, const std::string& worker);
   bool WorkerGone(int rank);
   std::string DeadAmong(const std::vector<int>& trainers) const;
+  // The agent rank trainer `trainer` last pushed from (-1: it has not pushed).
+  int RankOf(int64_t trainer) const;
 
  private:
   struct Trainer {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -33,6 +34,8 @@
 #include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/metrics_endpoint.h"
 #include "gradwire/rpc/statistics.h"
+#include "gradwire/rpc/trace.h"
+#include "gradwire/rpc/waits.h"
 #include "gradwire/tensor/cuda.h"
 #include "observe/call_metrics.h"
 #include "rref/rref_context.h"
@@ -50,6 +53,13 @@ constexpr std::string_view kAgentPrefix = "__agent.";
 struct StatisticsQuery {
   static constexpr char kFunction[] = "__agent.statistics";
   using Reply = std::vector<Sample>;
+  static constexpr auto Fields() { return std::tuple<>(); }
+};
+
+// Another worker's clock, for the trace's offsets (Tracer::SetClockOffset).
+struct ClockQuery {
+  static constexpr char kFunction[] = "__observe.clock";
+  using Reply = int64_t;  // Tracer::Now() there
   static constexpr auto Fields() { return std::tuple<>(); }
 };
 
@@ -108,6 +118,10 @@ class Agent::Impl {
     gpus_ = cuda::Available() ? cuda::DeviceCount() : 0;
     if (absl::Status s = CheckOwnDeviceMaps(); !s.ok()) return s;
     ids_.emplace(options_.rank);
+    tracer_ = Tracer::Open(options_.trace_dir, options_.name, options_.rank);
+    send_category_ = tracer_->Intern("rpc.send");
+    peer_arg_ = tracer_->Intern("peer");
+    bytes_arg_ = tracer_->Intern("bytes");
     members_ = std::make_unique<internal::Members>(options_.world_size, options_.max_world_size);
 
     if (options_.transport_options.self_name.empty()) options_.transport_options.self_name = options_.name;
@@ -137,7 +151,8 @@ class Agent::Impl {
             },
             [this](std::vector<std::string> names) { rrefs_->SetWorkerNames(std::move(names)); },
             [this](int rank) { return OnLeft(rank); }});
-    calls_ = std::make_unique<internal::CallTable>(timers_, [this](int rank) { return peers_->Describe(rank); });
+    calls_ = std::make_unique<internal::CallTable>(
+        timers_, [this](int rank) { return peers_->Describe(rank); }, tracer_.get(), options_.rank);
     dispatcher_ = std::make_unique<internal::Dispatcher>(
         options_.name, pool_,
         internal::Dispatcher::Peers{
@@ -145,7 +160,7 @@ class Agent::Impl {
             [this](int to, uint64_t id, const absl::StatusOr<Value>& result, const CallHooks::Scope& scope) {
               return EncodeReply(to, id, result, scope);
             }},
-        options_.security.limits.max_calls_in_flight, &call_metrics_);
+        options_.security.limits.max_calls_in_flight, &call_metrics_, tracer_.get());
 
     // The RRef context exists before any peer can reach us.
     internal::RRefContext::Hooks hooks;
@@ -173,6 +188,20 @@ class Agent::Impl {
       return s;
     }
     own_statistics_ = statistics_.Add("agent", [this](std::vector<Sample>& out) { AppendOwnStatistics(out); });
+    if (absl::Status s = agent.Handle<WaitsQuery>([this](const CallInfo&, WaitsQuery) { return waits_.Collect(); },
+                                                  RegisterOptions{HandlerMode::kInline});
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = agent.Handle<ClockQuery>([](const CallInfo&, ClockQuery) { return Tracer::Now(); },
+                                                  RegisterOptions{HandlerMode::kInline});
+        !s.ok()) {
+      return s;
+    }
+    own_waits_ = waits_.Add("agent", [this](std::vector<Wait>& out) {
+      calls_->AppendWaits(out);
+      dispatcher_->AppendWaits(out);
+    });
     if (absl::Status s = agent.Handle<internal::JoinNotice>([](const CallInfo&, internal::JoinNotice) { return Ack{}; },
                                                             RegisterOptions{HandlerMode::kInline});
         !s.ok()) {
@@ -211,7 +240,112 @@ class Agent::Impl {
     if (absl::Status s = CheckPeerDeviceMaps(); !s.ok()) return s;
     heartbeats_->Start();
     if (options_.join) membership_->Introduce(deadline);
+    MeasureClockOffset();
+    if (options_.stall_report_after > absl::ZeroDuration()) WatchStalls();
     return absl::OkStatus();
+  }
+
+  // ---------------------------------------------------------------- observability
+
+  // A traced worker measures its clock against rank 0's (the trace's reference) over the
+  // job's own connection: the round trip with the shortest time bounds the error.
+  void MeasureClockOffset() {
+    if (!tracer_->enabled() || options_.rank == 0) return;
+    const std::string zero = NameOf(0);
+    for (int i = 0; i < 8; ++i) {
+      Promise<int64_t> promise(pool_);
+      const int64_t sent = Tracer::Now();
+      Call(zero, ClockQuery::kFunction, ValueList{}, CallOptions{.timeout = absl::Seconds(1)},
+           [promise](absl::StatusOr<Value> v) {
+             promise.Set(internal::ConvertResult<int64_t>(std::move(v), "rank 0", ClockQuery::kFunction));
+           });
+      absl::StatusOr<int64_t> theirs = promise.future().Get(absl::Seconds(2));
+      const int64_t received = Tracer::Now();
+      if (!theirs.ok()) return;  // no offset: merge says so
+      tracer_->SetClockOffset(0, *theirs - (sent + received) / 2, received - sent);
+    }
+  }
+
+  // Every second, this worker looks for waits older than stall_report_after it has not
+  // reported; for each, it asks every member for its waits and logs who waits on whom.
+  void WatchStalls() {
+    const absl::Duration every = std::min(absl::Seconds(1), options_.stall_report_after);
+    stall_timer_ = timers_.At(absl::Now() + every, [this] {
+      if (closed()) return;
+      CheckStalls();
+      WatchStalls();
+    });
+  }
+
+  void CheckStalls() {
+    const double threshold = absl::ToDoubleSeconds(options_.stall_report_after);
+    std::vector<Wait> mine = waits_.Collect();
+    absl::flat_hash_set<std::string> now_waiting;
+    std::vector<const Wait*> fresh;
+    for (const Wait& w : mine) {
+      if (w.state != "waits" || w.seconds < threshold) continue;
+      std::string key = absl::StrCat(w.layer, "|", w.what, "|", absl::StrJoin(w.on, ","));
+      if (!reported_stalls_.contains(key)) fresh.push_back(&w);
+      now_waiting.insert(std::move(key));
+    }
+    reported_stalls_ = std::move(now_waiting);  // a wait that ended may be reported again
+    if (fresh.empty()) return;
+    std::string headline =
+        absl::StrCat(options_.name, ": ", fresh.front()->what, " has waited ",
+                     absl::FormatDuration(absl::Seconds(static_cast<int64_t>(fresh.front()->seconds))),
+                     fresh.size() > 1 ? absl::StrCat(" (and ", fresh.size() - 1, " more)") : "");
+    GatherWaits(absl::Seconds(1), [this, headline](std::vector<WorkerWaits> all) {
+      std::fprintf(stderr, "gradwire: %s; who waits on whom in the job:\n%s", headline.c_str(),
+                   WhoWaitsOnWhom(all).c_str());
+      stall_reports_.fetch_add(1, std::memory_order_relaxed);
+    });
+  }
+
+  // Asks every present member (this one too) for its waits; `done` gets them all, by rank,
+  // each answered or not (a member that does not answer within `timeout` is named so).
+  void GatherWaits(absl::Duration timeout, std::function<void(std::vector<WorkerWaits>)> done) {
+    struct Gather {
+      absl::Mutex mu;
+      std::vector<WorkerWaits> all ABSL_GUARDED_BY(mu);
+      int left ABSL_GUARDED_BY(mu) = 0;
+      std::function<void(std::vector<WorkerWaits>)> done;
+    };
+    auto gather = std::make_shared<Gather>();
+    gather->done = std::move(done);
+    const std::vector<WorkerInfo> present = members_->Present();
+    {
+      absl::MutexLock lock(&gather->mu);
+      gather->left = static_cast<int>(present.size());
+      for (const WorkerInfo& w : present) gather->all.push_back({.worker = w.name, .rank = w.rank});
+    }
+    auto finish = [gather](size_t i, absl::StatusOr<Value> v) {
+      std::function<void(std::vector<WorkerWaits>)> report;
+      std::vector<WorkerWaits> all;
+      {
+        absl::MutexLock lock(&gather->mu);
+        WorkerWaits& w = gather->all[i];
+        absl::StatusOr<std::vector<Wait>> waits =
+            internal::ConvertResult<std::vector<Wait>>(std::move(v), w.worker, WaitsQuery::kFunction);
+        w.answered = waits.ok();
+        if (waits.ok()) {
+          w.waits = std::move(*waits);
+        } else {
+          w.error = std::string(waits.status().message());
+        }
+        if (--gather->left > 0) return;
+        all = std::move(gather->all);
+        report = std::move(gather->done);
+      }
+      report(std::move(all));
+    };
+    for (size_t i = 0; i < present.size(); ++i) {
+      if (present[i].rank == options_.rank) {
+        finish(i, ValueTraits<std::vector<Wait>>::To(waits_.Collect()));
+      } else {
+        Call(present[i].name, WaitsQuery::kFunction, ValueList{}, CallOptions{.timeout = timeout},
+             [finish, i](absl::StatusOr<Value> v) { finish(i, std::move(v)); });
+      }
+    }
   }
 
   // The metrics endpoint the environment asks for (metrics_endpoint.h), before the worker
@@ -220,12 +354,20 @@ class Agent::Impl {
     absl::StatusOr<std::optional<MetricsEndpointOptions>> wanted = internal::MetricsFromEnv(options_);
     if (!wanted.ok()) return wanted.status();
     if (!wanted->has_value()) return absl::OkStatus();
-    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start(statistics_, **wanted);
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start(statistics_, **wanted, &waits_);
     if (!endpoint.ok()) return endpoint.status();
     metrics_endpoint_ = std::move(*endpoint);
     std::fprintf(stderr, "gradwire: %s serves its metrics at %s\n", options_.name.c_str(),
                  metrics_endpoint_->url().c_str());
-    return absl::OkStatus();
+    // Where `gradwire debug` and `gradwire top` find it: a wildcard address is reached at
+    // the address this worker advertises to its peers.
+    std::string host = (*wanted)->host;
+    if (host == "0.0.0.0" || host == "::") {
+      absl::StatusOr<std::string> advertised = AdvertiseHost();
+      host = advertised.ok() ? *advertised : "127.0.0.1";
+    }
+    return rendezvous_->store().Set(rendezvous_->Key("metrics/", options_.rank),
+                                    absl::StrCat(host, ":", metrics_endpoint_->port()));
   }
 
   // ---------------------------------------------------------------- device maps
@@ -373,6 +515,7 @@ class Agent::Impl {
     }
     const absl::Duration timeout =
         call_options.timeout > absl::ZeroDuration() ? call_options.timeout : options_.default_timeout;
+    const int64_t traced_since = tracer_->enabled() ? Tracer::Now() : 0;
     Envelope env;
     env.kind = Kind::kRequest;
     env.function = function;
@@ -406,7 +549,8 @@ class Agent::Impl {
       calls_->Complete(env.id, conn.status());
       return;
     }
-    series.Sent(internal::MessageBytes(*message));
+    const uint64_t bytes = internal::MessageBytes(*message);
+    series.Sent(bytes);
     auto on_sent = [this, id = env.id](absl::Status s) {
       if (s.ok()) return;
       if (std::optional<internal::CallTable::Call> call = calls_->Find(id)) {  // name the peer
@@ -420,6 +564,17 @@ class Agent::Impl {
       (*conn)->SendCoalesced(std::move(*message), std::move(on_sent));
     } else {
       (*conn)->Send(std::move(*message), std::move(on_sent));
+    }
+    if (traced_since != 0) {
+      // The request's slice on the calling thread (encoding and handing it to the
+      // transport), where its flow arrow to the handler starts.
+      tracer_->Record({.category = send_category_,
+                       .name = tracer_->Intern(function),
+                       .begin_us = traced_since,
+                       .end_us = Tracer::Now(),
+                       .flow_out = Tracer::CallFlow(options_.rank, env.id),
+                       .arg_names = {peer_arg_, bytes_arg_},
+                       .arg_values = {rank, static_cast<int64_t>(bytes)}});
     }
   }
 
@@ -473,6 +628,14 @@ class Agent::Impl {
     if (heartbeats_) heartbeats_->Stop();
     if (peers_) peers_->CloseAll();
     if (rendezvous_) rendezvous_->Close();
+    if (tracer_->enabled()) {
+      const std::string path = tracer_->path();
+      if (absl::Status s = tracer_->Close(); !s.ok()) {
+        std::fprintf(stderr, "gradwire: %s: %s\n", options_.name.c_str(), std::string(s.message()).c_str());
+      } else {
+        std::fprintf(stderr, "gradwire: %s wrote its trace to %s\n", options_.name.c_str(), path.c_str());
+      }
+    }
   }
 
   const AgentOptions& options() const { return options_; }
@@ -499,6 +662,8 @@ class Agent::Impl {
     return rrefs_->AwaitStats(until, deadline);
   }
   Statistics& statistics() { return statistics_; }
+  Tracer& tracer() { return *tracer_; }
+  Waits& waits() { return waits_; }
   void AppendOwnStatistics(std::vector<Sample>& out) const {
     const RRefStats r = rrefs_->Stats();
     const TransportStats t = transport_stats();
@@ -510,6 +675,12 @@ class Agent::Impl {
     add("gradwire_rref_pending_control", r.pending_control);
     add("gradwire_shm_connections", t.shared_memory_connections);
     add("gradwire_shm_tensors_total", t.shared_memory_tensors);
+    add("gradwire_shm_arena_bytes", t.shared_memory_arena_bytes);
+    add("gradwire_shm_arena_high_water_bytes", t.shared_memory_arena_high_water_bytes);
+    add("gradwire_shm_arena_blocks_in_use", t.shared_memory_arena_blocks_in_use);
+    add("gradwire_rpc_worker_pool_threads", static_cast<int64_t>(pool_.num_threads()));
+    add("gradwire_rpc_worker_pool_queued", static_cast<int64_t>(pool_.queued()));
+    add("gradwire_stall_reports_total", stall_reports_.load(std::memory_order_relaxed));
     add("gradwire_rpc_heartbeats_sent_total", heartbeats_->pings_sent());
     add("gradwire_rpc_peers_declared_silent_total", heartbeats_->declared_dead());
     for (const auto& [rank, running] : dispatcher_->running_by_peer()) {
@@ -717,6 +888,9 @@ class Agent::Impl {
   // Declared in destruction order's reverse: units that others refer to come first.
   AgentOptions options_;
   Statistics statistics_;
+  Waits waits_;
+  std::unique_ptr<Tracer> tracer_ = std::make_unique<Tracer>();  // opened in Start, once the rank is known
+  Tracer::Name send_category_ = 0, peer_arg_ = 0, bytes_arg_ = 0;
   internal::CallMetrics call_metrics_;  // the calls and requests of the units below
   ThreadPool pool_;
   TimerQueue timers_;
@@ -737,6 +911,10 @@ class Agent::Impl {
   absl::Mutex gone_mu_;
   absl::flat_hash_set<int> gone_ ABSL_GUARDED_BY(gone_mu_);  // connection closed, not reached since
   Statistics::Source own_statistics_;               // reads the units above: dropped first
+  Waits::Source own_waits_;                         // as own_statistics_
+  TimerQueue::Handle stall_timer_;
+  absl::flat_hash_set<std::string> reported_stalls_;  // on the timer thread only
+  std::atomic<int64_t> stall_reports_{0};
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;  // reads statistics_: stops before anything goes
 
   absl::Mutex mu_;
@@ -797,6 +975,8 @@ bool Agent::AwaitRRefs(const std::function<bool(const RRefStats&)>& until, absl:
   return impl_->AwaitRRefs(until, deadline);
 }
 Statistics& Agent::statistics() { return impl_->statistics(); }
+Tracer& Agent::tracer() { return impl_->tracer(); }
+Waits& Agent::waits() { return impl_->waits(); }
 Future<std::vector<Sample>> Agent::StatisticsOf(const std::string& worker) {
   if (worker == self().name) return MakeReadyFuture<std::vector<Sample>>(executor(), statistics().Collect());
   return Send(worker, StatisticsQuery{});

@@ -165,6 +165,17 @@ absl::Status internal::ResolveOptions(AgentOptions& options) {
     if (!env->authenticate) sec.authenticate = false;
   }
   if (absl::Status s = sec.Validate(); !s.ok()) return s;
+  if (std::string dir = Env("GRADWIRE_TRACE"); !dir.empty()) options.trace_dir = std::move(dir);
+  if (std::string after = Env("GRADWIRE_STALL_REPORT"); !after.empty()) {
+    double seconds = 0;
+    if (!absl::SimpleAtod(after, &seconds) || seconds < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GRADWIRE_STALL_REPORT=", after,
+                       " is not a number of seconds: give how long something may wait before "
+                       "the worker reports who waits on whom (0: never)"));
+    }
+    options.stall_report_after = absl::Seconds(seconds);
+  }
   const bool alone = options.max_world_size <= 1 && !options.join;
   if (sec.authenticate && sec.secret.empty() && !alone) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -200,14 +211,23 @@ absl::StatusOr<std::optional<MetricsEndpointOptions>> internal::MetricsFromEnv(c
     absl::StatusOr<int> port = port_of("GRADWIRE_METRICS_PORT_BASE", true);
     if (!port.ok()) return port.status();
     m.port = *port;
+  } else if (options.metrics_port >= 0) {
+    if (options.metrics_port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.name, ": AgentOptions::metrics_port ", options.metrics_port,
+                       " is not a TCP port: give a number in 0-65535 (0: any free port)"));
+    }
+    m.port = options.metrics_port;
   } else {
     return std::nullopt;
   }
+  m.host = options.metrics_host.empty() ? "127.0.0.1" : options.metrics_host;
   if (std::string host = Env("GRADWIRE_METRICS_HOST"); !host.empty()) m.host = std::move(host);
   if (!internal::IsLoopbackHost(m.host) && options.security.authenticates()) {
     m.bearer_token = MetricsToken(options.security.secret);
   }
   m.owner = options.name;
+  m.rank = options.rank;
   return m;
 }
 

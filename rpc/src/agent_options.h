@@ -10,10 +10,12 @@
 //     peer_timeout under twice a positive heartbeat_interval, or bad TLS files;
 //     FAILED_PRECONDITION, saying how to give one, for a group that may have more than
 //     one worker and authenticates with no secret. Each message names the worker.
-//   - MetricsFromEnv(options): the metrics endpoint the environment asks this worker to
-//     serve (metrics_endpoint.h), once its rank is known: nullopt when neither
-//     GRADWIRE_METRICS_PORT nor GRADWIRE_METRICS_PORT_BASE (port = base + rank) is set;
-//     host GRADWIRE_METRICS_HOST or 127.0.0.1; off loopback, in a job that authenticates,
+//     GRADWIRE_TRACE sets trace_dir, GRADWIRE_STALL_REPORT (seconds) stall_report_after.
+//   - MetricsFromEnv(options): the metrics endpoint this worker serves
+//     (metrics_endpoint.h), once its rank is known: GRADWIRE_METRICS_PORT, else
+//     GRADWIRE_METRICS_PORT_BASE (port = base + rank), else options.metrics_port; nullopt
+//     when that is -1; host GRADWIRE_METRICS_HOST, else options.metrics_host (127.0.0.1
+//     when empty); off loopback, in a job that authenticates,
 //     the job's metrics token is asked. INVALID_ARGUMENT, naming the variable, for a value
 //     that is not a port.
 #ifndef GRADWIRE_RPC_SRC_AGENT_OPTIONS_H_

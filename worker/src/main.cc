@@ -13,6 +13,7 @@
 #include "gradwire/rpc/metrics_endpoint.h"
 #include "gradwire/rpc/security.h"
 #include "gradwire/worker/launcher.h"
+#include "observe_cli.h"
 
 namespace gw::worker {
 namespace {
@@ -23,6 +24,8 @@ constexpr char kUsage[] =
                        [--max-workers M] [--join] [--metrics-port P] PROGRAM [ARGS...]
        gradwire launch --rdzv etcd://HOST:PORT/JOB [-n N] [--nnodes M --node-rank K] ... PROGRAM [ARGS...]
        gradwire secret [--metrics-token]
+       gradwire debug|top JOB ...        (gradwire debug --help)
+       gradwire trace merge|render ...   (gradwire trace --help)
        gradwire --help
 
 Commands:
@@ -34,6 +37,9 @@ Commands:
            with --metrics-token, print the metrics token of the job whose secret
            GRADWIRE_SECRET_FILE (or GRADWIRE_SECRET) gives: what a scraper sends as
            "Authorization: Bearer TOKEN" to endpoints bound beyond loopback
+  debug    who waits on whom in a running job, naming the worker at the root
+  top      a running job's workers: calls/s, MB/s, p99, queues, steps, refreshed
+  trace    merge the workers' traces (GRADWIRE_TRACE=DIR) onto one clock; render as SVG
 
 Options of launch (they end at PROGRAM; everything after it goes to PROGRAM untouched):
   -n N, --nproc-per-node N  number of workers on this machine (default 1)
@@ -273,6 +279,16 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (command == "launch") return RunLaunch(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (command == "debug" || command == "top" || command == "trace") {
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (!rest.empty() && (rest[0] == "-h" || rest[0] == "--help")) {
+      std::fputs(kObserveUsage, stdout);
+      return 0;
+    }
+    if (command == "debug") return RunDebug(rest);
+    if (command == "top") return RunTop(rest);
+    return RunTrace(rest);
+  }
   if (command == "secret") {
     if (args.size() == 2 && args[1] == "--metrics-token") {
       absl::StatusOr<rpc::Security> security = rpc::Security::FromEnv();

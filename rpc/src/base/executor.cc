@@ -24,6 +24,11 @@ bool ThreadPool::Post(std::function<void()> fn) {
   return true;
 }
 
+size_t ThreadPool::queued() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size();
+}
+
 void ThreadPool::Shutdown() {
   {
     absl::MutexLock lock(&mu_);

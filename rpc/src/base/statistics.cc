@@ -11,53 +11,6 @@
 
 namespace gw::rpc {
 
-// A source; `collect` is reset (under `mu`) when its handle goes, so a running collect
-// finishes before the source's state may.
-struct Statistics::Entry {
-  std::string name;
-  absl::Mutex mu;
-  Collector collect ABSL_GUARDED_BY(mu);
-};
-
-Statistics::Source Statistics::Add(std::string name, Collector collect) {
-  auto entry = std::make_shared<Entry>();
-  entry->name = std::move(name);
-  {
-    absl::MutexLock lock(&entry->mu);
-    entry->collect = std::move(collect);
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    entries_.push_back(entry);
-  }
-  // The handle: its deleter retires the source.
-  return Source(static_cast<void*>(entry.get()), [entry](void*) {
-    absl::MutexLock lock(&entry->mu);
-    entry->collect = nullptr;
-  });
-}
-
-std::vector<Sample> Statistics::Collect() const {
-  std::vector<std::shared_ptr<Entry>> entries;
-  {
-    absl::MutexLock lock(&mu_);
-    // Retired sources leave the list here.
-    entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
-                                  [](const std::shared_ptr<Entry>& e) {
-                                    absl::MutexLock l(&e->mu);
-                                    return !e->collect;
-                                  }),
-                   entries_.end());
-    entries = entries_;
-  }
-  std::vector<Sample> out;
-  for (const std::shared_ptr<Entry>& e : entries) {
-    absl::MutexLock lock(&e->mu);
-    if (e->collect) e->collect(out);
-  }
-  return out;
-}
-
 namespace {
 
 // Counts as integers, other values in the shortest form that reads back as the same

@@ -9,30 +9,64 @@
 
 namespace gw::rpc::internal {
 
-CallTable::CallTable(TimerQueue& timers, std::function<std::string(int)> describe)
-    : timers_(timers), describe_(std::move(describe)) {}
+CallTable::CallTable(TimerQueue& timers, std::function<std::string(int)> describe, Tracer* tracer, int self_rank)
+    : timers_(timers), describe_(std::move(describe)), tracer_(tracer), self_rank_(self_rank) {
+  if (tracer_ != nullptr && tracer_->enabled()) {
+    call_category_ = tracer_->Intern("rpc.call");
+    reply_category_ = tracer_->Intern("rpc.reply");
+    peer_arg_ = tracer_->Intern("peer");
+    bytes_arg_ = tracer_->Intern("bytes");
+  }
+}
 
 CallTable::~CallTable() { Close(absl::CancelledError("the call table was destroyed")); }
 
-void CallTable::Pending::Finish(absl::StatusOr<Value> result, uint64_t received_bytes) {
+void CallTable::Pending::Finish(CallTable& table, absl::StatusOr<Value> result, uint64_t received_bytes) {
   if (series != nullptr) {
     series->Received(received_bytes);
     series->Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), result.ok());
   }
+  Tracer* tracer = table.tracer_;
+  if (tracer == nullptr || begin_us == 0 || !tracer->enabled()) {
+    done(std::move(result));
+    return;
+  }
+  Tracer::Span call{.category = table.call_category_,
+                    .name = tracer->Intern(function),
+                    .begin_us = begin_us,
+                    .async = true,
+                    .async_id = Tracer::CallFlow(table.self_rank_, id),
+                    .arg_names = {table.peer_arg_, table.bytes_arg_},
+                    .arg_values = {rank, static_cast<int64_t>(received_bytes)}};
+  if (!result.ok()) {
+    const absl::string_view why = result.status().message();
+    call.note = tracer->Intern(std::string_view(why.data(), why.size()));
+  }
+  Tracer::Span reply = call;
+  reply.category = table.reply_category_;
+  reply.async = false;
+  reply.async_id = 0;
+  reply.note = 0;
+  reply.flow_in = received_bytes > 0 ? Tracer::ReplyFlow(table.self_rank_, id) : 0;
+  reply.begin_us = call.end_us = Tracer::Now();
   done(std::move(result));
+  reply.end_us = Tracer::Now();
+  tracer->Record(call);
+  tracer->Record(reply);
 }
 
 uint64_t CallTable::Add(int rank, std::string function, absl::Duration timeout, Done done, size_t* in_flight,
                         CallMetrics::Series* series) {
   const absl::Time when = absl::Now() + timeout;
-  const auto start = series != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t begin_us = tracer_ != nullptr && tracer_->enabled() ? Tracer::Now() : 0;
   absl::Status closed;
   {
     absl::MutexLock lock(&mu_);
     if (in_flight != nullptr) *in_flight = pending_.size();
     if (closed_.ok()) {
       const uint64_t id = next_id_++;
-      pending_.emplace(id, Pending{std::move(done), rank, std::move(function), timeout, series, start});
+      pending_.emplace(id, Pending{std::move(done), rank, std::move(function), timeout, series, start, id, begin_us});
       if (when != absl::InfiniteFuture()) {
         deadlines_.push_back({when, id});
         std::push_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
@@ -78,7 +112,7 @@ bool CallTable::Complete(uint64_t id, absl::StatusOr<Value> result, uint64_t rec
     pending_.erase(it);
     Forget();
   }
-  call->Finish(std::move(result), received_bytes);
+  call->Finish(*this, std::move(result), received_bytes);
   return true;
 }
 
@@ -107,8 +141,8 @@ void CallTable::OnTimer(absl::Time armed_for) {
     ArmEarliest();
   }
   for (Pending& p : expired) {
-    p.Finish(absl::DeadlineExceededError(absl::StrCat("call to ", describe_(p.rank), ".", p.function,
-                                                      " timed out after ", absl::FormatDuration(p.timeout))));
+    p.Finish(*this, absl::DeadlineExceededError(absl::StrCat("call to ", describe_(p.rank), ".", p.function,
+                                                             " timed out after ", absl::FormatDuration(p.timeout))));
   }
 }
 
@@ -129,8 +163,8 @@ void CallTable::FailPeer(int rank, const absl::Status& why) {
   const absl::StatusCode code =
       why.code() == absl::StatusCode::kFailedPrecondition ? why.code() : absl::StatusCode::kUnavailable;
   for (Pending& p : failed) {
-    p.Finish(
-        absl::Status(code, absl::StrCat("call to ", describe_(rank), ".", p.function, " failed: ", why.message())));
+    p.Finish(*this, absl::Status(
+                        code, absl::StrCat("call to ", describe_(rank), ".", p.function, " failed: ", why.message())));
   }
 }
 
@@ -146,7 +180,7 @@ void CallTable::Close(const absl::Status& why) {
     if (!armed_.empty()) timers_.Cancel(armed_);
     armed_ = {};
   }
-  for (Pending& p : failed) p.Finish(why);
+  for (Pending& p : failed) p.Finish(*this, why);
 }
 
 size_t CallTable::size() const {
@@ -158,6 +192,28 @@ bool CallTable::AwaitEmpty(absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
   auto empty = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_.empty(); };
   return mu_.AwaitWithDeadline(absl::Condition(&empty), deadline);
+}
+
+void CallTable::AppendWaits(std::vector<Wait>& out) const {
+  constexpr size_t kMostListed = 16;
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::pair<double, Wait>> oldest;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, p] : pending_) {
+      const double seconds = std::chrono::duration<double>(now - p.start).count();
+      if (oldest.size() == kMostListed && seconds <= oldest.back().first) continue;
+      Wait w{.layer = "rpc",
+             .state = "waits",
+             .what = absl::StrCat("call '", p.function, "'"),
+             .on = {p.rank},
+             .seconds = seconds};
+      oldest.emplace_back(seconds, std::move(w));
+      std::sort(oldest.begin(), oldest.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      if (oldest.size() > kMostListed) oldest.pop_back();
+    }
+  }
+  for (auto& [seconds, w] : oldest) out.push_back(std::move(w));
 }
 
 }  // namespace gw::rpc::internal

@@ -18,6 +18,11 @@
 //   - Metrics: a call added with a series (CallMetrics) is recorded in it when it
 //     completes, whichever way: its latency from Add, whether it failed, and the reply's
 //     bytes given to Complete.
+//   - Tracing (trace.h, when the tracer is enabled): each call is an async span from Add
+//     to its result, and its completion (the `done` it runs) a slice on the completing
+//     thread, which the reply's flow arrow (Tracer::ReplyFlow) ends at.
+//   - AppendWaits(out): the 16 oldest pending calls, as "waits" records (waits.h) on
+//     their peers.
 //   - Deadlines: the table keeps them in its own min-heap and arms one TimerQueue timer, at
 //     the earliest; a call's entry is dropped lazily once the call completes (the heap is
 //     compacted when it holds twice as many entries as pending calls). Adding and completing
@@ -39,7 +44,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gradwire/rpc/timer_queue.h"
+#include "gradwire/rpc/trace.h"
 #include "gradwire/rpc/value.h"
+#include "gradwire/rpc/waits.h"
 #include "observe/call_metrics.h"
 
 namespace gw::rpc::internal {
@@ -48,7 +55,9 @@ class CallTable {
  public:
   using Done = std::function<void(absl::StatusOr<Value>)>;
   // describe(rank) names a peer in errors ("worker1 (rank 1)").
-  CallTable(TimerQueue& timers, std::function<std::string(int rank)> describe);
+  // `tracer` (optional) and `self_rank` name this agent's spans and flows.
+  CallTable(TimerQueue& timers, std::function<std::string(int rank)> describe, Tracer* tracer = nullptr,
+            int self_rank = -1);
   ~CallTable();
 
   // *in_flight (optional): how many calls were pending before this one.
@@ -66,6 +75,7 @@ class CallTable {
   void Close(const absl::Status& why);
   size_t size() const;
   bool AwaitEmpty(absl::Time deadline) const;
+  void AppendWaits(std::vector<Wait>& out) const;
 
  private:
   struct Pending {
@@ -75,8 +85,10 @@ class CallTable {
     absl::Duration timeout;
     CallMetrics::Series* series = nullptr;
     std::chrono::steady_clock::time_point start = {};
-    // Records the call's end in its series (if any), then runs `done`.
-    void Finish(absl::StatusOr<Value> result, uint64_t received_bytes = 0);
+    uint64_t id = 0;
+    int64_t begin_us = 0;  // when traced
+    // Records the call's end in its series (if any) and its spans, then runs `done`.
+    void Finish(CallTable& table, absl::StatusOr<Value> result, uint64_t received_bytes = 0);
   };
   struct Deadline {
     absl::Time when;
@@ -93,6 +105,9 @@ class CallTable {
 
   TimerQueue& timers_;
   const std::function<std::string(int)> describe_;
+  Tracer* const tracer_;
+  const int self_rank_;
+  Tracer::Name call_category_ = 0, reply_category_ = 0, peer_arg_ = 0, bytes_arg_ = 0;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,7 @@
 #include "calls/dispatcher.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 
 #include "absl/strings/match.h"
@@ -7,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/message.h"
+#include "observe/per_thread.h"
 
 namespace gw::rpc::internal {
 
@@ -14,6 +17,9 @@ thread_local Dispatcher::ReadBatch* Dispatcher::t_read_batch = nullptr;
 thread_local int Dispatcher::t_handler_depth = 0;
 
 namespace {
+
+// The agent's own queries of what this worker waits for (waits.h), left out of it.
+constexpr absl::string_view kObserveQueries = "__observe.";
 
 // The one exception boundary of handlers (errors.h).
 Future<Value> Invoke(const RawHandler& fn, const CallInfo& info, ValueList args, Executor& ex) {
@@ -74,12 +80,65 @@ absl::Status Dispatcher::MissingFunctionError(const std::string& function) const
 }
 
 Dispatcher::Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int max_calls_in_flight,
-                       CallMetrics* metrics)
+                       CallMetrics* metrics, Tracer* tracer)
     : self_name_(std::move(self_name)),
       pool_(pool),
       peers_(std::move(peers)),
       max_calls_in_flight_(max_calls_in_flight),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      tracer_(tracer != nullptr && tracer->enabled() ? tracer : nullptr),
+      uid_(NextOwnerId()) {
+  if (tracer_ != nullptr) {
+    category_ = tracer_->Intern("rpc.handler");
+    peer_arg_ = tracer_->Intern("peer");
+    queued_arg_ = tracer_->Intern("queued_us");
+  }
+}
+
+Dispatcher::~Dispatcher() = default;
+
+Dispatcher::HandlerSlot& Dispatcher::SlotOfThisThread() {
+  return *PerThread<HandlerSlot>(uid_, [this] {
+    auto slot = std::make_unique<HandlerSlot>();
+    char name[32] = {};
+    if (pthread_getname_np(pthread_self(), name, sizeof(name)) == 0) slot->thread = name;
+    absl::MutexLock lock(&slots_mu_);
+    if (slot->thread.empty()) slot->thread = absl::StrCat("thread ", slots_.size() + 1);
+    return slots_.emplace_back(std::move(slot)).get();
+  });
+}
+
+void Dispatcher::AppendWaits(std::vector<Wait>& out) const {
+  const auto now = std::chrono::steady_clock::now();
+  absl::MutexLock lock(&slots_mu_);
+  for (const auto& slot : slots_) {
+    absl::MutexLock slot_lock(&slot->mu);
+    if (slot->depth == 0) continue;
+    out.push_back({.layer = "handler",
+                   .state = "runs",
+                   .what = absl::StrCat("'", slot->function, "' for ",
+                                        slot->caller >= 0 ? peers_.name_of(slot->caller) : "itself"),
+                   .seconds = std::chrono::duration<double>(now - slot->since).count(),
+                   .note = absl::StrCat("thread ", slot->thread)});
+  }
+}
+
+void Dispatcher::TraceHandler(const Request& r, int64_t begin_us, uint64_t in, bool replied) {
+  const int64_t queued_us =
+      r.timing.series != nullptr
+          ? std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - r.timing.start)
+                    .count() -
+                (Tracer::Now() - begin_us)
+          : 0;
+  tracer_->Record({.category = category_,
+                   .name = tracer_->Intern(r.info.function),
+                   .begin_us = begin_us,
+                   .end_us = Tracer::Now(),
+                   .flow_in = in,
+                   .flow_out = replied ? Tracer::ReplyFlow(r.info.caller_rank, r.id) : 0,
+                   .arg_names = {peer_arg_, in != 0 ? queued_arg_ : Tracer::Name{0}},
+                   .arg_values = {r.info.caller_rank, std::max<int64_t>(0, queued_us)}});
+}
 
 Dispatcher::Timing Dispatcher::Arrived(int from, const std::string& function, bool registered, uint64_t bytes) {
   if (metrics_ == nullptr) return {};
@@ -241,6 +300,17 @@ void Dispatcher::OnFlush(const std::shared_ptr<Connection>& conn) {
 void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBatch* replies) {
   Future<Value> result;
   auto call = [&] { result = Invoke(r.handler->fn, r.info, std::move(r.args), pool_); };
+  const int64_t begin_us = tracer_ != nullptr ? Tracer::Now() : 0;
+  // What the thread runs, for the waits; not the queries of the waits themselves.
+  HandlerSlot* slot = absl::StartsWith(r.info.function, kObserveQueries) ? nullptr : &SlotOfThisThread();
+  if (slot != nullptr) {
+    absl::MutexLock lock(&slot->mu);
+    if (slot->depth++ == 0) {
+      slot->function = r.info.function;
+      slot->caller = r.info.caller_rank;
+      slot->since = std::chrono::steady_clock::now();
+    }
+  }
   ++t_handler_depth;
   if (hooks_) {
     hooks_->RunInScope(r.scope, call);
@@ -248,13 +318,29 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBa
     call();
   }
   --t_handler_depth;
-  if (result.IsReady()) {
+  if (slot != nullptr) {
+    absl::MutexLock lock(&slot->mu);
+    --slot->depth;
+  }
+  const bool ready = result.IsReady();
+  if (tracer_ != nullptr) TraceHandler(r, begin_us, Tracer::CallFlow(r.info.caller_rank, r.id), ready);
+  if (ready) {
     // Answered synchronously: no hop.
     Reply(conn, r.info.caller_rank, r.id, result.Get(absl::ZeroDuration()), replies, r.scope, r.timing);
   } else {
     // Sent by the thread that completes the handler's future: no pool hop.
-    result.Subscribe([this, conn, to = r.info.caller_rank, id = r.id, scope = r.scope, timing = r.timing](
-                         const absl::StatusOr<Value>& v) { Reply(conn, to, id, v, nullptr, scope, timing); });
+    result.Subscribe([this, conn, to = r.info.caller_rank, id = r.id, scope = r.scope, timing = r.timing,
+                      function = tracer_ != nullptr ? r.info.function : std::string()](const absl::StatusOr<Value>& v) {
+      const int64_t begin_us = tracer_ != nullptr ? Tracer::Now() : 0;
+      Reply(conn, to, id, v, nullptr, scope, timing);
+      if (tracer_ != nullptr) {
+        Request reply;
+        reply.info.function = function;
+        reply.info.caller_rank = to;
+        reply.id = id;
+        TraceHandler(reply, begin_us, 0, /*replied=*/true);
+      }
+    });
   }
 }
 

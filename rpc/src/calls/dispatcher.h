@@ -27,6 +27,12 @@
 //     its reply is encoded, refusals included: from its arrival to its reply, the
 //     request's and the reply's bytes. running_by_peer() is how many requests of each
 //     rank are running or queued here.
+//   - Tracing (with an enabled Tracer): each handler run is a slice on its thread that
+//     the request's flow arrow (Tracer::CallFlow) ends at and the reply's starts from
+//     (a handler answering later through its future: a slice where the reply leaves).
+//   - AppendWaits(out): what each thread runs now ("runs" records, waits.h): the
+//     outermost handler of each thread, its caller and since when. Keeping it costs a
+//     lock of the thread's own slot per request.
 #ifndef GRADWIRE_RPC_SRC_CALLS_DISPATCHER_H_
 #define GRADWIRE_RPC_SRC_CALLS_DISPATCHER_H_
 
@@ -42,7 +48,9 @@
 #include "absl/synchronization/mutex.h"
 #include "gradwire/rpc/call_hooks.h"
 #include "gradwire/rpc/executor.h"
+#include "gradwire/rpc/trace.h"
 #include "gradwire/rpc/transport.h"
+#include "gradwire/rpc/waits.h"
 #include "gradwire/rpc/worker.h"
 #include "observe/call_metrics.h"
 #include "wire/codec.h"
@@ -70,7 +78,8 @@ class Dispatcher {
   };
 
   Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int max_calls_in_flight = 0,
-             CallMetrics* metrics = nullptr);
+             CallMetrics* metrics = nullptr, Tracer* tracer = nullptr);
+  ~Dispatcher();
 
   // REQUIRES: before any request arrives (Agent::Start's setup).
   void SetHooks(std::shared_ptr<CallHooks> hooks) { hooks_ = std::move(hooks); }
@@ -99,6 +108,7 @@ class Dispatcher {
   void Defer(std::function<void()> fn);
   bool AwaitIdle(absl::Time deadline);
   std::vector<std::pair<int, int>> running_by_peer() const;
+  void AppendWaits(std::vector<Wait>& out) const;
   // True while this thread runs a handler (which may still call out during shutdown).
   static bool InHandler() { return t_handler_depth > 0; }
 
@@ -144,6 +154,18 @@ class Dispatcher {
   Timing Arrived(int from, const std::string& function, bool registered, uint64_t bytes);
   // Counts a request of `from` as running; returns how many of its requests now are.
   int Started(int from);
+  // What one thread runs (AppendWaits): its outermost handler, written by that thread.
+  struct HandlerSlot {
+    std::string thread;
+    mutable absl::Mutex mu;
+    int depth ABSL_GUARDED_BY(mu) = 0;
+    std::string function ABSL_GUARDED_BY(mu);
+    int caller ABSL_GUARDED_BY(mu) = -1;
+    std::chrono::steady_clock::time_point since ABSL_GUARDED_BY(mu);
+  };
+  HandlerSlot& SlotOfThisThread();
+  // The slice of a handler's run, or of a later reply (`in`: the request's flow, 0 for none).
+  void TraceHandler(const Request& r, int64_t begin_us, uint64_t in, bool replied);
 
   // The read batch of the inline handler running on this I/O thread (see Defer).
   static thread_local ReadBatch* t_read_batch;
@@ -155,6 +177,11 @@ class Dispatcher {
   const int max_calls_in_flight_;
   std::shared_ptr<CallHooks> hooks_;  // set in setup, then read-only
   CallMetrics* const metrics_;
+  Tracer* const tracer_;
+  Tracer::Name category_ = 0, peer_arg_ = 0, queued_arg_ = 0;
+  const uint64_t uid_;  // PerThread's owner id of the slots
+  mutable absl::Mutex slots_mu_;
+  std::vector<std::unique_ptr<HandlerSlot>> slots_ ABSL_GUARDED_BY(slots_mu_);
 
   // Three locks, so that looking up handlers (every request, on I/O threads), counting
   // running handlers (I/O and pool threads) and merging read batches do not contend.

@@ -84,14 +84,15 @@ std::string ToExposition(const std::vector<Sample>& samples) {
 }
 
 struct MetricsEndpoint::Impl {
-  Impl(const Statistics& statistics, MetricsEndpointOptions options)
-      : statistics(statistics), options(std::move(options)) {}
+  Impl(const Statistics& statistics, MetricsEndpointOptions options, const Waits* waits)
+      : statistics(statistics), waits(waits), options(std::move(options)) {}
 
   class Session;
   void Accept();
   http::response<http::string_body> Answer(const http::request<http::string_body>& req) const;
 
   const Statistics& statistics;
+  const Waits* const waits;
   const MetricsEndpointOptions options;
   std::atomic<int> connections{0};  // open sessions (they count themselves out as the io_context goes)
   int port = 0;
@@ -175,6 +176,13 @@ http::response<http::string_body> MetricsEndpoint::Impl::Answer(const http::requ
     res.body() = ToExposition(statistics.Collect());
     return res;
   }
+  if (path == "/waits" && waits != nullptr) {
+    res.result(http::status::ok);
+    res.set(http::field::content_type, "application/json");
+    res.body() =
+        WaitsToJson({.worker = options.owner, .rank = options.rank, .answered = true, .waits = waits->Collect()});
+    return res;
+  }
   if (path == "/") return fail(http::status::ok, absl::StrCat(options.owner, "'s metrics are at /metrics\n"));
   return fail(http::status::not_found, absl::StrCat("no ", path, " here: the metrics are at /metrics\n"));
 }
@@ -204,8 +212,9 @@ MetricsEndpoint::~MetricsEndpoint() {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const Statistics& statistics,
-                                                                        MetricsEndpointOptions options) {
-  auto impl = std::make_unique<Impl>(statistics, std::move(options));
+                                                                        MetricsEndpointOptions options,
+                                                                        const Waits* waits) {
+  auto impl = std::make_unique<Impl>(statistics, std::move(options), waits);
   const MetricsEndpointOptions& o = impl->options;
   const std::string where = absl::StrCat(o.host, ":", o.port);
   auto refuse = [&](const std::string& what, const beast::error_code& ec, const char* hint) {
@@ -251,6 +260,62 @@ std::string MetricsEndpoint::url() const {
   const std::string& host = impl_->options.host;
   const bool v6 = host.find(':') != std::string::npos;
   return absl::StrCat("http://", v6 ? "[" : "", host, v6 ? "]" : "", ":", impl_->port, "/metrics");
+}
+
+absl::StatusOr<std::string> ReadEndpoint(const std::string& address, const std::string& path,
+                                         const std::string& bearer_token, absl::Duration timeout) {
+  const std::string url = absl::StrCat("http://", address, path);
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(url, ": the address is not host:port"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string port = address.substr(colon + 1);
+  asio::io_context io;
+  beast::tcp_stream stream(io);
+  const auto budget = std::chrono::microseconds(absl::ToInt64Microseconds(timeout));
+  beast::error_code ec;
+  tcp::resolver resolver(io);
+  auto endpoints = resolver.resolve(host, port, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat(url, ": cannot resolve ", host, ": ", ec.message()));
+  // Every step runs under the one deadline: a frozen worker costs `timeout`, no more.
+  http::request<http::empty_body> req{http::verb::get, path, 11};
+  req.set(http::field::host, address);
+  req.set(http::field::user_agent, "gradwire");
+  if (!bearer_token.empty()) req.set(http::field::authorization, "Bearer " + bearer_token);
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(64 << 20);
+  stream.expires_after(budget);
+  stream.async_connect(endpoints, [&](beast::error_code e, const tcp::endpoint&) {
+    if (e) {
+      ec = e;
+      return;
+    }
+    http::async_write(stream, req, [&](beast::error_code e, size_t) {
+      if (e) {
+        ec = e;
+        return;
+      }
+      http::async_read(stream, buffer, parser, [&](beast::error_code e, size_t) { ec = e; });
+    });
+  });
+  io.run();
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat(url, ": ", ec == beast::error::timeout ? "no answer within " : "",
+                     ec == beast::error::timeout ? absl::FormatDuration(timeout) : ec.message()));
+  }
+  const http::response<http::string_body>& res = parser.get();
+  if (res.result() == http::status::unauthorized) {
+    return absl::UnauthenticatedError(absl::StrCat(url, " asks for the job's metrics token: give the job's secret ",
+                                                   "(GRADWIRE_SECRET_FILE or GRADWIRE_SECRET)"));
+  }
+  if (res.result() != http::status::ok) {
+    return absl::UnknownError(absl::StrCat(url, " answered ", res.result_int(), ": ", res.body()));
+  }
+  return res.body();
 }
 
 }  // namespace gw::rpc

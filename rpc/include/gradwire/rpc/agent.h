@@ -105,6 +105,8 @@
 namespace gw::rpc {
 
 class Agent;
+class Tracer;  // trace.h
+class Waits;   // waits.h
 
 // What Agent::Start runs before announcing the worker: any callable taking Agent& and
 // returning void or absl::Status. An error makes Start fail with it (e.g. a layer's
@@ -243,6 +245,10 @@ class Agent {
   bool AwaitRRefs(const std::function<bool(const RRefStats&)>& until, absl::Time deadline) const;
   Statistics& statistics();
   Future<std::vector<Sample>> StatisticsOf(const std::string& worker);
+  // This worker's spans (trace.h): disabled unless options().trace_dir names a directory.
+  Tracer& tracer();
+  // What this worker waits for and runs now (waits.h), read by `gradwire debug`.
+  Waits& waits();
   // Installs the hooks that follow every call (call_hooks.h). REQUIRES: called in
   // Start's setup, before any call is made or received.
   void SetCallHooks(std::shared_ptr<CallHooks> hooks);

@@ -47,12 +47,14 @@ class ThreadPool final : public Executor {
   bool Post(std::function<void()> fn) override;
   void Shutdown();
   size_t num_threads() const { return threads_.size(); }
+  // Tasks posted and not yet started (metrics: the worker pool's queue).
+  size_t queued() const;
 
  private:
   void Loop();
 
   const std::string name_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;

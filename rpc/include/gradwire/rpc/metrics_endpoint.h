@@ -6,6 +6,8 @@
 //     OS picks; port() says which) and serves, on its own thread (Boost.Beast):
 //       GET /metrics   statistics.Collect() as ToExposition writes it
 //                      (Content-Type: text/plain; version=0.0.4);
+//       GET /waits     what this worker waits for (waits.h) as WaitsToJson writes it,
+//                      when Start was given its Waits;
 //       GET /          a line saying where the metrics are;
 //     404 for another path, 405 for another method, 401 without the bearer token when
 //     one is asked. Connections are kept alive as HTTP/1.1 asks; a request must arrive
@@ -36,7 +38,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "gradwire/rpc/statistics.h"
+#include "gradwire/rpc/waits.h"
 
 namespace gw::rpc {
 
@@ -45,14 +49,17 @@ struct MetricsEndpointOptions {
   int port = 0;
   // Asked of every request as "Authorization: Bearer <token>"; empty: none asked.
   std::string bearer_token;
-  // Names the endpoint in errors and on its thread ("worker1").
+  // Names the endpoint in errors and on its thread ("worker1"), and its rank in /waits.
   std::string owner = "gradwire";
+  int rank = -1;
 };
 
 class MetricsEndpoint {
  public:
+  // `waits` (optional) must outlive the endpoint, as `statistics`.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const Statistics& statistics,
-                                                                MetricsEndpointOptions options);
+                                                                MetricsEndpointOptions options,
+                                                                const Waits* waits = nullptr);
   ~MetricsEndpoint();
   MetricsEndpoint(const MetricsEndpoint&) = delete;
   MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
@@ -71,6 +78,13 @@ class MetricsEndpoint {
 std::string MetricsToken(const std::string& secret);
 
 std::string ToExposition(const std::vector<Sample>& samples);
+
+// What a worker's endpoint serves at `path` ("/metrics", "/waits"): GET
+// http://<address>/<path> (address "host:port"), with the bearer token when not empty,
+// within `timeout`. The body of a 200 answer; otherwise UNAVAILABLE (nothing answered in
+// time), UNAUTHENTICATED (401) or UNKNOWN (another status), each naming the URL.
+absl::StatusOr<std::string> ReadEndpoint(const std::string& address, const std::string& path,
+                                         const std::string& bearer_token, absl::Duration timeout);
 
 }  // namespace gw::rpc
 

@@ -6,12 +6,10 @@
 //   - A Sample is a name in Prometheus's style (snake case, prefixed "gradwire_", counters
 //     ending in _total, units as suffixes: _seconds, _bytes), labels ({"model": "mnist"})
 //     and a value. It travels as a record (message.h).
-//   - Statistics::Add(name, collect) adds a source: collect(out) appends its samples. It
-//     must be quick, must not block on other threads, and must not add or drop sources.
-//     The returned handle keeps the source: dropping its last copy removes it, waiting
-//     for a collect of it that is running, so the source's state may go right after.
-//   - Collect() runs every source, in the order they were added, and returns their
-//     samples. ToText(samples) writes them in Prometheus's text format, one per line
+//   - Statistics is a registry of sources (sources.h): Add(name, collect) adds one, whose
+//     collect(out) appends its samples (quick, never blocking; its handle keeps it), and
+//     Collect() runs them all, in the order they were added. ToText(samples) writes them in Prometheus's text format,
+//     one per line
 //     ("name{label="value",...} value"), labels sorted, for logs and scrapers.
 //   - Thread-safe.
 #ifndef GRADWIRE_RPC_STATISTICS_H_
@@ -27,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "gradwire/rpc/message.h"
+#include "gradwire/rpc/sources.h"
 
 namespace gw::rpc {
 
@@ -42,19 +41,7 @@ struct Sample {
 
 std::string ToText(const std::vector<Sample>& samples);
 
-class Statistics {
- public:
-  using Collector = std::function<void(std::vector<Sample>&)>;
-  using Source = std::shared_ptr<void>;
-
-  [[nodiscard]] Source Add(std::string name, Collector collect);
-  std::vector<Sample> Collect() const;
-
- private:
-  struct Entry;
-  mutable absl::Mutex mu_;
-  mutable std::vector<std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
-};
+class Statistics : public Sources<Sample> {};
 
 }  // namespace gw::rpc
 

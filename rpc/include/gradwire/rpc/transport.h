@@ -109,6 +109,11 @@ struct TransportStats {
   int64_t shared_memory_connections = 0;
   // Tensors sent through the shared-memory arena or by cross-memory attach.
   int64_t shared_memory_tensors = 0;
+  // The arena of outgoing large tensors (TransportOptions::shm_arena_bytes): its size, the
+  // most of it ever used, and its blocks that receivers have not released yet.
+  int64_t shared_memory_arena_bytes = 0;
+  int64_t shared_memory_arena_high_water_bytes = 0;
+  int64_t shared_memory_arena_blocks_in_use = 0;
 };
 
 class Transport {

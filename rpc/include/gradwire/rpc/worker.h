@@ -90,6 +90,20 @@ struct AgentOptions {
   // not in a fixed group is one too).
   DeviceMaps device_maps;
 
+  // Observability (README, "Watching a job").
+  // Serve this worker's metrics (metrics_endpoint.h) at metrics_host:metrics_port; 0: a
+  // port the OS picks, -1: none. GRADWIRE_METRICS_PORT (or GRADWIRE_METRICS_PORT_BASE plus
+  // the rank) and GRADWIRE_METRICS_HOST override these.
+  int metrics_port = -1;
+  std::string metrics_host = "127.0.0.1";
+  // Write this worker's trace into this directory (trace.h); empty: no trace.
+  // GRADWIRE_TRACE overrides it.
+  std::string trace_dir;
+  // When something this worker waits for (waits.h) has waited this long, it logs who
+  // waits on whom in the job, once per wait; zero: never. GRADWIRE_STALL_REPORT (seconds)
+  // overrides it.
+  absl::Duration stall_report_after = absl::Seconds(60);
+
   // From the environment, as set by `gradwire launch` or torchrun: RANK, WORLD_SIZE,
   // MASTER_ADDR, MASTER_PORT (required unless GRADWIRE_RDZV is set); or by srun
   // (SLURM_PROCID, SLURM_NTASKS, rank 0's host from SLURM_NODELIST, MASTER_PORT 29500 +

@@ -383,8 +383,15 @@ class ShmTransport final : public Transport {
 
   void Shutdown() override { tcp_->Shutdown(); }
   TransportStats stats() const override {
-    return {.shared_memory_connections = counters_.connections.load(std::memory_order_relaxed),
-            .shared_memory_tensors = counters_.tensors.load(std::memory_order_relaxed)};
+    TransportStats out{.shared_memory_connections = counters_.connections.load(std::memory_order_relaxed),
+                       .shared_memory_tensors = counters_.tensors.load(std::memory_order_relaxed)};
+    if (arena_) {
+      const ShmArena::Stats a = arena_->stats();
+      out.shared_memory_arena_bytes = static_cast<int64_t>(arena_->capacity());
+      out.shared_memory_arena_high_water_bytes = static_cast<int64_t>(a.high_water);
+      out.shared_memory_arena_blocks_in_use = static_cast<int64_t>(a.in_use);
+    }
+    return out;
   }
 
   const HostIdentity& identity() const { return identity_; }

@@ -1,0 +1,119 @@
+// Tracer: what a worker does, as spans on a timeline, written as Chrome trace-event JSON
+// (opened by Perfetto, ui.perfetto.dev, or chrome://tracing) for `gradwire trace merge`
+// and `gradwire trace render`.
+//
+// Contract
+//   - A worker traces when AgentOptions::trace_dir (GRADWIRE_TRACE) names a directory:
+//     its agent writes DIR/<worker>.trace.json; Agent::tracer() is that worker's tracer.
+//     Without one the tracer is disabled: every call below returns at once, having
+//     recorded nothing (one relaxed load), so layers trace unconditionally.
+//   - Record(span) is one slice [begin, end) on the calling thread's lane ("X"), or an
+//     async span (`async`: a call that other threads complete, drawn on its own track).
+//     A span may end a flow (flow_in: the arrow from the span that started it, possibly
+//     on another worker) and start one (flow_out). Flow ids are unique in the job: a
+//     layer takes its own from Agent::NewId(); a call's are CallFlow/ReplyFlow, which
+//     both ends compute from the caller's rank and the call's id, sending nothing.
+//   - Spans of one thread must nest (as the trace format asks): record a slice when it
+//     ends, its begin taken when it began (Tracer::Now, or a Scope).
+//   - Recording appends to a buffer of the calling thread (no lock shared with other
+//     threads); a writer thread formats the buffers into the file every 100 ms and at
+//     Close. A buffer that the writer has not drained within 64k spans drops the spans
+//     after those, counted and written into the file ("dropped_spans"), never blocking.
+//   - A directory that cannot be written is reported once on stderr, naming the path and
+//     why, and tracing stays off: the job goes on (Open returns the disabled tracer).
+//   - Close writes what is buffered, the threads' names, the clock offsets to the other
+//     workers (SetClockOffset) and the closing brackets: the file is then valid JSON.
+//     The destructor closes. Thread-safe.
+//   - Times are microseconds of this host's real-time clock (Now); `gradwire trace merge`
+//     aligns the workers with the offsets measured over the job's own connections.
+#ifndef GRADWIRE_RPC_TRACE_H_
+#define GRADWIRE_RPC_TRACE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace gw::rpc {
+
+class Tracer {
+ public:
+  // An interned name: cheap to record (Intern once, keep the id).
+  using Name = uint32_t;
+
+  struct Span {
+    Name category = 0;
+    Name name = 0;
+    int64_t begin_us = 0;
+    int64_t end_us = 0;
+    uint64_t flow_in = 0;   // 0: none
+    uint64_t flow_out = 0;  // 0: none
+    bool async = false;     // drawn on an async track, keyed by async_id
+    uint64_t async_id = 0;
+    // Up to two numeric arguments, shown with the span ("peer": 1, "bytes": 4096).
+    Name arg_names[2] = {0, 0};
+    int64_t arg_values[2] = {0, 0};
+    Name note = 0;  // a string argument ("note"), 0: none
+  };
+
+  // A disabled tracer.
+  Tracer();
+  // Traces worker `worker` (rank `rank`) into dir/<worker>.trace.json. An unusable
+  // directory is reported once on stderr and gives a disabled tracer.
+  static std::unique_ptr<Tracer> Open(const std::string& dir, const std::string& worker, int rank);
+  ~Tracer();
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
+
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  int rank() const { return rank_; }
+  // The file written ("" when disabled).
+  const std::string& path() const;
+
+  static int64_t Now();  // microseconds since the Unix epoch, this host's clock
+  Name Intern(std::string_view text);
+  void Record(const Span& span);
+
+  // A slice from construction to destruction on this thread.
+  class Scope {
+   public:
+    Scope(Tracer& tracer, Name category, Name name);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    Span& span() { return span_; }
+
+   private:
+    Tracer* tracer_;  // null: disabled
+    Span span_;
+  };
+
+  // The offset of worker `rank`'s clock from this one (theirs minus ours), measured with
+  // a round trip of `rtt_us`; the best (shortest round trip) is kept.
+  void SetClockOffset(int rank, int64_t offset_us, int64_t rtt_us);
+
+  // Writes everything and closes the file (later spans are dropped). Errors name the path.
+  absl::Status Close();
+
+  // The top bit keeps them apart from GlobalIds (global_id.h).
+  static uint64_t CallFlow(int caller, uint64_t call_id) {
+    return uint64_t{1} << 63 | (uint64_t(caller) + 1) << 48 | (call_id << 1 & ((uint64_t{1} << 48) - 1));
+  }
+  static uint64_t ReplyFlow(int caller, uint64_t call_id) { return CallFlow(caller, call_id) | 1; }
+
+  struct Impl;
+
+ private:
+  Name InternShared(std::string_view text);
+
+  std::atomic<bool> enabled_{false};
+  int rank_ = -1;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gw::rpc
+
+#endif  // GRADWIRE_RPC_TRACE_H_
