@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gradwire/autograd/grad_mode.h"
+#include "gradwire/rpc/trace.h"
 #include "messages.h"
 #include "replica_directory.h"
 
@@ -107,9 +108,17 @@ class Serving::Impl : public std::enable_shared_from_this<Serving::Impl> {
       hosted->current = std::make_shared<const Hosted::Current>(Hosted::Current{std::move(module), std::move(version)});
     }
     Hosted* raw = hosted.get();
+    // Each batch is a slice of the trace (rpc/trace.h) on the batcher's thread.
+    rpc::Tracer* tracer = &agent_.tracer();
+    const rpc::Tracer::Name category = tracer->Intern("serve"),
+                            name = tracer->Intern(absl::StrCat("batch of ", config.name)),
+                            rows = tracer->Intern("rows");
     hosted->batcher = std::make_unique<Batcher>(
         config.name, self_, config.input_shape, config.dtype, config.batching,
-        [raw](const Tensor& batch) -> absl::StatusOr<Prediction> {
+        [raw, tracer, category, name, rows](const Tensor& batch) -> absl::StatusOr<Prediction> {
+          rpc::Tracer::Scope span(*tracer, category, name);
+          span.span().arg_names[0] = rows;
+          span.span().arg_values[0] = batch.dim() > 0 ? batch.size(0) : 1;
           const std::shared_ptr<const Hosted::Current> current = raw->Snapshot();
           autograd::NoGradGuard no_grad;
           return Prediction{current->module->Forward(batch), current->version, {}};

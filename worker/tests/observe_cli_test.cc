@@ -117,7 +117,9 @@ TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
   ASSERT_FALSE(merged.is_discarded());
   ASSERT_EQ(merged.at("gradwire").at("merged").size(), 3u);
   // Every flow ends after it starts, on the one clock; each worker's part of the backward
-  // pass (its handler of the gradients) lies within the pass on worker0.
+  // pass (its handler of the gradients) starts within the pass on worker0 (it may end a
+  // moment after it: its reply can leave from another thread before the handler's
+  // thread is done).
   std::map<std::string, double> starts, ends;
   double pass_begin = -1, pass_end = -1;
   std::map<int, std::pair<double, double>> grads;  // rank -> a "__dist.grad" handler
@@ -142,7 +144,7 @@ TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
   for (int rank : {1, 2}) {
     ASSERT_TRUE(grads.contains(rank)) << "worker" << rank << " handled no gradients";
     EXPECT_GE(grads[rank].first + 50, pass_begin) << "worker" << rank;
-    EXPECT_LE(grads[rank].second, pass_end + 50) << "worker" << rank;
+    EXPECT_LE(grads[rank].first, pass_end) << "worker" << rank;
   }
 
   CliRun render = RunCli(absl::StrCat("trace render '", merged_path, "' -o '", dir.path(), "/m.svg' --width 1000"));
