@@ -12,10 +12,9 @@ namespace gw::rpc::internal {
 CallTable::CallTable(TimerQueue& timers, std::function<std::string(int)> describe, Tracer* tracer, int self_rank)
     : timers_(timers), describe_(std::move(describe)), tracer_(tracer), self_rank_(self_rank) {
   if (tracer_ != nullptr && tracer_->enabled()) {
-    call_category_ = tracer_->Intern("rpc.call");
     reply_category_ = tracer_->Intern("rpc.reply");
     peer_arg_ = tracer_->Intern("peer");
-    bytes_arg_ = tracer_->Intern("bytes");
+    latency_arg_ = tracer_->Intern("call_us");
   }
 }
 
@@ -31,27 +30,19 @@ void CallTable::Pending::Finish(CallTable& table, absl::StatusOr<Value> result, 
     done(std::move(result));
     return;
   }
-  Tracer::Span call{.category = table.call_category_,
-                    .name = tracer->Intern(function),
-                    .begin_us = begin_us,
-                    .async = true,
-                    .async_id = Tracer::CallFlow(table.self_rank_, id),
-                    .arg_names = {table.peer_arg_, table.bytes_arg_},
-                    .arg_values = {rank, static_cast<int64_t>(received_bytes)}};
+  // The completion: a slice on the completing thread (running `done`), where the reply's
+  // flow ends; the call's whole time, from Add, is its argument.
+  const int64_t completed = Tracer::Now();
+  Tracer::Span reply{.category = table.reply_category_, .name = tracer->Intern(function), .begin_us = completed,
+                     .flow_in = received_bytes > 0 ? Tracer::ReplyFlow(table.self_rank_, id) : 0,
+                     .arg_names = {table.peer_arg_, table.latency_arg_},
+                     .arg_values = {rank, completed - begin_us}};
   if (!result.ok()) {
     const absl::string_view why = result.status().message();
-    call.note = tracer->Intern(std::string_view(why.data(), why.size()));
+    reply.note = tracer->Intern(std::string_view(why.data(), why.size()));
   }
-  Tracer::Span reply = call;
-  reply.category = table.reply_category_;
-  reply.async = false;
-  reply.async_id = 0;
-  reply.note = 0;
-  reply.flow_in = received_bytes > 0 ? Tracer::ReplyFlow(table.self_rank_, id) : 0;
-  reply.begin_us = call.end_us = Tracer::Now();
   done(std::move(result));
   reply.end_us = Tracer::Now();
-  tracer->Record(call);
   tracer->Record(reply);
 }
 

@@ -18,9 +18,9 @@
 //   - Metrics: a call added with a series (CallMetrics) is recorded in it when it
 //     completes, whichever way: its latency from Add, whether it failed, and the reply's
 //     bytes given to Complete.
-//   - Tracing (trace.h, when the tracer is enabled): each call is an async span from Add
-//     to its result, and its completion (the `done` it runs) a slice on the completing
-//     thread, which the reply's flow arrow (Tracer::ReplyFlow) ends at.
+//   - Tracing (trace.h, when the tracer is enabled): a call's completion (the `done` it
+//     runs) is a slice on the completing thread, which the reply's flow arrow
+//     (Tracer::ReplyFlow) ends at, with the call's time from Add as its argument call_us.
 //   - AppendWaits(out): the 16 oldest pending calls, as "waits" records (waits.h) on
 //     their peers.
 //   - Deadlines: the table keeps them in its own min-heap and arms one TimerQueue timer, at
@@ -107,7 +107,7 @@ class CallTable {
   const std::function<std::string(int)> describe_;
   Tracer* const tracer_;
   const int self_rank_;
-  Tracer::Name call_category_ = 0, reply_category_ = 0, peer_arg_ = 0, bytes_arg_ = 0;
+  Tracer::Name reply_category_ = 0, peer_arg_ = 0, latency_arg_ = 0;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);

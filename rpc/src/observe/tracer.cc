@@ -68,6 +68,7 @@ struct Tracer::Impl {
     absl::Mutex mu;
     std::vector<Span> spans ABSL_GUARDED_BY(mu);
     uint64_t dropped ABSL_GUARDED_BY(mu) = 0;
+    std::vector<Span> draining;  // the writer's (Drain, under file_mu)
   };
 
   const uint64_t uid = internal::NextOwnerId();
@@ -94,6 +95,7 @@ struct Tracer::Impl {
   bool first_event ABSL_GUARDED_BY(file_mu) = true;
   absl::Status write_error ABSL_GUARDED_BY(file_mu);
   uint64_t dropped_total ABSL_GUARDED_BY(file_mu) = 0;
+  std::string text_buffer ABSL_GUARDED_BY(file_mu);
 
   absl::Mutex stop_mu;
   bool stopping ABSL_GUARDED_BY(stop_mu) = false;
@@ -197,26 +199,31 @@ void Tracer::Impl::Drain() {
     absl::MutexLock lock(&buffers_mu);
     for (auto& b : buffers) all.push_back(b.get());
   }
-  std::string text;
   uint64_t dropped = 0;
   absl::MutexLock file_lock(&file_mu);
+  std::string& text = text_buffer;  // kept between drains: its memory is reused
+  text.clear();
   bool first = first_event;
   for (ThreadBuffer* b : all) {
-    std::vector<Span> spans;
+    // The thread's buffer and the drained one trade places: both keep their memory, so
+    // a steady stream of spans allocates (and faults in) nothing.
+    std::vector<Span>& spans = b->draining;
     {
       absl::MutexLock lock(&b->mu);
       spans.swap(b->spans);
-      b->spans.reserve(std::min(spans.size(), kMaxBuffered));
       dropped += b->dropped;
       b->dropped = 0;
     }
     if (spans.empty()) continue;
     absl::ReaderMutexLock names_lock(&names_mu);
-    for (const Span& s : spans) Format(text, *b, s, first);
-    if (text.size() > (1 << 20)) {
-      Write(text);
-      text.clear();
+    for (const Span& s : spans) {
+      Format(text, *b, s, first);
+      if (text.size() > (1 << 20)) {
+        Write(text);
+        text.clear();
+      }
     }
+    spans.clear();
   }
   Write(text);
   first_event = first;
