@@ -173,17 +173,17 @@ TEST(TracerTest, KeepsSpansOfThreadsAndClosesIntoValidJson) {
   EXPECT_EQ(tids.size(), 3u);
 }
 
+// "block" answers once the test releases it.
+absl::Status RegisterBlock(Agent& agent, absl::Notification& release) {
+  return agent.Register("block", [&release] {
+    release.WaitForNotification();
+    return int64_t{1};
+  });
+}
+
 TEST(WaitsTest, ACallerWaitsOnABusyHandlerAndTheReportNamesIt) {
   absl::Notification release;
-  auto group = AgentGroup::Start(2, [&release](Agent& agent) {
-    ASSERT_TRUE(agent
-                    .Register("block",
-                              [&release] {
-                                release.WaitForNotification();
-                                return int64_t{1};
-                              })
-                    .ok());
-  });
+  auto group = AgentGroup::Start(2, [&release](Agent& agent) { return RegisterBlock(agent, release); });
   ASSERT_NE(group, nullptr);
   Future<int64_t> pending = (*group)[0].Async<int64_t>("worker1", "block");
   // worker1's handler thread runs it: its record says so.
@@ -226,18 +226,7 @@ TEST(WaitsTest, AStalledWorkerLogsWhoWaitsOnWhomOnce) {
   AgentOptions base;
   base.stall_report_after = absl::Milliseconds(300);
   ::testing::internal::CaptureStderr();
-  auto group = AgentGroup::Start(
-      2,
-      [&release](Agent& agent) {
-        ASSERT_TRUE(agent
-                        .Register("block",
-                                  [&release] {
-                                    release.WaitForNotification();
-                                    return int64_t{1};
-                                  })
-                        .ok());
-      },
-      base);
+  auto group = AgentGroup::Start(2, [&release](Agent& agent) { return RegisterBlock(agent, release); }, base);
   ASSERT_NE(group, nullptr);
   Future<int64_t> pending = (*group)[0].Async<int64_t>("worker1", "block");
   const double reports = testing::AwaitSampleValue([&] { return (*group)[0].statistics().Collect(); },

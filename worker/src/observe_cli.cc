@@ -291,6 +291,23 @@ int RunTop(const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+// Writes a command's output file; its exit status (1, naming the path, when it cannot).
+int WriteOutput(const char* who, const std::string& path, const std::string& text, const char* hint) {
+  std::ofstream file(path, std::ios::binary);
+  file << text;
+  file.close();
+  if (!file) {
+    std::fprintf(stderr, "%s: cannot write %s: %s\n", who, path.c_str(), std::strerror(errno));
+    return 1;
+  }
+  std::printf("%s: wrote %s%s\n", who, path.c_str(), hint);
+  return 0;
+}
+
+}  // namespace
+
 int RunTrace(const std::vector<std::string>& args) {
   if (args.empty()) return Usage("gradwire trace: merge or render?");
   const std::string& what = args[0];
@@ -318,15 +335,7 @@ int RunTrace(const std::vector<std::string>& args) {
       return 1;
     }
     const std::string out = opts.contains("-o") ? opts["-o"] : absl::StrCat(inputs[0], "/merged.trace.json");
-    std::ofstream file(out, std::ios::binary);
-    file << *merged;
-    file.close();
-    if (!file) {
-      std::fprintf(stderr, "gradwire trace merge: cannot write %s: %s\n", out.c_str(), std::strerror(errno));
-      return 1;
-    }
-    std::printf("gradwire trace merge: wrote %s (open it at ui.perfetto.dev)\n", out.c_str());
-    return 0;
+    return WriteOutput("gradwire trace merge", out, *merged, " (open it at ui.perfetto.dev)");
   }
   if (what == "render") {
     if (inputs.size() != 1) return Usage("gradwire trace render: give one merged trace");
@@ -359,15 +368,7 @@ int RunTrace(const std::vector<std::string>& args) {
       return 1;
     }
     const std::string out = opts.contains("-o") ? opts["-o"] : absl::StrCat(inputs[0], ".svg");
-    std::ofstream file(out, std::ios::binary);
-    file << *svg;
-    file.close();
-    if (!file) {
-      std::fprintf(stderr, "gradwire trace render: cannot write %s: %s\n", out.c_str(), std::strerror(errno));
-      return 1;
-    }
-    std::printf("gradwire trace render: wrote %s\n", out.c_str());
-    return 0;
+    return WriteOutput("gradwire trace render", out, *svg, "");
   }
   return Usage(absl::StrCat("gradwire trace: unknown subcommand '", what, "' (merge or render)"));
 }
