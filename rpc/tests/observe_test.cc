@@ -226,7 +226,8 @@ TEST(WaitsTest, AStalledWorkerLogsWhoWaitsOnWhomOnce) {
   AgentOptions base;
   base.stall_report_after = absl::Milliseconds(300);
   ::testing::internal::CaptureStderr();
-  auto group = AgentGroup::Start(2, [&release](Agent& agent) { return RegisterBlock(agent, release); }, base);
+  auto group = AgentGroup::Start(
+      2, [&release](Agent& agent) { return RegisterBlock(agent, release); }, base);
   ASSERT_NE(group, nullptr);
   Future<int64_t> pending = (*group)[0].Async<int64_t>("worker1", "block");
   const double reports = testing::AwaitSampleValue([&] { return (*group)[0].statistics().Collect(); },

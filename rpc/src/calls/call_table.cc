@@ -33,7 +33,9 @@ void CallTable::Pending::Finish(CallTable& table, absl::StatusOr<Value> result, 
   // The completion: a slice on the completing thread (running `done`), where the reply's
   // flow ends; the call's whole time, from Add, is its argument.
   const int64_t completed = Tracer::Now();
-  Tracer::Span reply{.category = table.reply_category_, .name = tracer->Intern(function), .begin_us = completed,
+  Tracer::Span reply{.category = table.reply_category_,
+                     .name = tracer->Intern(function),
+                     .begin_us = completed,
                      .flow_in = received_bytes > 0 ? Tracer::ReplyFlow(table.self_rank_, id) : 0,
                      .arg_names = {table.peer_arg_, table.latency_arg_},
                      .arg_values = {rank, completed - begin_us}};
