@@ -41,7 +41,8 @@ their metrics endpoints: the job serves them when started with --metrics-port (g
 launch), GRADWIRE_METRICS_PORT or AgentOptions::metrics_port.
 debug: gathers what every worker waits for and prints who waits on whom, naming the
        worker at the root of each chain and what it runs (a worker that does not answer
-       within the timeout, default 1 s, is named as frozen or gone).
+       within the timeout, default 1 s, is named as frozen or gone); waits shorter than
+       --min-wait (default 1 s) are left out: a healthy job has many brief ones.
 top:   calls/s, MB/s, p99 latency, requests running, queued tasks and parameter-server
        progress of each worker, refreshed every interval (default 1 s) until Ctrl-C.
 trace: `merge` joins the workers' trace files (GRADWIRE_TRACE=DIR) onto one clock (default
@@ -133,12 +134,16 @@ std::string Token() {
 }  // namespace
 
 int RunDebug(const std::vector<std::string>& args) {
-  Parsed p = ParseJob("gradwire debug", args, {"--timeout"});
+  Parsed p = ParseJob("gradwire debug", args, {"--timeout", "--min-wait"});
   if (!p.error.empty()) return Usage(p.error);
-  double timeout_s = 1;
+  double timeout_s = 1, min_wait = 1;
   if (auto it = p.rest.find("--timeout");
       it != p.rest.end() && (!absl::SimpleAtod(it->second, &timeout_s) || timeout_s <= 0)) {
     return Usage(absl::StrCat("gradwire debug: --timeout expects seconds, got '", it->second, "'"));
+  }
+  if (auto it = p.rest.find("--min-wait");
+      it != p.rest.end() && (!absl::SimpleAtod(it->second, &min_wait) || min_wait < 0)) {
+    return Usage(absl::StrCat("gradwire debug: --min-wait expects seconds, got '", it->second, "'"));
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<WorkerEndpoint>> endpoints = FindEndpoints(p.job, absl::Seconds(5));
@@ -148,6 +153,7 @@ int RunDebug(const std::vector<std::string>& args) {
   }
   std::vector<absl::StatusOr<std::string>> bodies = ReadAll(*endpoints, "/waits", Token(), absl::Seconds(timeout_s));
   std::vector<rpc::WorkerWaits> all;
+  int brief = 0;
   for (size_t i = 0; i < endpoints->size(); ++i) {
     const WorkerEndpoint& e = (*endpoints)[i];
     rpc::WorkerWaits w{.worker = e.worker, .rank = e.rank};
@@ -155,17 +161,24 @@ int RunDebug(const std::vector<std::string>& args) {
         bodies[i].ok() ? rpc::WaitsFromJson(*bodies[i]) : absl::StatusOr<rpc::WorkerWaits>(bodies[i].status());
     if (read.ok()) {
       w.answered = true;
-      w.waits = std::move(read->waits);
+      // A healthy job waits all the time, briefly: only waits of min_wait or longer count.
+      for (rpc::Wait& x : read->waits) {
+        if (x.state == "waits" && x.seconds < min_wait) {
+          ++brief;
+        } else {
+          w.waits.push_back(std::move(x));
+        }
+      }
     } else {
       w.error = std::string(read.status().message());
     }
     all.push_back(std::move(w));
   }
-  std::printf("gradwire debug: %s, gathered in %s\n%s",
+  std::printf("gradwire debug: %s, gathered in %s; %d wait(s) shorter than %gs left out (--min-wait)\n%s",
               p.job.store.empty()
                   ? absl::StrCat("workers at ", p.job.metrics_host, ":", p.job.metrics_port, "+k").c_str()
                   : absl::StrCat("job '", p.job.run_id, "' at ", p.job.store).c_str(),
-              absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))).c_str(),
+              absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))).c_str(), brief, min_wait,
               rpc::WhoWaitsOnWhom(all).c_str());
   return 0;
 }

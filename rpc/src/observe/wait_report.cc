@@ -42,8 +42,8 @@ class Report {
     return line + ")";
   }
 
-  // What a worker at the root of waits is doing.
-  std::string Root(int rank) const {
+  // What a worker is doing; `blamed`: others wait on it (it is at the root of waits).
+  std::string Root(int rank, bool blamed = true) const {
     auto it = by_rank_.find(rank);
     if (it == by_rank_.end()) return absl::StrCat("  ", Name(rank), " was not asked (not a member of the job now)\n");
     const WorkerWaits& w = *it->second;
@@ -58,7 +58,7 @@ class Report {
       if (x.state == "last") last.push_back(&x);
       if (x.state == "waits" && x.on.empty()) own.push_back(&x);
     }
-    if (runs.empty() && own.empty()) {
+    if (blamed && runs.empty() && own.empty()) {
       absl::StrAppend(&out, "  ", w.worker,
                       " waits on no one and runs no handler: the wait is in its own code "
                       "(a trainer's loop, or a thread outside gradwire)\n");
@@ -116,7 +116,7 @@ std::string WhoWaitsOnWhom(const std::vector<WorkerWaits>& workers) {
   if (edges.empty()) {
     absl::StrAppend(&text, "No worker waits on another.\n");
     for (const WorkerWaits& w : workers) {
-      if (w.answered) absl::StrAppend(&text, report.Root(w.rank));
+      if (w.answered) absl::StrAppend(&text, report.Root(w.rank, /*blamed=*/false));
     }
     return text;
   }
