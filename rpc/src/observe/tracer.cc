@@ -142,6 +142,9 @@ void Tracer::Impl::Format(std::string& out, const ThreadBuffer& buffer, const Sp
   };
   const std::string& category = names[s.category];
   const std::string& name = names[s.name];
+  // Read here, under names_mu (the lambda below is not analysed as holding it).
+  const std::string* arg_names[2] = {&names[s.arg_names[0]], &names[s.arg_names[1]]};
+  const std::string& note = names[s.note];
   auto append_name_and_args = [&] {
     out += ",\"name\":\"";
     AppendEscaped(out, name);
@@ -152,13 +155,13 @@ void Tracer::Impl::Format(std::string& out, const ThreadBuffer& buffer, const Sp
     for (int i = 0; i < 2; ++i) {
       if (s.arg_names[i] == 0) continue;
       absl::StrAppend(&out, first_arg ? "\"" : ",\"");
-      AppendEscaped(out, names[s.arg_names[i]]);
+      AppendEscaped(out, *arg_names[i]);
       absl::StrAppend(&out, "\":", s.arg_values[i]);
       first_arg = false;
     }
     if (s.note != 0) {
       absl::StrAppend(&out, first_arg ? "" : ",", "\"note\":\"");
-      AppendEscaped(out, names[s.note]);
+      AppendEscaped(out, note);
       out += '"';
     }
     out += '}';
