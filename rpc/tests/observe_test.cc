@@ -173,28 +173,26 @@ TEST(TracerTest, KeepsSpansOfThreadsAndClosesIntoValidJson) {
   EXPECT_EQ(tids.size(), 3u);
 }
 
-// "block" answers once the test releases it.
-absl::Status RegisterBlock(Agent& agent, absl::Notification& release) {
-  return agent.Register("block", [&release] {
+// "block" notifies `started` (when given) as it runs, and answers once the test releases it.
+absl::Status RegisterBlock(Agent& agent, absl::Notification& release, absl::Notification* started = nullptr) {
+  return agent.Register("block", [&release, started] {
+    if (started != nullptr && !started->HasBeenNotified()) started->Notify();
     release.WaitForNotification();
     return int64_t{1};
   });
 }
 
 TEST(WaitsTest, ACallerWaitsOnABusyHandlerAndTheReportNamesIt) {
-  absl::Notification release;
-  auto group = AgentGroup::Start(2, [&release](Agent& agent) { return RegisterBlock(agent, release); });
+  absl::Notification release, started;
+  auto group =
+      AgentGroup::Start(2, [&](Agent& agent) { return RegisterBlock(agent, release, &started); });
   ASSERT_NE(group, nullptr);
   Future<int64_t> pending = (*group)[0].Async<int64_t>("worker1", "block");
-  // worker1's handler thread runs it: its record says so.
-  std::vector<Wait> theirs;
-  for (int i = 0; i < 10000; ++i) {
-    absl::StatusOr<std::vector<Wait>> w = (*group)[0].Send("worker1", WaitsQuery{}).Get(absl::Seconds(5));
-    ASSERT_TRUE(w.ok()) << w.status();
-    theirs = *w;
-    if (std::any_of(theirs.begin(), theirs.end(), [](const Wait& x) { return x.state == "runs"; })) break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  // Once worker1's handler thread runs it, its record says so.
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::StatusOr<std::vector<Wait>> read = (*group)[0].Send("worker1", WaitsQuery{}).Get(absl::Seconds(5));
+  ASSERT_TRUE(read.ok()) << read.status();
+  const std::vector<Wait> theirs = *read;
   std::vector<Wait> mine = (*group)[0].waits().Collect();
   auto waits_on_1 = [](const Wait& w) {
     return w.layer == "rpc" && w.state == "waits" && w.what == "call 'block'" && w.on == std::vector<int>{1};

@@ -33,6 +33,7 @@
 #include "gradwire/rpc/trace.h"
 #include "gradwire/tensor/kernels.h"
 #include "nlohmann/json.hpp"
+#include "samples.h"
 #include "scoped_temp_dir.h"
 
 namespace gw::worker {
@@ -228,7 +229,7 @@ TEST(DebugCliTest, NamesTheMemberThatSkippedACollective) {
 }
 
 TEST(DebugCliTest, NamesABackwardPassWaitingForAGradient) {
-  absl::Notification release;
+  absl::Notification release, entered;
   std::vector<std::shared_ptr<dist_autograd::DistAutograd>> engines(3);
   auto group = AgentGroup::Start(
       3,
@@ -238,10 +239,11 @@ TEST(DebugCliTest, NamesABackwardPassWaitingForAGradient) {
         }
         Agent* self = &a;
         (void)a.Register("relay", [self](Tensor x) { return self->Sync<Tensor>("worker2", "slow_backward", x); });
-        // Its backward waits until the test releases it.
-        (void)a.Register("slow_backward", [&release](Tensor x) {
+        // Its backward says it started, then waits until the test releases it.
+        (void)a.Register("slow_backward", [&release, &entered](Tensor x) {
           return autograd::Record("SlowBackward", {x}, kernels::MulScalar(x, 2.0),
-                                  [&release](const Tensor& g) -> std::vector<Tensor> {
+                                  [&release, &entered](const Tensor& g) -> std::vector<Tensor> {
+                                    entered.Notify();
                                     release.WaitForNotification();
                                     return {kernels::MulScalar(g, 2.0)};
                                   });
@@ -258,12 +260,9 @@ TEST(DebugCliTest, NamesABackwardPassWaitingForAGradient) {
     absl::Status pass = ctx.Backward({Sum(*y)});
     EXPECT_TRUE(pass.ok()) << pass;
   });
-  // Until the pass reaches worker2's node, the report may not show it yet: ask again.
-  CliRun debug;
-  for (int i = 0; i < 100; ++i) {
-    debug = RunCli(absl::StrCat("debug --min-wait 0 ", JobOf(*group)));
-    if (absl::StrContains(debug.out, "At the root: worker2")) break;
-  }
+  // Once the pass runs worker2's backward function, every wait of the chain is in place.
+  EXPECT_TRUE(entered.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  CliRun debug = RunCli(absl::StrCat("debug --min-wait 0 ", JobOf(*group)));
   release.Notify();
   trainer.join();
   std::fputs(debug.out.c_str(), stdout);
@@ -292,11 +291,11 @@ TEST(DebugCliTest, NamesATrainerStuckInItsOwnCode) {
   ASSERT_TRUE(step0.Get().ok());
   // Step 1: trainer 0 (worker1) pushes and waits; trainer 1 (worker2) never comes.
   Future<Tensor> step1 = c0.PushPull("w", 1, Tensor::Ones({4}));
-  CliRun debug;
-  for (int i = 0; i < 100; ++i) {
-    debug = RunCli(absl::StrCat("debug --min-wait 0 ", JobOf(*group)));
-    if (absl::StrContains(debug.out, "At the root: worker2")) break;
-  }
+  // Once the server holds trainer 0's push of step 1 (its statistics say so), it waits.
+  EXPECT_EQ(rpc::testing::AwaitSampleValue([&] { return (*group)[0].statistics().Collect(); },
+                                           "gradwire_ps_table_step_pushed", {{"table", "w"}}, 1),
+            1);
+  CliRun debug = RunCli(absl::StrCat("debug --min-wait 0 ", JobOf(*group)));
   std::fputs(debug.out.c_str(), stdout);
   EXPECT_EQ(debug.exit_code, 0) << debug.err;
   EXPECT_TRUE(absl::StrContains(debug.out, "At the root: worker2")) << debug.out;
@@ -370,15 +369,14 @@ TEST(TopCliTest, ShowsARunningJobUnderTmux) {
   const std::string session = absl::StrCat("gwtop", ::getpid());
   const std::string screen = dir.path() + "/screen";
   // top in a detached tmux window of 120 columns; two refreshes, then the pane is captured.
-  const std::string top =
-      absl::StrCat("'", GRADWIRE_CLI_PATH, "' top ", JobOf(*group), " --interval 0.5 --iterations 2; sleep 30");
+  // top in a detached tmux window of 120 columns: two refreshes, then it signals the
+  // channel the test waits on (tmux wait-for), and the pane is captured.
+  const std::string top = absl::StrCat("'", GRADWIRE_CLI_PATH, "' top ", JobOf(*group),
+                                       " --interval 0.5 --iterations 2; tmux wait-for -S ", session, "; sleep 30");
   ASSERT_EQ(std::system(absl::StrCat("tmux new-session -d -s ", session, " -x 120 -y 20 \"", top, "\"").c_str()), 0);
-  std::string captured;
-  for (int i = 0; i < 100 && !absl::StrContains(captured, "worker1"); ++i) {
-    absl::SleepFor(absl::Milliseconds(100));
-    (void)std::system(absl::StrCat("tmux capture-pane -p -t ", session, " > '", screen, "'").c_str());
-    captured = ReadText(screen);
-  }
+  EXPECT_EQ(std::system(absl::StrCat("timeout 30 tmux wait-for ", session).c_str()), 0);
+  (void)std::system(absl::StrCat("tmux capture-pane -p -t ", session, " > '", screen, "'").c_str());
+  const std::string captured = ReadText(screen);
   (void)std::system(absl::StrCat("tmux kill-session -t ", session, " 2>/dev/null").c_str());
   stop = true;
   load.join();
