@@ -184,8 +184,7 @@ absl::Status RegisterBlock(Agent& agent, absl::Notification& release, absl::Noti
 
 TEST(WaitsTest, ACallerWaitsOnABusyHandlerAndTheReportNamesIt) {
   absl::Notification release, started;
-  auto group =
-      AgentGroup::Start(2, [&](Agent& agent) { return RegisterBlock(agent, release, &started); });
+  auto group = AgentGroup::Start(2, [&](Agent& agent) { return RegisterBlock(agent, release, &started); });
   ASSERT_NE(group, nullptr);
   Future<int64_t> pending = (*group)[0].Async<int64_t>("worker1", "block");
   // Once worker1's handler thread runs it, its record says so.
