@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,11 +31,30 @@ inline double Quantile(std::vector<double> samples, double q) {
   return samples[i];
 }
 
-inline void Report(const std::string& workload, const std::string& metric, double value,
-                   const std::string& unit) {
-  std::printf("workload=%s impl=gradwire metric=%s value=%.6g unit=%s\n", workload.c_str(),
-              metric.c_str(), value, unit.c_str());
+inline void Report(const std::string& workload, const std::string& metric, double value, const std::string& unit) {
+  std::printf("workload=%s impl=gradwire metric=%s value=%.6g unit=%s\n", workload.c_str(), metric.c_str(), value,
+              unit.c_str());
   std::fflush(stdout);
+}
+
+// CPU seconds (user and system, all threads) that process `pid` has used so far; 0 if
+// /proc cannot tell. Ticks of 10 ms: measure windows of seconds.
+inline double ProcessCpuSeconds(pid_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return 0;
+  char text[1024] = {};
+  const size_t n = std::fread(text, 1, sizeof(text) - 1, f);
+  std::fclose(f);
+  // The fields after the command's name (which may hold spaces, in parentheses):
+  // state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime stime.
+  const char* after = std::strrchr(text, ')');
+  unsigned long utime = 0, stime = 0;
+  if (n == 0 || after == nullptr ||
+      std::sscanf(after + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2) {
+    return 0;
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 // Runs fn() warmup + iters times and returns the timed durations in milliseconds.

@@ -3,16 +3,20 @@
 // makes them (the client: its series found, two clock reads, the bytes, the result; the
 // server: the same for the request), in a loop on one thread, then on two threads at
 // once (a caller and an I/O thread of one process recording into the same series).
+// Then what a traced call adds (rpc/trace.h, GRADWIRE_TRACE): its three spans, recorded
+// as the agent records them, into a tracer writing a temporary directory.
 // Prints harness lines (bench/run): ns per call.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gradwire/rpc/frame.h"
+#include "gradwire/rpc/trace.h"
 #include "observe/call_metrics.h"
 
 namespace {
@@ -54,6 +58,52 @@ double NsPerCall(int threads, int64_t calls) {
   return ns / static_cast<double>(calls);  // per call of one thread: the wall time each call adds
 }
 
+// One traced call's spans, as agent.cc (the send), dispatcher.cc (the handler) and
+// call_table.cc (the completion) record them.
+void TraceOneCall(gw::rpc::Tracer& tracer, uint64_t id, const std::string& function) {
+  using gw::rpc::Tracer;
+  static const Tracer::Name send = tracer.Intern("rpc.send"), handler = tracer.Intern("rpc.handler"),
+                            reply = tracer.Intern("rpc.reply"), peer = tracer.Intern("peer");
+  const int64_t sent = Tracer::Now();
+  tracer.Record({.category = send,
+                 .name = tracer.Intern(function),
+                 .begin_us = sent,
+                 .end_us = Tracer::Now(),
+                 .flow_out = Tracer::CallFlow(0, id),
+                 .arg_names = {peer, 0},
+                 .arg_values = {1, 0}});
+  const int64_t handled = Tracer::Now();
+  tracer.Record({.category = handler,
+                 .name = tracer.Intern(function),
+                 .begin_us = handled,
+                 .end_us = Tracer::Now(),
+                 .flow_in = Tracer::CallFlow(0, id),
+                 .flow_out = Tracer::ReplyFlow(0, id),
+                 .arg_names = {peer, 0},
+                 .arg_values = {0, 0}});
+  const int64_t completed = Tracer::Now();
+  tracer.Record({.category = reply,
+                 .name = tracer.Intern(function),
+                 .begin_us = completed,
+                 .end_us = Tracer::Now(),
+                 .flow_in = Tracer::ReplyFlow(0, id),
+                 .arg_names = {peer, 0},
+                 .arg_values = {1, 0}});
+}
+
+double TracedNsPerCall(int64_t calls) {
+  char dir[] = "/tmp/gw-trace-bench-XXXXXX";
+  if (::mkdtemp(dir) == nullptr) return 0;
+  auto tracer = gw::rpc::Tracer::Open(dir, "worker0", 0);
+  const std::string function = "train_step";
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < calls; ++i) TraceOneCall(*tracer, static_cast<uint64_t>(i), function);
+  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
+  (void)tracer->Close();
+  std::filesystem::remove_all(dir);
+  return ns / static_cast<double>(calls);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,5 +114,7 @@ int main(int argc, char** argv) {
               NsPerCall(1, calls));
   std::printf("workload=call_metrics impl=gradwire metric=records_ns_per_call_two_threads value=%.1f unit=ns\n",
               NsPerCall(2, calls));
+  std::printf("workload=call_metrics impl=gradwire metric=trace_ns_per_call value=%.1f unit=ns\n",
+              TracedNsPerCall(calls / 4));
   return 0;
 }

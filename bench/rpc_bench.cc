@@ -2,11 +2,10 @@
 // BENCHMARKS.md for gradwire: this process is rank 0 (caller), a copy of it
 // started with GW_BENCH_ROLE=server is rank 1 (callee), both on 127.0.0.1.
 //
-//   rpc_bench [--quick] rpc_latency|tensor_echo|async_pipelined|rref
+//   rpc_bench [--quick] [--churn N] [--calls N] rpc_latency|tensor_echo|async_pipelined|rref
 //
 // rpc_latency also measures a raw TCP ping-pong of 64 bytes between the same two
 // processes (blocking send/recv, TCP_NODELAY): the floor any RPC stack sits on.
-#include <cstdlib>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -14,6 +13,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstdlib>
 
 #include <cstring>
 #include <deque>
@@ -104,13 +104,14 @@ int Server(int port, int raw_port) {
   std::thread raw([raw_port] { RawEchoServer(raw_port); });
   auto agent = Agent::Start(Options(1, port), [](Agent& a) {
     (void)a.Register("noop", [] { return int64_t{0}; });
-    (void)a.Register("noop_inline", [] { return int64_t{0}; },
-                     gw::rpc::RegisterOptions{.mode = gw::rpc::HandlerMode::kInline});
+    (void)a.Register(
+        "noop_inline", [] { return int64_t{0}; }, gw::rpc::RegisterOptions{.mode = gw::rpc::HandlerMode::kInline});
     (void)a.Register("echo", [](Tensor t) { return t; });
     (void)a.Register("make_tensor", [](int64_t numel) { return Tensor::Full({numel}, 1.0); });
     (void)a.Register("small", [] { return int64_t{7}; });
-    (void)a.Register("owner_rrefs", [&a] { return a.rref_stats().owned; },
-                     gw::rpc::RegisterOptions{.mode = gw::rpc::HandlerMode::kInline});
+    (void)a.Register(
+        "owner_rrefs", [&a] { return a.rref_stats().owned; },
+        gw::rpc::RegisterOptions{.mode = gw::rpc::HandlerMode::kInline});
   });
   if (!agent.ok()) {
     std::fprintf(stderr, "rpc_bench server: %s\n", std::string(agent.status().message()).c_str());
@@ -159,8 +160,8 @@ void TensorEcho(Agent& agent, bool quick) {
     int64_t bytes;
     int iters;
   };
-  const Size sizes[] = {{"4KiB", 4 << 10, 200}, {"1MiB", 1 << 20, 100}, {"16MiB", 16 << 20, 20},
-                        {"64MiB", 64 << 20, 10}};
+  const Size sizes[] = {
+      {"4KiB", 4 << 10, 200}, {"1MiB", 1 << 20, 100}, {"16MiB", 16 << 20, 20}, {"64MiB", 64 << 20, 10}};
   gw::Generator gen(0);
   for (const Size& s : sizes) {
     Tensor t = Tensor::Rand({s.bytes / 4}, gen);
@@ -182,11 +183,18 @@ void TensorEcho(Agent& agent, bool quick) {
   }
 }
 
-double PipelinedCallsPerSecond(Agent& agent, const char* function, int total) {
+struct Pipelined {
+  double calls_per_s = 0;
+  double cpu_us_per_call = 0;  // both processes' CPU time over the calls
+};
+
+// `total` calls with 64 in flight to the server (process `server`).
+Pipelined PipelinedCalls(Agent& agent, pid_t server, const char* function, int total) {
   constexpr size_t kWindow = 64;
   std::deque<gw::Future<int64_t>> inflight;
   for (int i = 0; i < 200; ++i) (void)agent.Sync<int64_t>("worker1", function);  // warm-up
-  const double t0 = gw::bench::NowSeconds();
+  auto cpu = [server] { return gw::bench::ProcessCpuSeconds(::getpid()) + gw::bench::ProcessCpuSeconds(server); };
+  const double t0 = gw::bench::NowSeconds(), cpu0 = cpu();
   for (int i = 0; i < total; ++i) {
     if (inflight.size() == kWindow) {
       if (!inflight.front().Get(absl::Seconds(60)).ok()) std::exit(1);
@@ -197,7 +205,7 @@ double PipelinedCallsPerSecond(Agent& agent, const char* function, int total) {
   for (auto& f : inflight) {
     if (!f.Get(absl::Seconds(60)).ok()) std::exit(1);
   }
-  return total / (gw::bench::NowSeconds() - t0);
+  return {.calls_per_s = total / (gw::bench::NowSeconds() - t0), .cpu_us_per_call = (cpu() - cpu0) * 1e6 / total};
 }
 
 // churn: how many RRefs the churn loop makes (0: 5000, or 500 with --quick).
@@ -262,12 +270,17 @@ void RRefs(Agent& agent, bool quick, int churn) {
   gw::bench::Report("rref", "owner_rrefs_drain_s", t_back - t_loop, "s");
 }
 
-void AsyncPipelined(Agent& agent, bool quick) {
-  const int total = quick ? 2000 : 20000;
-  gw::bench::Report("async_pipelined", "calls_per_s", PipelinedCallsPerSecond(agent, "noop", total),
-                    "calls/s");
-  gw::bench::Report("async_pipelined", "calls_per_s_inline_handler",
-                    PipelinedCallsPerSecond(agent, "noop_inline", total), "calls/s");
+// calls: how many calls each figure makes (0: 20000, or 2000 with --quick). The CPU time
+// per call (both processes) is a steadier figure than calls/s on a shared machine; it
+// needs seconds of calls (--calls 300000) to be read from /proc's 10 ms ticks.
+void AsyncPipelined(Agent& agent, pid_t server, bool quick, int calls) {
+  const int total = calls > 0 ? calls : quick ? 2000 : 20000;
+  const Pipelined pooled = PipelinedCalls(agent, server, "noop", total);
+  gw::bench::Report("async_pipelined", "calls_per_s", pooled.calls_per_s, "calls/s");
+  gw::bench::Report("async_pipelined", "cpu_us_per_call", pooled.cpu_us_per_call, "us");
+  const Pipelined inline_handler = PipelinedCalls(agent, server, "noop_inline", total);
+  gw::bench::Report("async_pipelined", "calls_per_s_inline_handler", inline_handler.calls_per_s, "calls/s");
+  gw::bench::Report("async_pipelined", "cpu_us_per_call_inline_handler", inline_handler.cpu_us_per_call, "us");
 }
 
 }  // namespace
@@ -283,19 +296,22 @@ int main(int argc, char** argv) {
   }
   bool quick = false;
   int churn = 0;  // --churn N: a longer churn loop than the workload's 5000 (a steadier figure)
+  int calls = 0;  // --calls N: more pipelined calls than async_pipelined's 20000 (a steadier figure)
   std::string workload;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (std::strcmp(argv[i], "--churn") == 0 && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &churn)) {
       ++i;
+    } else if (std::strcmp(argv[i], "--calls") == 0 && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &calls)) {
+      ++i;
     } else {
       workload = argv[i];
     }
   }
-  if (workload != "rpc_latency" && workload != "tensor_echo" && workload != "async_pipelined" &&
-      workload != "rref") {
-    std::fprintf(stderr, "usage: rpc_bench [--quick] [--churn N] rpc_latency|tensor_echo|async_pipelined|rref\n");
+  if (workload != "rpc_latency" && workload != "tensor_echo" && workload != "async_pipelined" && workload != "rref") {
+    std::fprintf(stderr,
+                 "usage: rpc_bench [--quick] [--churn N] [--calls N] rpc_latency|tensor_echo|async_pipelined|rref\n");
     return 2;
   }
   absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
@@ -319,7 +335,7 @@ int main(int argc, char** argv) {
                (*agent)->options().transport.c_str());
   if (workload == "rpc_latency") RpcLatency(**agent, quick, *raw_port);
   if (workload == "tensor_echo") TensorEcho(**agent, quick);
-  if (workload == "async_pipelined") AsyncPipelined(**agent, quick);
+  if (workload == "async_pipelined") AsyncPipelined(**agent, child, quick, calls);
   if (workload == "rref") RRefs(**agent, quick, churn);
   if (workload != "rpc_latency") {  // let the raw echo server exit
     std::vector<double> unused = RawPingPongUs(*raw_port, 0, 1);

@@ -12,12 +12,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "gradwire/rpc/trace.h"
 #include "nlohmann/json.hpp"
 
 namespace gw::worker {
 namespace {
 
 using nlohmann::json;
+
+// What a worker's tracer writes while it runs (rpc/trace.h), turned into JSON when it closes.
+constexpr std::string_view kSpill = ".trace.spill";
 
 struct WorkerTrace {
   std::string path;
@@ -38,39 +42,22 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return text.str();
 }
 
-// A file whose worker closed it parses whole; one cut short (the worker was killed) is
-// read event by event, one per line as the tracer writes them, up to the last whole one.
 absl::StatusOr<WorkerTrace> ReadTrace(const std::string& path, std::vector<std::string>* notes) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return text.status();
   WorkerTrace t;
   t.path = path;
   json whole = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!whole.is_discarded()) {
-    if (!whole.is_object() || !whole.contains("traceEvents") || !whole.contains("gradwire")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, " is not a trace written by gradwire (no \"traceEvents\" ", "and \"gradwire\" sections)"));
-    }
-    t.closed = true;
-    t.events = std::move(whole.at("traceEvents").get_ref<json::array_t&>());
-    const json& meta = whole.at("gradwire");
-    if (meta.contains("clock_offsets_us") && meta.at("clock_offsets_us").contains("0")) {
-      t.offset_us = meta.at("clock_offsets_us").at("0").at("offset").get<double>();
-    }
-  } else {
-    std::vector<std::string> lines = absl::StrSplit(*text, '\n');
-    if (lines.empty() || lines[0] != "{\"traceEvents\":[") {
-      return absl::InvalidArgumentError(absl::StrCat(path, " is not a trace written by gradwire"));
-    }
-    for (size_t i = 1; i < lines.size(); ++i) {
-      std::string_view line = lines[i];
-      if (!line.empty() && line.back() == ',') line.remove_suffix(1);
-      json e = json::parse(line, nullptr, false);
-      if (e.is_discarded() || !e.is_object()) break;
-      t.events.push_back(std::move(e));
-    }
-    notes->push_back(absl::StrCat(path, " was not closed (its worker did not shut down): read its first ",
-                                  t.events.size(), " events; its clock offset is unknown, taken as 0"));
+  if (whole.is_discarded() || !whole.is_object() || !whole.contains("traceEvents") || !whole.contains("gradwire") ||
+      !whole.at("traceEvents").is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a trace written by gradwire (no \"traceEvents\" and \"gradwire\" sections)"));
+  }
+  t.events = std::move(whole.at("traceEvents").get_ref<json::array_t&>());
+  const json& meta = whole.at("gradwire");
+  t.closed = meta.value("closed", true);
+  if (meta.contains("clock_offsets_us") && meta.at("clock_offsets_us").contains("0")) {
+    t.offset_us = meta.at("clock_offsets_us").at("0").at("offset").get<double>();
   }
   for (const json& e : t.events) {
     if (e.value("ph", "") == "M" && e.value("name", "") == "gradwire_clock_origin") {
@@ -80,10 +67,22 @@ absl::StatusOr<WorkerTrace> ReadTrace(const std::string& path, std::vector<std::
     }
   }
   if (t.rank < 0) return absl::InvalidArgumentError(absl::StrCat(path, " has no clock origin: not a gradwire trace"));
-  if (t.closed && t.rank != 0 && t.offset_us == 0) {
+  if (t.rank != 0 && t.offset_us == 0) {
     notes->push_back(absl::StrCat(t.worker, " measured no clock offset to rank 0: its times are taken as they are"));
   }
   return t;
+}
+
+// The JSON of a worker's spill (its worker did not close its trace: it was killed), next
+// to it; the spill is kept.
+absl::StatusOr<std::string> ConvertSpill(const std::string& spill, std::vector<std::string>* notes) {
+  std::string json_path = spill.substr(0, spill.size() - std::string_view(kSpill).size()) + ".trace.json";
+  bool closed = false;
+  if (absl::Status s = rpc::Tracer::ConvertSpill(spill, json_path, &closed); !s.ok()) return s;
+  notes->push_back(
+      absl::StrCat(spill, closed ? " was closed but not converted" : " was not closed (its worker did not shut down)",
+                   ": its spans up to the last whole record are now in ", json_path));
+  return json_path;
 }
 
 }  // namespace
@@ -93,15 +92,27 @@ absl::StatusOr<std::string> MergeTraces(const std::vector<std::string>& paths, s
   for (const std::string& p : paths) {
     std::error_code ec;
     if (std::filesystem::is_directory(p, ec)) {
-      std::vector<std::string> found;
+      std::set<std::string> found, spills;
       for (const auto& entry : std::filesystem::directory_iterator(p, ec)) {
-        const std::string name = entry.path().filename().string();
-        if (name.ends_with(".trace.json")) found.push_back(entry.path().string());
+        const std::string name = entry.path().string();
+        if (name.ends_with(".trace.json")) found.insert(name);
+        if (name.ends_with(kSpill)) spills.insert(name);
       }
       if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", p, ": ", ec.message()));
-      if (found.empty()) return absl::NotFoundError(absl::StrCat(p, " holds no *.trace.json files"));
-      std::sort(found.begin(), found.end());
+      for (const std::string& spill : spills) {
+        const std::string json_path = spill.substr(0, spill.size() - std::string_view(kSpill).size()) + ".trace.json";
+        // Converted already (its worker stopped between writing the JSON and removing the spill).
+        if (found.contains(json_path)) continue;
+        absl::StatusOr<std::string> converted = ConvertSpill(spill, notes);
+        if (!converted.ok()) return converted.status();
+        found.insert(*converted);
+      }
+      if (found.empty()) return absl::NotFoundError(absl::StrCat(p, " holds no *.trace.json or *.trace.spill files"));
       files.insert(files.end(), found.begin(), found.end());
+    } else if (p.ends_with(kSpill)) {
+      absl::StatusOr<std::string> converted = ConvertSpill(p, notes);
+      if (!converted.ok()) return converted.status();
+      files.push_back(*converted);
     } else {
       files.push_back(p);
     }

@@ -5,8 +5,10 @@
 //   - MergeTraces(paths) reads the workers' trace files (a directory stands for its
 //     *.trace.json) and returns one Chrome trace of them all: each worker's times moved
 //     onto rank 0's clock by the offset it measured over the job's connection, then made
-//     relative to the earliest event. A file its worker did not close (the process was
-//     killed) is read up to its last whole event, and `notes` says so; a file that is not
+//     relative to the earliest event. The spill of a worker that did not close its trace
+//     (the process was killed; a directory's *.trace.spill without its *.trace.json, or a
+//     spill named) is first turned into its JSON up to its last whole record
+//     (Tracer::ConvertSpill), and `notes` says so; a file that is not
 //     a gradwire trace is INVALID_ARGUMENT naming it and what is wrong; an unreadable one
 //     NOT_FOUND or DATA_LOSS naming the path. Deterministic: events sorted by time, then
 //     worker, then thread.

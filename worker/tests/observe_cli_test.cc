@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -158,30 +159,45 @@ TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
   EXPECT_EQ(RunCli(absl::StrCat("trace render '", merged_path, "' --from 1e9 -o /dev/null")).exit_code, 1);
 }
 
-TEST(TraceCliTest, MergeReadsACutFileAndRefusesWhatIsNotATrace) {
+TEST(TraceCliTest, MergeReadsTheSpillOfAKilledWorkerAndRefusesWhatIsNotATrace) {
   ScopedTempDir dir("gw-trace");
   {
     auto tracer = rpc::Tracer::Open(dir.path(), "worker0", 0);
     for (int i = 0; i < 10; ++i) rpc::Tracer::Scope s(*tracer, tracer->Intern("test"), tracer->Intern("step"));
     ASSERT_TRUE(tracer->Close().ok());
+    EXPECT_FALSE(std::filesystem::exists(dir.path() + "/worker0.trace.spill"));  // turned into the JSON
   }
   {
-    auto tracer = rpc::Tracer::Open(dir.path() + "/cut", "worker1", 1);
-    for (int i = 0; i < 10; ++i) rpc::Tracer::Scope s(*tracer, tracer->Intern("test"), tracer->Intern("step"));
-    ASSERT_TRUE(tracer->Close().ok());
+    // worker1 "was killed": it never closed its trace, and its spill ends in the middle
+    // of its last batch of spans.
+    auto tracer = rpc::Tracer::Open(dir.path() + "/live", "worker1", 1);
+    for (int i = 0; i < 3; ++i) rpc::Tracer::Scope s(*tracer, tracer->Intern("test"), tracer->Intern("step"));
+    tracer->Flush();
+    for (int i = 0; i < 5; ++i) rpc::Tracer::Scope s(*tracer, tracer->Intern("test"), tracer->Intern("late"));
+    tracer->Flush();
+    const std::string spill = ReadText(dir.path() + "/live/worker1.trace.spill");
+    std::ofstream(dir.path() + "/worker1.trace.spill", std::ios::binary) << spill.substr(0, spill.size() - 10);
   }
-  // worker1 "was killed": its file ends in the middle of an event.
-  std::string whole = ReadText(dir.path() + "/cut/worker1.trace.json");
-  const size_t cut = whole.find("\"name\":\"step\"", whole.find("\"ph\":\"X\"", whole.find("\"ph\":\"X\"") + 1));
-  std::ofstream(dir.path() + "/worker1.trace.json") << whole.substr(0, cut);
   CliRun merge = RunCli(absl::StrCat("trace merge '", dir.path(), "'"));
   ASSERT_EQ(merge.exit_code, 0) << merge.err;
-  EXPECT_TRUE(absl::StrContains(merge.err, "worker1.trace.json was not closed")) << merge.err;
+  EXPECT_TRUE(absl::StrContains(merge.err, "worker1.trace.spill was not closed")) << merge.err;
   nlohmann::json merged = nlohmann::json::parse(ReadText(dir.path() + "/merged.trace.json"), nullptr, false);
   ASSERT_FALSE(merged.is_discarded());
-  int from_cut = 0;
-  for (const nlohmann::json& e : merged.at("traceEvents")) from_cut += e.at("ph") == "X" && e.at("pid") == 1;
-  EXPECT_EQ(from_cut, 1);  // the one whole event before the cut
+  std::map<std::string, int> from_killed;
+  for (const nlohmann::json& e : merged.at("traceEvents")) {
+    if (e.at("ph") == "X" && e.at("pid") == 1) ++from_killed[e.at("name").get<std::string>()];
+  }
+  // What was spilled before the cut, whole; the batch it cut, not at all.
+  EXPECT_EQ(from_killed["step"], 3);
+  EXPECT_LT(from_killed["late"], 5);
+  nlohmann::json killed = nlohmann::json::parse(ReadText(dir.path() + "/worker1.trace.json"), nullptr, false);
+  ASSERT_FALSE(killed.is_discarded());
+  EXPECT_EQ(killed.at("gradwire").at("closed"), false);
+
+  std::ofstream(dir.path() + "/junk.trace.spill") << "not a spill";
+  CliRun junk = RunCli(absl::StrCat("trace merge '", dir.path(), "/junk.trace.spill'"));
+  EXPECT_EQ(junk.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(junk.err, "junk.trace.spill is not a trace spill written by gradwire")) << junk.err;
 
   std::ofstream(dir.path() + "/other.json") << "{\"hello\": 1}";
   CliRun bad = RunCli(absl::StrCat("trace merge '", dir.path(), "/other.json'"));

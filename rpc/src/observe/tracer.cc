@@ -1,7 +1,6 @@
 #include <pthread.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -19,60 +18,44 @@
 #include "absl/synchronization/mutex.h"
 #include "gradwire/rpc/trace.h"
 #include "observe/per_thread.h"
+#include "observe/trace_spill.h"
 
 namespace gw::rpc {
 namespace {
 
-// A thread's buffer holds at most this many spans between two drains of the writer.
-constexpr size_t kMaxBuffered = 64 * 1024;
+// A thread records into chunks of this many spans, and holds at most kMostChunks of them
+// (64k spans) that the writer has not drained.
+constexpr uint32_t kChunkSpans = 1024;
+constexpr int kMostChunks = 64;
 constexpr absl::Duration kDrainEvery = absl::Milliseconds(100);
-
-// JSON string contents (without the quotes).
-void AppendEscaped(std::string& out, std::string_view s) {
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppend(&out, "\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
-        } else {
-          out += c;
-        }
-    }
-  }
-}
-
-void AppendInt(std::string& out, int64_t v) {
-  char buf[24];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
-  out.append(buf, end);
-}
+// A spill this large tells its user, when its worker closes the trace, that turning it
+// into JSON takes a while.
+constexpr uintmax_t kSayConvertingFrom = uintmax_t{64} << 20;
 
 }  // namespace
 
 struct Tracer::Impl {
+  // Spans a thread recorded. Its thread fills [0, count) and publishes count; the
+  // writer spills [spilled, count) while the thread goes on, and recycles the chunk once
+  // the thread has handed it over full.
+  struct Chunk {
+    std::atomic<uint32_t> count{0};
+    uint32_t spilled = 0;  // the writer's (Drain, under file_mu)
+    Span spans[kChunkSpans];
+  };
   struct ThreadBuffer {
     int tid = 0;
     std::string thread_name;
+    std::atomic<Chunk*> current{nullptr};  // written by its thread only
+    std::atomic<uint64_t> dropped{0};
     absl::Mutex mu;
-    std::vector<Span> spans ABSL_GUARDED_BY(mu);
-    uint64_t dropped ABSL_GUARDED_BY(mu) = 0;
-    std::vector<Span> draining;  // the writer's (Drain, under file_mu)
+    std::vector<Chunk*> full ABSL_GUARDED_BY(mu);  // handed over, not yet drained
+    int held ABSL_GUARDED_BY(mu) = 0;              // current and full
   };
 
   const uint64_t uid = internal::NextOwnerId();
-  std::string path;
+  std::string path;        // the JSON, written at Close
+  std::string spill_path;  // written while the worker runs (observe/trace_spill.h)
   std::string worker;
   int rank = -1;
   int64_t origin_us = 0;  // the file's times are relative to this (us since the epoch)
@@ -86,15 +69,20 @@ struct Tracer::Impl {
   absl::Mutex buffers_mu;
   std::vector<std::unique_ptr<ThreadBuffer>> buffers ABSL_GUARDED_BY(buffers_mu);
 
-  absl::Mutex offsets_mu;
-  std::map<int, std::pair<int64_t, int64_t>> offsets ABSL_GUARDED_BY(offsets_mu);  // rank -> (offset, rtt) ns
+  absl::Mutex chunks_mu;
+  std::vector<std::unique_ptr<Chunk>> chunks ABSL_GUARDED_BY(chunks_mu);  // every chunk made
+  std::vector<Chunk*> free_chunks ABSL_GUARDED_BY(chunks_mu);
 
-  // The file, written by the writer thread (and Close, once it has stopped).
+  absl::Mutex offsets_mu;
+  std::map<int, std::pair<int64_t, int64_t>> offsets ABSL_GUARDED_BY(offsets_mu);  // rank -> (offset, rtt) us
+  bool offsets_changed ABSL_GUARDED_BY(offsets_mu) = false;
+
+  // The spill, written by the writer thread (and Flush and Close).
   absl::Mutex file_mu;
   FILE* file ABSL_GUARDED_BY(file_mu) = nullptr;
-  bool first_event ABSL_GUARDED_BY(file_mu) = true;
   absl::Status write_error ABSL_GUARDED_BY(file_mu);
-  uint64_t dropped_total ABSL_GUARDED_BY(file_mu) = 0;
+  size_t names_written ABSL_GUARDED_BY(file_mu) = 1;  // Name 0 ("") is never written
+  size_t threads_written ABSL_GUARDED_BY(file_mu) = 0;
   std::string text_buffer ABSL_GUARDED_BY(file_mu);
 
   absl::Mutex stop_mu;
@@ -102,10 +90,12 @@ struct Tracer::Impl {
   std::thread writer;
 
   ThreadBuffer* BufferOfThisThread();
+  // A fresh chunk for `b`'s thread, its full one handed over; null when the thread holds
+  // kMostChunks already (the writer is behind).
+  Chunk* NextChunk(ThreadBuffer& b);
+  void Recycle(const std::vector<Chunk*>& drained);
   void WriterLoop();
   void Drain();
-  void Format(std::string& out, const ThreadBuffer& buffer, const Span& s, bool& first)
-      ABSL_SHARED_LOCKS_REQUIRED(names_mu);
   void Write(const std::string& text) ABSL_EXCLUSIVE_LOCKS_REQUIRED(file_mu);
 };
 
@@ -126,73 +116,41 @@ Tracer::Impl::ThreadBuffer* Tracer::Impl::BufferOfThisThread() {
 void Tracer::Impl::Write(const std::string& text) {
   if (file == nullptr || text.empty() || !write_error.ok()) return;
   if (std::fwrite(text.data(), 1, text.size(), file) != text.size()) {
-    write_error = absl::DataLossError(absl::StrCat("cannot write the trace ", path, ": ", std::strerror(errno)));
+    write_error = absl::DataLossError(absl::StrCat("cannot write the trace ", spill_path, ": ", std::strerror(errno)));
     std::fprintf(stderr, "gradwire: %s: %s; the job goes on without its trace\n", worker.c_str(),
                  std::string(write_error.message()).c_str());
   }
 }
 
-void Tracer::Impl::Format(std::string& out, const ThreadBuffer& buffer, const Span& s, bool& first) {
-  auto begin_event = [&](char phase, std::string_view category, int64_t ts) {
-    absl::StrAppend(&out, first ? "" : ",\n", "{\"ph\":\"", absl::string_view(&phase, 1), "\",\"cat\":\"");
-    first = false;
-    AppendEscaped(out, category);
-    absl::StrAppend(&out, "\",\"pid\":", rank, ",\"tid\":", buffer.tid, ",\"ts\":");
-    AppendInt(out, ts - origin_us);
-  };
-  const std::string& category = names[s.category];
-  const std::string& name = names[s.name];
-  // Read here, under names_mu (the lambda below is not analysed as holding it).
-  const std::string* arg_names[2] = {&names[s.arg_names[0]], &names[s.arg_names[1]]};
-  const std::string& note = names[s.note];
-  auto append_name_and_args = [&] {
-    out += ",\"name\":\"";
-    AppendEscaped(out, name);
-    out += '"';
-    if (s.arg_names[0] == 0 && s.arg_names[1] == 0 && s.note == 0) return;
-    out += ",\"args\":{";
-    bool first_arg = true;
-    for (int i = 0; i < 2; ++i) {
-      if (s.arg_names[i] == 0) continue;
-      absl::StrAppend(&out, first_arg ? "\"" : ",\"");
-      AppendEscaped(out, *arg_names[i]);
-      absl::StrAppend(&out, "\":", s.arg_values[i]);
-      first_arg = false;
-    }
-    if (s.note != 0) {
-      absl::StrAppend(&out, first_arg ? "" : ",", "\"note\":\"");
-      AppendEscaped(out, note);
-      out += '"';
-    }
-    out += '}';
-  };
-  const int64_t end = std::max(s.end_us, s.begin_us);
-  if (s.async) {
-    begin_event('b', category, s.begin_us);
-    append_name_and_args();
-    absl::StrAppend(&out, ",\"id\":\"0x", absl::Hex(s.async_id), "\"}");
-    begin_event('e', category, end);
-    out += ",\"name\":\"";
-    AppendEscaped(out, name);
-    absl::StrAppend(&out, "\",\"id\":\"0x", absl::Hex(s.async_id), "\"}");
-    return;
+Tracer::Impl::Chunk* Tracer::Impl::NextChunk(ThreadBuffer& b) {
+  Chunk* full = b.current.load(std::memory_order_relaxed);
+  {
+    absl::MutexLock lock(&b.mu);
+    if (b.held >= kMostChunks) return nullptr;
+    ++b.held;
+    if (full != nullptr) b.full.push_back(full);
   }
-  begin_event('X', category, s.begin_us);
-  out += ",\"dur\":";
-  AppendInt(out, end - s.begin_us);
-  append_name_and_args();
-  out += '}';
-  // Flow steps bind to the slice enclosing their time on the same thread. Both are put at
-  // the slice's start: what the slice starts (a request it sends, the reply of the
-  // request it handles) cannot have been received before that, so every arrow points
-  // forward in time.
-  if (s.flow_in != 0) {
-    begin_event('f', "flow", s.begin_us);
-    absl::StrAppend(&out, ",\"bp\":\"e\",\"name\":\"flow\",\"id\":\"0x", absl::Hex(s.flow_in), "\"}");
+  Chunk* fresh = nullptr;
+  {
+    absl::MutexLock lock(&chunks_mu);
+    if (free_chunks.empty()) {
+      fresh = chunks.emplace_back(std::make_unique<Chunk>()).get();
+    } else {
+      fresh = free_chunks.back();
+      free_chunks.pop_back();
+    }
   }
-  if (s.flow_out != 0) {
-    begin_event('s', "flow", s.begin_us);
-    absl::StrAppend(&out, ",\"name\":\"flow\",\"id\":\"0x", absl::Hex(s.flow_out), "\"}");
+  b.current.store(fresh, std::memory_order_release);
+  return fresh;
+}
+
+void Tracer::Impl::Recycle(const std::vector<Chunk*>& drained) {
+  if (drained.empty()) return;
+  absl::MutexLock lock(&chunks_mu);
+  for (Chunk* c : drained) {
+    c->count.store(0, std::memory_order_relaxed);
+    c->spilled = 0;
+    free_chunks.push_back(c);
   }
 }
 
@@ -202,36 +160,67 @@ void Tracer::Impl::Drain() {
     absl::MutexLock lock(&buffers_mu);
     for (auto& b : buffers) all.push_back(b.get());
   }
-  uint64_t dropped = 0;
   absl::MutexLock file_lock(&file_mu);
   std::string& text = text_buffer;  // kept between drains: its memory is reused
   text.clear();
-  bool first = first_event;
+  // What each thread handed over, and how far its current chunk is filled, taken first;
+  // then the threads and names those spans use (interned before they were recorded) are
+  // written ahead of them.
+  struct Taken {
+    ThreadBuffer* buffer;
+    std::vector<Chunk*> full;
+    Chunk* current;
+    uint32_t current_count;
+  };
+  std::vector<Taken> taken;
+  uint64_t dropped = 0;
   for (ThreadBuffer* b : all) {
-    // The thread's buffer and the drained one trade places: both keep their memory, so
-    // a steady stream of spans allocates (and faults in) nothing.
-    std::vector<Span>& spans = b->draining;
+    Taken& t = taken.emplace_back(Taken{.buffer = b, .full = {}, .current = nullptr, .current_count = 0});
     {
       absl::MutexLock lock(&b->mu);
-      spans.swap(b->spans);
-      dropped += b->dropped;
-      b->dropped = 0;
+      t.full.swap(b->full);
+      b->held -= static_cast<int>(t.full.size());
     }
-    if (spans.empty()) continue;
+    // Loaded after the hand-over: a chunk handed over since is spilled up to here now and
+    // the rest at the next drain.
+    t.current = b->current.load(std::memory_order_acquire);
+    if (t.current != nullptr) t.current_count = t.current->count.load(std::memory_order_acquire);
+    dropped += b->dropped.exchange(0, std::memory_order_relaxed);
+  }
+  for (; threads_written < all.size(); ++threads_written) {
+    internal::AppendSpillThread(text, all[threads_written]->tid, all[threads_written]->thread_name);
+  }
+  {
     absl::ReaderMutexLock names_lock(&names_mu);
-    for (const Span& s : spans) {
-      Format(text, *b, s, first);
-      if (text.size() > (1 << 20)) {
-        Write(text);
-        text.clear();
-      }
+    for (; names_written < names.size(); ++names_written) {
+      internal::AppendSpillName(text, static_cast<Name>(names_written), names[names_written]);
     }
-    spans.clear();
+  }
+  {
+    absl::MutexLock lock(&offsets_mu);
+    if (offsets_changed) {
+      for (const auto& [rank, o] : offsets) internal::AppendSpillOffset(text, rank, o.first, o.second);
+      offsets_changed = false;
+    }
+  }
+  if (dropped != 0) internal::AppendSpillDropped(text, dropped);
+  auto spill = [&](int tid, Chunk& c, uint32_t count) {
+    if (count > c.spilled) {
+      internal::AppendSpillSpans(text, tid, std::span<const Span>(c.spans + c.spilled, count - c.spilled));
+      c.spilled = count;
+    }
+    if (text.size() > (1 << 20)) {
+      Write(text);
+      text.clear();
+    }
+  };
+  for (Taken& t : taken) {
+    for (Chunk* c : t.full) spill(t.buffer->tid, *c, c->count.load(std::memory_order_acquire));
+    if (t.current != nullptr) spill(t.buffer->tid, *t.current, t.current_count);
   }
   Write(text);
-  first_event = first;
-  dropped_total += dropped;
   if (file != nullptr) std::fflush(file);
+  for (const Taken& t : taken) Recycle(t.full);
 }
 
 void Tracer::Impl::WriterLoop() {
@@ -255,9 +244,10 @@ std::unique_ptr<Tracer> Tracer::Open(const std::string& dir, const std::string& 
   impl->worker = worker;
   impl->rank = rank;
   impl->path = (std::filesystem::path(dir) / (worker + ".trace.json")).string();
+  impl->spill_path = (std::filesystem::path(dir) / (worker + ".trace.spill")).string();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  FILE* f = ec ? nullptr : std::fopen(impl->path.c_str(), "w");
+  FILE* f = ec ? nullptr : std::fopen(impl->spill_path.c_str(), "w");
   if (f == nullptr) {
     const std::string why = ec ? ec.message() : std::strerror(errno);
     std::fprintf(stderr, "gradwire: %s cannot write its trace into %s: %s; it goes on without a trace\n",
@@ -272,15 +262,11 @@ std::unique_ptr<Tracer> Tracer::Open(const std::string& dir, const std::string& 
   {
     absl::MutexLock lock(&impl->file_mu);
     impl->file = f;
-    // The clock's origin first, so that a file its worker never closed (killed) can still
-    // be placed on the job's timeline (`gradwire trace merge`).
-    std::string head =
-        absl::StrCat("{\"traceEvents\":[\n{\"ph\":\"M\",\"name\":\"gradwire_clock_origin\",\"pid\":", rank,
-                     ",\"args\":{\"us\":", impl->origin_us, ",\"worker\":\"");
-    AppendEscaped(head, worker);
-    head += "\"}}";
+    // The clock's origin first, so that the spill of a worker that never closed its trace
+    // (killed) can still be placed on the job's timeline (`gradwire trace merge`).
+    std::string head;
+    internal::AppendSpillHeader(head, worker, rank, impl->origin_us);
     impl->Write(head);
-    impl->first_event = false;
   }
   Impl* raw = impl.get();
   impl->writer = std::thread([raw] { raw->WriterLoop(); });
@@ -341,12 +327,18 @@ Tracer::Name Tracer::InternShared(std::string_view text) {
 void Tracer::Record(const Span& span) {
   if (!enabled()) return;
   Impl::ThreadBuffer* b = impl_->BufferOfThisThread();
-  absl::MutexLock lock(&b->mu);
-  if (b->spans.size() >= kMaxBuffered) {
-    ++b->dropped;
-  } else {
-    b->spans.push_back(span);
+  Impl::Chunk* c = b->current.load(std::memory_order_relaxed);
+  uint32_t n = c != nullptr ? c->count.load(std::memory_order_relaxed) : kChunkSpans;
+  if (n == kChunkSpans) {
+    c = impl_->NextChunk(*b);
+    if (c == nullptr) {
+      b->dropped.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    n = 0;
   }
+  c->spans[n] = span;
+  c->count.store(n + 1, std::memory_order_release);
 }
 
 Tracer::Scope::Scope(Tracer& tracer, Name category, Name name) : tracer_(tracer.enabled() ? &tracer : nullptr) {
@@ -367,6 +359,11 @@ void Tracer::SetClockOffset(int rank, int64_t offset_us, int64_t rtt_us) {
   absl::MutexLock lock(&impl_->offsets_mu);
   auto [it, inserted] = impl_->offsets.try_emplace(rank, offset_us, rtt_us);
   if (!inserted && rtt_us < it->second.second) it->second = {offset_us, rtt_us};
+  impl_->offsets_changed = true;
+}
+
+void Tracer::Flush() {
+  if (enabled()) impl_->Drain();
 }
 
 absl::Status Tracer::Close() {
@@ -377,44 +374,31 @@ absl::Status Tracer::Close() {
   }
   impl_->writer.join();
   impl_->Drain();
-  std::string tail = "\n],\n\"displayTimeUnit\":\"ms\",\n\"gradwire\":{\"worker\":\"";
-  AppendEscaped(tail, impl_->worker);
-  absl::StrAppend(&tail, "\",\"rank\":", impl_->rank, ",\"clock_origin_us\":", impl_->origin_us,
-                  ",\"clock_offsets_us\":{");
   {
-    absl::MutexLock lock(&impl_->offsets_mu);
-    bool first = true;
-    for (const auto& [rank, o] : impl_->offsets) {
-      absl::StrAppend(&tail, first ? "" : ",", "\"", rank, "\":{\"offset\":", o.first, ",\"rtt\":", o.second, "}");
-      first = false;
+    absl::MutexLock lock(&impl_->file_mu);
+    std::string end;
+    internal::AppendSpillEnd(end);
+    impl_->Write(end);
+    if (std::fclose(impl_->file) != 0 && impl_->write_error.ok()) {
+      impl_->write_error =
+          absl::DataLossError(absl::StrCat("cannot write the trace ", impl_->spill_path, ": ", std::strerror(errno)));
     }
+    impl_->file = nullptr;
+    if (!impl_->write_error.ok()) return impl_->write_error;
   }
-  absl::MutexLock lock(&impl_->file_mu);
-  absl::StrAppend(&tail, "},\"dropped_spans\":", impl_->dropped_total, "}}\n");
-  // The names of this worker and its threads, as the trace format's metadata events.
-  std::string meta;
-  absl::StrAppend(&meta, impl_->first_event ? "" : ",\n",
-                  "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":", impl_->rank, ",\"args\":{\"name\":\"");
-  AppendEscaped(meta, impl_->worker);
-  absl::StrAppend(&meta, "\"}},\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":", impl_->rank,
-                  ",\"args\":{\"sort_index\":", impl_->rank, "}}");
-  {
-    absl::MutexLock buffers_lock(&impl_->buffers_mu);
-    for (const auto& b : impl_->buffers) {
-      absl::StrAppend(&meta, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":", impl_->rank, ",\"tid\":", b->tid,
-                      ",\"args\":{\"name\":\"");
-      AppendEscaped(meta, b->thread_name);
-      meta += "\"}}";
-    }
+  std::error_code ec;
+  if (const uintmax_t size = std::filesystem::file_size(impl_->spill_path, ec); !ec && size >= kSayConvertingFrom) {
+    std::fprintf(stderr, "gradwire: %s: writing its trace %s from %ju MB of spans...\n", impl_->worker.c_str(),
+                 impl_->path.c_str(), size >> 20);
   }
-  impl_->Write(meta);
-  impl_->Write(tail);
-  absl::Status status = impl_->write_error;
-  if (impl_->file != nullptr && std::fclose(impl_->file) != 0 && status.ok()) {
-    status = absl::DataLossError(absl::StrCat("cannot write the trace ", impl_->path, ": ", std::strerror(errno)));
-  }
-  impl_->file = nullptr;
-  return status;
+  bool complete = false;
+  if (absl::Status s = internal::SpillToJson(impl_->spill_path, impl_->path, &complete); !s.ok()) return s;
+  std::filesystem::remove(impl_->spill_path, ec);
+  return absl::OkStatus();
+}
+
+absl::Status Tracer::ConvertSpill(const std::string& spill_path, const std::string& json_path, bool* closed) {
+  return internal::SpillToJson(spill_path, json_path, closed);
 }
 
 }  // namespace gw::rpc

@@ -16,14 +16,19 @@
 //   - Spans of one thread must nest (as the trace format asks): record a slice when it
 //     ends, its begin taken when it began (Tracer::Now, or a Scope).
 //   - Recording appends to a buffer of the calling thread (no lock shared with other
-//     threads); a writer thread formats the buffers into the file every 100 ms and at
-//     Close. A buffer that the writer has not drained within 64k spans drops the spans
-//     after those, counted and written into the file ("dropped_spans"), never blocking.
+//     threads); a writer thread moves the buffers into a spill file,
+//     DIR/<worker>.trace.spill, every 100 ms (and at Flush): the spans' own bytes, not
+//     yet JSON, so that tracing costs a running job little. A buffer that the writer has
+//     not drained within 64k spans drops the spans after those, counted and written into
+//     the file ("dropped_spans"), never blocking.
 //   - A directory that cannot be written is reported once on stderr, naming the path and
 //     why, and tracing stays off: the job goes on (Open returns the disabled tracer).
-//   - Close writes what is buffered, the threads' names, the clock offsets to the other
-//     workers (SetClockOffset) and the closing brackets: the file is then valid JSON.
-//     The destructor closes. Thread-safe.
+//   - Close writes what is buffered and turns the spill into the JSON: the spans, the
+//     threads' names, the clock offsets to the other workers (SetClockOffset). The JSON
+//     appears whole (written aside, then renamed) and the spill is removed; a large one
+//     is announced on stderr. The destructor closes. Thread-safe.
+//   - The spill of a worker that never closed its trace (killed) is read up to its last
+//     whole record by ConvertSpill, as `gradwire trace merge` does.
 //   - Times are microseconds of this host's real-time clock (Now); `gradwire trace merge`
 //     aligns the workers with the offsets measured over the job's own connections.
 #ifndef GRADWIRE_RPC_TRACE_H_
@@ -95,8 +100,17 @@ class Tracer {
   // a round trip of `rtt_us`; the best (shortest round trip) is kept.
   void SetClockOffset(int rank, int64_t offset_us, int64_t rtt_us);
 
-  // Writes everything and closes the file (later spans are dropped). Errors name the path.
+  // Moves what the threads buffered into the spill now (the writer does every 100 ms).
+  void Flush();
+
+  // Writes everything, closes the spill and turns it into the JSON file (later spans are
+  // dropped). Errors name the path.
   absl::Status Close();
+
+  // Writes the JSON of a spill (DIR/<worker>.trace.spill) that its tracer did not turn
+  // into one, up to its last whole record; `closed`: whether its tracer was closed.
+  // INVALID_ARGUMENT for what is not a spill of this build, errors naming the path.
+  static absl::Status ConvertSpill(const std::string& spill_path, const std::string& json_path, bool* closed);
 
   // The top bit keeps them apart from GlobalIds (global_id.h).
   static uint64_t CallFlow(int caller, uint64_t call_id) {
