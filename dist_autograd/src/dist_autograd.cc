@@ -384,7 +384,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
                         const BackwardOptions& options) {
     rpc::Tracer& tracer = agent_.tracer();
     rpc::Tracer::Scope span(tracer, tracer.Intern("dist_autograd"), tracer.Intern("backward pass"));
-    span.span().note = tracer.Intern(absl::StrCat("context ", ctx->id.ToString()));
+    span.span().context = ctx->id.bits();
     passes_running_.fetch_add(1, std::memory_order_relaxed);
     absl::Status s = RunBackward(ctx, roots, options);
     passes_running_.fetch_sub(1, std::memory_order_relaxed);
@@ -719,7 +719,8 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       }
       rpc::Tracer& tracer = agent_.tracer();
       rpc::Tracer::Scope span(tracer, tracer.Intern("dist_autograd"), tracer.Intern("backward"));
-      span.span().note = tracer.Intern(absl::StrCat("context ", ctx->id.ToString(), ", gradients from ", info.caller));
+      span.span().note = tracer.Intern(absl::StrCat("gradients from ", info.caller));
+      span.span().context = ctx->id.bits();
       RunLocked(*ctx);
       ctx->waiters.push_back(waiter);
     }
@@ -782,6 +783,8 @@ absl::StatusOr<std::shared_ptr<DistAutograd>> DistAutograd::Install(rpc::Agent& 
     return absl::Status(s.code(), absl::StrCat("DistAutograd::Install on ", agent.self().name, ": ", s.message()));
   }
   agent.SetCallHooks(impl);
+  // Spans recorded where a context is current belong to it (rpc/trace.h).
+  agent.tracer().SetContextSource([]() -> uint64_t { return t_current ? t_current->id.bits() : 0; });
   impl->AddStatistics();
   return std::shared_ptr<DistAutograd>(new DistAutograd(impl));
 }

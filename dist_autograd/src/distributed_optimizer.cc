@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/rref.h"
+#include "gradwire/rpc/trace.h"
 #include "messages.h"
 #include "optimizer_host.h"
 
@@ -37,7 +38,8 @@ struct Hosted {
 
 class OptimizerHost {
  public:
-  explicit OptimizerHost(std::function<Tensor(GlobalId, const Tensor&)> grad_of) : grad_of_(std::move(grad_of)) {}
+  OptimizerHost(std::function<Tensor(GlobalId, const Tensor&)> grad_of, rpc::Tracer& tracer)
+      : grad_of_(std::move(grad_of)), tracer_(tracer) {}
 
   absl::Status Register(OptimizerRegister m) {
     if (absl::Status s = Valid(m.config); !s.ok()) return s;
@@ -45,8 +47,8 @@ class OptimizerHost {
     hosted->config = m.config;
     for (rpc::RRef<Tensor>& p : m.params) {
       if (!p.IsOwner()) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter RRef #", p.id().ToString(), " is owned by ", p.Owner(),
-                                                       ", not by this worker"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter RRef #", p.id().ToString(), " is owned by ", p.Owner(), ", not by this worker"));
       }
       Hosted::Param param;
       param.rref = std::move(p);
@@ -67,6 +69,8 @@ class OptimizerHost {
       }
       hosted = it->second;
     }
+    rpc::Tracer::Scope span(tracer_, tracer_.Intern("dist_autograd"), tracer_.Intern("optimizer step"));
+    span.span().context = m.context.bits();
     for (Hosted::Param& p : hosted->params) {
       absl::StatusOr<Tensor> param = p.rref.LocalValue();
       if (!param.ok()) return param.status();
@@ -91,6 +95,7 @@ class OptimizerHost {
 
  private:
   const std::function<Tensor(GlobalId, const Tensor&)> grad_of_;
+  rpc::Tracer& tracer_;
   absl::Mutex mu_;
   absl::flat_hash_map<GlobalId, std::shared_ptr<Hosted>> hosted_ ABSL_GUARDED_BY(mu_);
 };
@@ -98,7 +103,7 @@ class OptimizerHost {
 }  // namespace
 
 absl::Status InstallOptimizerHost(rpc::Agent& agent, std::function<Tensor(GlobalId, const Tensor&)> grad_of) {
-  auto host = std::make_shared<OptimizerHost>(std::move(grad_of));
+  auto host = std::make_shared<OptimizerHost>(std::move(grad_of), agent.tracer());
   for (absl::Status s : {
            agent.Handle<OptimizerRegister>(
                [host](const rpc::CallInfo&, OptimizerRegister m) { return host->Register(std::move(m)); }),
@@ -113,9 +118,8 @@ absl::Status InstallOptimizerHost(rpc::Agent& agent, std::function<Tensor(Global
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(rpc::Agent& agent,
-                                                                                   optim::OptimizerConfig config,
-                                                                                   std::vector<rpc::RRef<Tensor>> params) {
+absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
+    rpc::Agent& agent, optim::OptimizerConfig config, std::vector<rpc::RRef<Tensor>> params) {
   if (absl::Status s = Valid(config); !s.ok()) return s;
   const GlobalId id = agent.NewId();
   std::map<std::string, std::vector<rpc::RRef<Tensor>>> by_owner;
@@ -144,6 +148,9 @@ DistributedOptimizer::~DistributedOptimizer() {
 }
 
 absl::Status DistributedOptimizer::Step(GlobalId context_id) {
+  rpc::Tracer& tracer = agent_.tracer();
+  rpc::Tracer::Scope span(tracer, tracer.Intern("dist_autograd"), tracer.Intern("optimizer step"));
+  span.span().context = context_id.bits();
   std::vector<Future<Ack>> steps;
   for (const std::string& owner : owners_) steps.push_back(agent_.Send(owner, OptimizerStep{id_, context_id}));
   absl::Status first;

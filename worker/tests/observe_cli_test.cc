@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "gradwire/autograd/functions.h"
 #include "gradwire/collectives/collectives.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
+#include "gradwire/dist_autograd/distributed_optimizer.h"
 #include "gradwire/param_server/client.h"
 #include "gradwire/param_server/server.h"
 #include "gradwire/rpc/agent.h"
@@ -102,13 +104,19 @@ TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
       },
       o);
   ASSERT_NE(group, nullptr);
+  std::string context;
   {
+    auto optimizer =
+        dist_autograd::DistributedOptimizer::Create((*group)[0], optim::Sgd{.lr = 0.1}, {(*group)[0].Own(w)});
+    ASSERT_TRUE(optimizer.ok()) << optimizer.status();
     dist_autograd::Context ctx(*engines[0]);
+    context = ctx.id().ToString();
     Tensor x = Tensor::Randn({3, 4}, gen, DType::kFloat64).set_requires_grad(true);
     absl::StatusOr<Tensor> y = (*group)[0].Sync<Tensor>("worker1", "stage_then", x, std::string("worker2"));
     ASSERT_TRUE(y.ok()) << y.status();
     absl::Status pass = ctx.Backward({Sum(Mul(*y, *y))});
     ASSERT_TRUE(pass.ok()) << pass;
+    ASSERT_TRUE((*optimizer)->Step(ctx).ok());
   }
   ASSERT_TRUE(group->ShutdownAll().ok());
 
@@ -125,11 +133,17 @@ TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
   std::map<std::string, double> starts, ends;
   double pass_begin = -1, pass_end = -1;
   std::map<int, std::pair<double, double>> grads;  // rank -> a "__dist.grad" handler
+  // The context's spans: "<pid> <category> <name>".
+  std::set<std::string> in_context;
   for (const nlohmann::json& e : merged.at("traceEvents")) {
     const std::string ph = e.at("ph");
     if (ph == "s") starts[e.at("id")] = e.at("ts");
     if (ph == "f") ends[e.at("id")] = e.at("ts");
     if (ph != "X") continue;
+    if (e.contains("args") && e.at("args").value("context", "") == context) {
+      in_context.insert(absl::StrCat(e.at("pid").get<int>(), " ", e.at("cat").get<std::string>(), " ",
+                                     e.at("name").get<std::string>()));
+    }
     const double ts = e.at("ts"), dur = e.at("dur");
     if (e.at("name") == "backward pass" && e.at("pid") == 0) {
       pass_begin = ts;
@@ -147,6 +161,17 @@ TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
     ASSERT_TRUE(grads.contains(rank)) << "worker" << rank << " handled no gradients";
     EXPECT_GE(grads[rank].first + 50, pass_begin) << "worker" << rank;
     EXPECT_LE(grads[rank].first, pass_end) << "worker" << rank;
+  }
+
+  // One context, followed across the workers: its forward calls on both sides (the nested
+  // one from worker1's handler too), each worker's part of its backward pass and the
+  // gradients' messages, and its optimizer step where it was asked for and where it ran.
+  for (const char* want :
+       {"0 rpc.send stage_then", "1 rpc.handler stage_then", "1 rpc.send stage", "2 rpc.handler stage",
+        "0 rpc.reply stage_then", "0 dist_autograd backward pass", "1 rpc.handler __dist.grad",
+        "1 dist_autograd backward", "2 rpc.handler __dist.grad", "2 dist_autograd backward",
+        "0 rpc.send __dist.opt_step", "0 dist_autograd optimizer step"}) {
+    EXPECT_TRUE(in_context.contains(want)) << want << " is not in context " << context;
   }
 
   CliRun render = RunCli(absl::StrCat("trace render '", merged_path, "' -o '", dir.path(), "/m.svg' --width 1000"));

@@ -38,7 +38,8 @@ void CallTable::Pending::Finish(CallTable& table, absl::StatusOr<Value> result, 
                      .begin_us = completed,
                      .flow_in = received_bytes > 0 ? Tracer::ReplyFlow(table.self_rank_, id) : 0,
                      .arg_names = {table.peer_arg_, table.latency_arg_},
-                     .arg_values = {rank, completed - begin_us}};
+                     .arg_values = {rank, completed - begin_us},
+                     .context = context};
   if (!result.ok()) {
     const absl::string_view why = result.status().message();
     reply.note = tracer->Intern(std::string_view(why.data(), why.size()));
@@ -52,14 +53,17 @@ uint64_t CallTable::Add(int rank, std::string function, absl::Duration timeout, 
                         CallMetrics::Series* series) {
   const absl::Time when = absl::Now() + timeout;
   const auto start = std::chrono::steady_clock::now();
-  const int64_t begin_us = tracer_ != nullptr && tracer_->enabled() ? Tracer::Now() : 0;
+  const bool traced = tracer_ != nullptr && tracer_->enabled();
+  const int64_t begin_us = traced ? Tracer::Now() : 0;
+  const uint64_t context = traced ? tracer_->CurrentContext() : 0;
   absl::Status closed;
   {
     absl::MutexLock lock(&mu_);
     if (in_flight != nullptr) *in_flight = pending_.size();
     if (closed_.ok()) {
       const uint64_t id = next_id_++;
-      pending_.emplace(id, Pending{std::move(done), rank, std::move(function), timeout, series, start, id, begin_us});
+      pending_.emplace(
+          id, Pending{std::move(done), rank, std::move(function), timeout, series, start, id, begin_us, context});
       if (when != absl::InfiniteFuture()) {
         deadlines_.push_back({when, id});
         std::push_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());

@@ -87,6 +87,7 @@ class CallTable {
     std::chrono::steady_clock::time_point start = {};
     uint64_t id = 0;
     int64_t begin_us = 0;  // when traced
+    uint64_t context = 0;  // the trace context the call was made in
     // Records the call's end in its series (if any) and its spans, then runs `done`.
     void Finish(CallTable& table, absl::StatusOr<Value> result, uint64_t received_bytes = 0);
   };

@@ -123,7 +123,7 @@ void Dispatcher::AppendWaits(std::vector<Wait>& out) const {
   }
 }
 
-void Dispatcher::TraceHandler(const Request& r, int64_t begin_us, uint64_t in, bool replied) {
+void Dispatcher::TraceHandler(const Request& r, int64_t begin_us, uint64_t in, bool replied, uint64_t context) {
   const int64_t queued_us =
       r.timing.series != nullptr
           ? std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - r.timing.start)
@@ -137,7 +137,8 @@ void Dispatcher::TraceHandler(const Request& r, int64_t begin_us, uint64_t in, b
                    .flow_in = in,
                    .flow_out = replied ? Tracer::ReplyFlow(r.info.caller_rank, r.id) : 0,
                    .arg_names = {peer_arg_, in != 0 ? queued_arg_ : Tracer::Name{0}},
-                   .arg_values = {r.info.caller_rank, std::max<int64_t>(0, queued_us)}});
+                   .arg_values = {r.info.caller_rank, std::max<int64_t>(0, queued_us)},
+                   .context = context});
 }
 
 Dispatcher::Timing Dispatcher::Arrived(int from, const std::string& function, bool registered, uint64_t bytes) {
@@ -299,7 +300,11 @@ void Dispatcher::OnFlush(const std::shared_ptr<Connection>& conn) {
 
 void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBatch* replies) {
   Future<Value> result;
-  auto call = [&] { result = Invoke(r.handler->fn, r.info, std::move(r.args), pool_); };
+  uint64_t context = 0;  // the trace context the handler runs in
+  auto call = [&] {
+    if (tracer_ != nullptr) context = tracer_->CurrentContext();
+    result = Invoke(r.handler->fn, r.info, std::move(r.args), pool_);
+  };
   const int64_t begin_us = tracer_ != nullptr ? Tracer::Now() : 0;
   // What the thread runs, for the waits; not the queries of the waits themselves.
   HandlerSlot* slot = absl::StartsWith(r.info.function, kObserveQueries) ? nullptr : &SlotOfThisThread();
@@ -323,13 +328,13 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBa
     --slot->depth;
   }
   const bool ready = result.IsReady();
-  if (tracer_ != nullptr) TraceHandler(r, begin_us, Tracer::CallFlow(r.info.caller_rank, r.id), ready);
+  if (tracer_ != nullptr) TraceHandler(r, begin_us, Tracer::CallFlow(r.info.caller_rank, r.id), ready, context);
   if (ready) {
     // Answered synchronously: no hop.
     Reply(conn, r.info.caller_rank, r.id, result.Get(absl::ZeroDuration()), replies, r.scope, r.timing);
   } else {
     // Sent by the thread that completes the handler's future: no pool hop.
-    result.Subscribe([this, conn, to = r.info.caller_rank, id = r.id, scope = r.scope, timing = r.timing,
+    result.Subscribe([this, conn, to = r.info.caller_rank, id = r.id, scope = r.scope, timing = r.timing, context,
                       function = tracer_ != nullptr ? r.info.function : std::string()](const absl::StatusOr<Value>& v) {
       const int64_t begin_us = tracer_ != nullptr ? Tracer::Now() : 0;
       Reply(conn, to, id, v, nullptr, scope, timing);
@@ -338,7 +343,7 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBa
         reply.info.function = function;
         reply.info.caller_rank = to;
         reply.id = id;
-        TraceHandler(reply, begin_us, 0, /*replied=*/true);
+        TraceHandler(reply, begin_us, 0, /*replied=*/true, context);
       }
     });
   }

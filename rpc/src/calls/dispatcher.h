@@ -165,7 +165,8 @@ class Dispatcher {
   };
   HandlerSlot& SlotOfThisThread();
   // The slice of a handler's run, or of a later reply (`in`: the request's flow, 0 for none).
-  void TraceHandler(const Request& r, int64_t begin_us, uint64_t in, bool replied);
+  // `context`: the trace context the handler ran in.
+  void TraceHandler(const Request& r, int64_t begin_us, uint64_t in, bool replied, uint64_t context);
 
   // The read batch of the inline handler running on this I/O thread (see Defer).
   static thread_local ReadBatch* t_read_batch;

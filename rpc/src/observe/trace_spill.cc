@@ -6,10 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gradwire/rpc/global_id.h"
 
 namespace gw::rpc::internal {
 namespace {
@@ -133,7 +135,7 @@ struct Converter {
     out += ",\"name\":\"";
     AppendEscaped(out, NameOf(s.name));
     out += '"';
-    if (s.arg_names[0] == 0 && s.arg_names[1] == 0 && s.note == 0) return;
+    if (s.arg_names[0] == 0 && s.arg_names[1] == 0 && s.note == 0 && s.context == 0) return;
     out += ",\"args\":{";
     bool first_arg = true;
     for (int i = 0; i < 2; ++i) {
@@ -148,6 +150,10 @@ struct Converter {
       out += first_arg ? "\"note\":\"" : ",\"note\":\"";
       AppendEscaped(out, NameOf(s.note));
       out += '"';
+      first_arg = false;
+    }
+    if (std::optional<GlobalId> context = GlobalId::FromBits(s.context); s.context != 0 && context.has_value()) {
+      absl::StrAppend(&out, first_arg ? "" : ",", "\"context\":\"", context->ToString(), "\"");
     }
     out += '}';
   }

@@ -326,6 +326,7 @@ Tracer::Name Tracer::InternShared(std::string_view text) {
 
 void Tracer::Record(const Span& span) {
   if (!enabled()) return;
+  const uint64_t context = span.context != 0 ? span.context : CurrentContext();
   Impl::ThreadBuffer* b = impl_->BufferOfThisThread();
   Impl::Chunk* c = b->current.load(std::memory_order_relaxed);
   uint32_t n = c != nullptr ? c->count.load(std::memory_order_relaxed) : kChunkSpans;
@@ -338,6 +339,7 @@ void Tracer::Record(const Span& span) {
     n = 0;
   }
   c->spans[n] = span;
+  c->spans[n].context = context;
   c->count.store(n + 1, std::memory_order_release);
 }
 

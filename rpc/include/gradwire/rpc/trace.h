@@ -13,6 +13,13 @@
 //     on another worker) and start one (flow_out). Flow ids are unique in the job: a
 //     layer takes its own from Agent::NewId(); a call's are CallFlow/ReplyFlow, which
 //     both ends compute from the caller's rank and the call's id, sending nothing.
+//   - A span belongs to a trace context (`context`: a distributed-autograd context's
+//     GlobalId bits, written as args.context "<rank>:<counter>"), so that one context can
+//     be followed across workers, from its forward calls through its backward pass to
+//     its optimizer step. Record fills it, when the layer left it 0, from the context
+//     source (SetContextSource: distributed autograd's context current on the thread);
+//     the agent's call spans on the caller take it where the call was made, and the
+//     callee's handler span where its handler ran.
 //   - Spans of one thread must nest (as the trace format asks): record a slice when it
 //     ends, its begin taken when it began (Tracer::Now, or a Scope).
 //   - Recording appends to a buffer of the calling thread (no lock shared with other
@@ -61,7 +68,8 @@ class Tracer {
     // Up to two numeric arguments, shown with the span ("peer": 1, "bytes": 4096).
     Name arg_names[2] = {0, 0};
     int64_t arg_values[2] = {0, 0};
-    Name note = 0;  // a string argument ("note"), 0: none
+    Name note = 0;         // a string argument ("note"), 0: none
+    uint64_t context = 0;  // the trace context (GlobalId bits), 0: the current one
   };
 
   // A disabled tracer.
@@ -79,6 +87,16 @@ class Tracer {
   const std::string& path() const;
 
   static int64_t Now();  // microseconds since the Unix epoch, this host's clock
+
+  // The trace context current on the calling thread (0: none), as a layer above rpc
+  // tells it: `source` is called on the recording thread. Set once, before calls are
+  // made (in Agent::Start's setup).
+  using ContextSource = uint64_t (*)();
+  void SetContextSource(ContextSource source) { context_source_.store(source, std::memory_order_release); }
+  uint64_t CurrentContext() const {
+    ContextSource source = context_source_.load(std::memory_order_acquire);
+    return source != nullptr ? source() : 0;
+  }
   Name Intern(std::string_view text);
   void Record(const Span& span);
 
@@ -124,6 +142,7 @@ class Tracer {
   Name InternShared(std::string_view text);
 
   std::atomic<bool> enabled_{false};
+  std::atomic<ContextSource> context_source_{nullptr};
   int rank_ = -1;
   std::unique_ptr<Impl> impl_;
 };
