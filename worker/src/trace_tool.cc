@@ -222,6 +222,10 @@ absl::StatusOr<std::string> RenderTrace(const std::string& merged_text, const Re
   std::map<int, std::string> process_names;
   std::map<std::string, std::pair<int, int>> lane_of_flow_start, lane_of_flow_end;
   std::map<std::string, double> flow_start_ts, flow_end_ts;
+  // Async spans ('b' ... 'e', begun and ended on any threads): a lane of their own per
+  // worker and category, below the worker's threads.
+  std::map<std::tuple<int, std::string, std::string>, double> async_begun;  // (pid, cat, id) -> ts
+  std::map<std::pair<int, std::string>, int> async_lanes;                   // (pid, cat) -> tid
   double end = 0;
   for (const json& e : merged.at("traceEvents")) {
     const std::string ph = e.value("ph", "");
@@ -236,6 +240,20 @@ absl::StatusOr<std::string> RenderTrace(const std::string& merged_text, const Re
       const double dur = e.value("dur", 0.0) / 1000.0;
       slices.push_back({ts, dur, pid, tid, e.value("name", ""), e.value("cat", "")});
       end = std::max(end, ts + dur);
+    } else if (ph == "b") {
+      async_begun[{pid, e.value("cat", ""), e.value("id", "")}] = ts;
+    } else if (ph == "e") {
+      auto begun = async_begun.find({pid, e.value("cat", ""), e.value("id", "")});
+      if (begun == async_begun.end()) continue;
+      const std::string cat = e.value("cat", "");
+      auto [lane_it, added] = async_lanes.try_emplace({pid, cat}, 0);
+      if (added) {
+        lane_it->second = 1'000'000 + static_cast<int>(async_lanes.size());  // after the threads
+        thread_names[{pid, lane_it->second}] = cat + " (async)";
+      }
+      slices.push_back({begun->second, ts - begun->second, pid, lane_it->second, e.value("name", ""), cat});
+      end = std::max(end, ts);
+      async_begun.erase(begun);
     } else if (ph == "s" || ph == "f") {
       const std::string id = e.value("id", "");
       (ph == "s" ? lane_of_flow_start : lane_of_flow_end)[id] = {pid, tid};

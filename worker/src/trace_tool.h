@@ -13,7 +13,8 @@
 //     NOT_FOUND or DATA_LOSS naming the path. Deterministic: events sorted by time, then
 //     worker, then thread.
 //   - RenderTrace(merged, options) draws a merged trace as an SVG: a lane per worker and
-//     thread (named as the trace names them), each slice a box coloured by its category
+//     thread (named as the trace names them), and one per worker and category for its
+//     async spans ("param_server (async)": pushes, pulls), each slice a box coloured by its category
 //     and labelled when it is wide enough, each flow an arrow from the slice that starts
 //     it to the one that ends it, and a time axis in milliseconds. options.from_ms and
 //     to_ms select a window (default: all of it). INVALID_ARGUMENT for what is not a

@@ -232,6 +232,64 @@ TEST(TraceCliTest, MergeReadsTheSpillOfAKilledWorkerAndRefusesWhatIsNotATrace) {
   EXPECT_EQ(RunCli("trace frobnicate").exit_code, 2);
 }
 
+TEST(TraceCliTest, ParameterServerPushesAndPullsAreSpans) {
+  ScopedTempDir dir("gw-trace");
+  rpc::AgentOptions o;
+  o.trace_dir = dir.path();
+  auto group = AgentGroup::Start(
+      3,
+      [](Agent& a) {
+        if (a.self().rank == 0) (void)*param_server::ParameterServer::Install(a, {});
+      },
+      o);
+  ASSERT_NE(group, nullptr);
+  {
+    param_server::Client c0((*group)[1], {"worker0"}, 0, 2), c1((*group)[2], {"worker0"}, 1, 2);
+    const optim::Sgd sgd{.lr = 1};
+    ASSERT_TRUE(c0.CreateDense("w", Tensor::Ones({4}), sgd, param_server::Consistency::kSync).ok());
+    ASSERT_TRUE(c1.CreateDense("w", Tensor::Ones({4}), sgd, param_server::Consistency::kSync).ok());
+    for (int64_t step = 0; step < 3; ++step) {
+      Future<Tensor> first = c0.PushPull("w", step, Tensor::Ones({4}));
+      ASSERT_TRUE(c1.PushPull("w", step, Tensor::Ones({4})).Get().ok());
+      ASSERT_TRUE(first.Get().ok());
+    }
+  }
+  ASSERT_TRUE(group->ShutdownAll().ok());
+  const std::string merged_path = dir.path() + "/merged.json";
+  CliRun merge = RunCli(absl::StrCat("trace merge '", dir.path(), "' -o '", merged_path, "'"));
+  ASSERT_EQ(merge.exit_code, 0) << merge.err;
+  nlohmann::json merged = nlohmann::json::parse(ReadText(merged_path), nullptr, false);
+  ASSERT_FALSE(merged.is_discarded());
+  // Each trainer's pushes (clocks 0, 1, 2) and pulls (1, 2, 3) are async spans that end
+  // after they begin; a pull of a synchronous table ends after the push of its step.
+  std::map<std::string, std::string> key_of;               // "<pid> <id>" -> "<pid> <name> <clock>"
+  std::map<std::string, std::pair<double, double>> spans;  // "<pid> <name> <clock>" -> [begin, end]
+  for (const nlohmann::json& e : merged.at("traceEvents")) {
+    if ((e.at("ph") != "b" && e.at("ph") != "e") || e.at("cat") != "param_server") continue;
+    const std::string id = absl::StrCat(e.at("pid").get<int>(), " ", e.at("id").get<std::string>());
+    if (e.at("ph") == "b") {
+      key_of[id] = absl::StrCat(e.at("pid").get<int>(), " ", e.at("name").get<std::string>(), " ",
+                                e.at("args").at("clock").get<int64_t>());
+      spans[key_of[id]] = {e.at("ts"), -1};
+    } else if (key_of.contains(id)) {
+      spans[key_of[id]].second = e.at("ts");
+    }
+  }
+  for (int pid : {1, 2}) {
+    for (int64_t step = 0; step < 3; ++step) {
+      const std::string push = absl::StrCat(pid, " push w ", step), pull = absl::StrCat(pid, " pull w ", step + 1);
+      ASSERT_TRUE(spans.contains(push)) << push;
+      ASSERT_TRUE(spans.contains(pull)) << pull;
+      EXPECT_GE(spans[push].second, spans[push].first) << push;
+      EXPECT_GE(spans[pull].second, spans[pull].first) << pull;
+      EXPECT_GE(spans[pull].second, spans[push].first) << pull;
+    }
+  }
+  CliRun render = RunCli(absl::StrCat("trace render '", merged_path, "' -o '", dir.path(), "/ps.svg'"));
+  ASSERT_EQ(render.exit_code, 0) << render.err;
+  EXPECT_TRUE(absl::StrContains(ReadText(dir.path() + "/ps.svg"), "param_server (async)"));
+}
+
 TEST(DebugCliTest, NamesTheMemberThatSkippedACollective) {
   std::vector<std::shared_ptr<collectives::Collectives>> colls(3);
   auto group = AgentGroup::Start(
