@@ -159,7 +159,8 @@ void PipelineMlp(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine, bo
     }
     auto opt = gw::dist_autograd::DistributedOptimizer::Create(w0, gw::optim::Sgd{.lr = 0.01}, params);
     if (!opt.ok()) Fail("optimizer", opt.status());
-    gw::parallel::Pipeline pipe(stages, {.chunks = chunks, .schedule = gw::parallel::Schedule::kGPipe});
+    gw::parallel::Pipeline pipe(stages,
+                                {.chunks = chunks, .schedule = gw::parallel::Schedule::kGPipe, .tracer = &w0.tracer()});
     std::fprintf(stderr, "pipeline_mlp: gradwire, %d micro-batches, %d warm-up + %d timed iterations\n", chunks,
                  warmup, iters);
     double last_loss = 0;
@@ -298,7 +299,8 @@ void PipelineResNet(gw::rpc::Agent& w0, gw::dist_autograd::DistAutograd& engine,
       auto opt = gw::dist_autograd::DistributedOptimizer::Create(
           w0, gw::optim::Sgd{.lr = 0.05, .momentum = 0.9}, params);
       if (!opt.ok()) Fail("optimizer", opt.status());
-      gw::parallel::Pipeline pipe(stages, {.chunks = chunks, .schedule = schedule, .ordered_backward = ordered});
+      gw::parallel::Pipeline pipe(
+          stages, {.chunks = chunks, .schedule = schedule, .ordered_backward = ordered, .tracer = &w0.tracer()});
       std::fprintf(stderr, "pipeline_resnet: gradwire, %s, %d micro-batches, %d warm-up + %d timed iterations\n", name,
                    chunks, warmup, iters);
       const std::vector<double> ms = gw::bench::TimeMs(warmup, iters, [&] {

@@ -93,10 +93,11 @@ int Drive(gw::rpc::Agent& agent, gw::dist_autograd::DistAutograd& engine) {
     return Fail("--schedule", absl::InvalidArgumentError("must be gpipe or 1f1b, got '" + schedule + "'"));
   }
   const gw::parallel::Pipeline pipe(
-      stages, gw::parallel::PipelineOptions{.chunks = absl::GetFlag(FLAGS_chunks),
-                                            .schedule = schedule == "gpipe" ? gw::parallel::Schedule::kGPipe
-                                                                            : gw::parallel::Schedule::k1F1B,
-                                            .ordered_backward = !absl::GetFlag(FLAGS_overlap_backward)});
+      stages, gw::parallel::PipelineOptions{
+                  .chunks = absl::GetFlag(FLAGS_chunks),
+                  .schedule = schedule == "gpipe" ? gw::parallel::Schedule::kGPipe : gw::parallel::Schedule::k1F1B,
+                  .ordered_backward = !absl::GetFlag(FLAGS_overlap_backward),
+                  .tracer = &agent.tracer()});  // GRADWIRE_TRACE: micro-batches as spans
   for (const gw::dist_nn::RemoteModule& stage : stages) {
     absl::StatusOr<std::string> text = stage.Describe();
     if (!text.ok()) return Fail("cannot describe a stage", text.status());

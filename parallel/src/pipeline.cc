@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gradwire/autograd/functions.h"
+#include "gradwire/rpc/trace.h"
 #include "gradwire/tensor/error.h"
 
 namespace gw::parallel {
@@ -58,7 +59,41 @@ Future<Tensor> Pipeline::Launch(const Tensor& micro, int m, const dist_autograd:
     });
     last[s] = f;
   }
-  return f;
+  rpc::Tracer* tracer = options_.tracer;
+  if (tracer == nullptr || !tracer->enabled()) return f;
+  // Its forward, from here to the last stage's answer (which another thread receives).
+  const rpc::Tracer::Span forward{.category = tracer->Intern("pipeline"),
+                                  .name = tracer->Intern(absl::StrCat("micro-batch ", m, " forward")),
+                                  .begin_us = rpc::Tracer::Now(),
+                                  .async = true,
+                                  .async_id = tracer->NewAsyncId(),
+                                  .arg_names = {tracer->Intern("micro_batch"), tracer->Intern("rows")},
+                                  .arg_values = {m, micro.dim() > 0 ? micro.size(0) : 0},
+                                  .context = ctx != nullptr ? ctx->id().bits() : 0};
+  return Map<Tensor>(f, [tracer, forward](const absl::StatusOr<Tensor>& r) -> absl::StatusOr<Tensor> {
+    rpc::Tracer::Span done = forward;
+    done.end_us = rpc::Tracer::Now();
+    if (!r.ok()) {
+      const absl::string_view why = r.status().message();
+      done.note = tracer->Intern(std::string_view(why.data(), why.size()));
+    }
+    tracer->Record(done);
+    return r;
+  });
+}
+
+// A micro-batch's backward pass (or all of them: `m` < 0) as a span of the driver's trace.
+absl::Status Pipeline::TracedBackward(dist_autograd::Context& ctx, const std::vector<Tensor>& losses, int m,
+                                      const dist_autograd::BackwardOptions& backward) const {
+  std::optional<rpc::Tracer::Scope> span;
+  if (options_.tracer != nullptr && options_.tracer->enabled()) {
+    rpc::Tracer& tracer = *options_.tracer;
+    span.emplace(tracer, tracer.Intern("pipeline"),
+                 tracer.Intern(m >= 0 ? absl::StrCat("micro-batch ", m, " backward")
+                                      : absl::StrCat(losses.size(), " micro-batches' backward")));
+    span->span().context = ctx.id().bits();
+  }
+  return ctx.Backward(losses, backward);
 }
 
 absl::StatusOr<double> Pipeline::ForwardBackward(dist_autograd::Context& ctx, const Tensor& input,
@@ -111,7 +146,7 @@ absl::StatusOr<double> Pipeline::ForwardBackward(dist_autograd::Context& ctx, co
       Tensor l = loss_of(m);
       if (failed.ok()) losses.push_back(l);
     }
-    if (failed.ok()) failed = ctx.Backward(losses, backward);
+    if (failed.ok()) failed = TracedBackward(ctx, losses, -1, backward);
     wait_all();
     if (!failed.ok()) return failed;
     return total;
@@ -122,7 +157,7 @@ absl::StatusOr<double> Pipeline::ForwardBackward(dist_autograd::Context& ctx, co
   for (size_t m = 0; m < k; ++m) {
     Tensor l = loss_of(m);
     if (!failed.ok()) break;
-    if (absl::Status s = ctx.Backward({l}, backward); !s.ok()) {
+    if (absl::Status s = TracedBackward(ctx, {l}, static_cast<int>(m), backward); !s.ok()) {
       failed = s;
       break;
     }

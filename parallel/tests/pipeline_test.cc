@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -23,7 +25,9 @@
 #include "gradwire/nn/layers.h"
 #include "gradwire/nn/loss.h"
 #include "gradwire/optim/optimizer.h"
+#include "gradwire/rpc/trace.h"
 #include "gradwire/tensor/kernels.h"
+#include "nlohmann/json.hpp"
 
 namespace gw::parallel {
 namespace {
@@ -410,6 +414,59 @@ TEST(PipelineTest, EveryStageReceivesTheMicroBatchesInOrder) {
   }
   std::lock_guard<std::mutex> lock(kept->mu);
   for (int rank : {1, 2}) EXPECT_EQ(kept->by_rank.at(rank)->seen(), want) << "the stage on worker" << rank;
+}
+
+TEST(PipelineTest, MicroBatchesAreSpansOfTheDriversTrace) {
+  auto w = Start(3);
+  rpc::Agent& driver = (*w->job.agents)[0];
+  auto first = dist_nn::RemoteModule::Create(driver, "worker1", "stage", int64_t{0}, int64_t{5});
+  auto second = dist_nn::RemoteModule::Create(driver, "worker2", "stage", int64_t{1}, int64_t{6});
+  ASSERT_TRUE(first.ok() && second.ok());
+  char dir[] = "/tmp/gw-pipeline-trace-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  std::unique_ptr<rpc::Tracer> tracer = rpc::Tracer::Open(dir, "driver", 0);
+  std::string context;
+  for (bool ordered : {true, false}) {
+    const Pipeline pipe({*first, *second},
+                        PipelineOptions{.chunks = 4, .ordered_backward = ordered, .tracer = tracer.get()});
+    dist_autograd::Context ctx(*w->engines[0]);
+    if (ordered) context = ctx.id().ToString();
+    Batch b = MakeBatch(0);
+    ASSERT_TRUE(pipe.ForwardBackward(ctx, b.x, b.y, Loss).ok());
+  }
+  ASSERT_TRUE(tracer->Close().ok());
+  std::ifstream in(std::string(dir) + "/driver.trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(in, nullptr, false);
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(trace.is_discarded());
+  // The ordered run (the first): each micro-batch's forward, 2 rows, in the step's
+  // context, ends before its backward pass begins. The other: one pass over all four.
+  std::map<std::string, double> forward_end, backward_begin;
+  std::map<std::string, std::string> forward_of;  // async id -> name
+  int all_four = 0;
+  for (const nlohmann::json& e : trace.at("traceEvents")) {
+    if (e.value("cat", "") != "pipeline") continue;
+    const std::string name = e.at("name");
+    if (e.at("ph") == "b") {
+      forward_of[e.at("id")] = name;
+      EXPECT_EQ(e.at("args").at("rows"), 2) << name;
+    } else if (e.at("ph") == "e") {
+      if (!forward_end.contains(forward_of.at(e.at("id")))) forward_end[forward_of.at(e.at("id"))] = e.at("ts");
+    } else if (e.at("ph") == "X" && name == "4 micro-batches' backward") {
+      ++all_four;
+    } else if (e.at("ph") == "X") {
+      EXPECT_EQ(e.at("args").at("context"), context) << name;
+      backward_begin[name] = e.at("ts");
+    }
+  }
+  EXPECT_EQ(all_four, 1);
+  for (int m = 0; m < 4; ++m) {
+    const std::string forward = absl::StrCat("micro-batch ", m, " forward"),
+                      backward = absl::StrCat("micro-batch ", m, " backward");
+    ASSERT_TRUE(forward_end.contains(forward)) << forward;
+    ASSERT_TRUE(backward_begin.contains(backward)) << backward;
+    EXPECT_LE(forward_end[forward], backward_begin[backward]) << m;
+  }
 }
 
 TEST(PipelineTest, AFailingStageIsNamedWithItsWorker) {

@@ -82,13 +82,14 @@ Client::~Client() = default;
 
 namespace {
 
-// A push, pull or checkpoint as a span of the trace (rpc/trace.h), from its call to its
-// result: an async span, as it ends on the thread that completes it. `clock` is its
-// argument; a failure is its note.
+// A push, pull or checkpoint as a span of the trace (rpc/trace.h), from start() (which
+// sends its calls) to its result: an async span, as it ends on the thread that completes
+// it. `clock` is its argument; a failure is its note.
 template <typename T>
-Future<T> Traced(rpc::Agent& agent, const std::string& what, const std::string& table, int64_t clock, Future<T> op) {
+Future<T> Traced(rpc::Agent& agent, const std::string& what, const std::string& table, int64_t clock,
+                 const std::function<Future<T>()>& start) {
   rpc::Tracer& tracer = agent.tracer();
-  if (!tracer.enabled()) return op;
+  if (!tracer.enabled()) return start();
   rpc::Tracer::Span span{.category = tracer.Intern("param_server"),
                          .name = tracer.Intern(table.empty() ? what : absl::StrCat(what, " ", table)),
                          .begin_us = rpc::Tracer::Now(),
@@ -96,6 +97,7 @@ Future<T> Traced(rpc::Agent& agent, const std::string& what, const std::string& 
                          .async_id = agent.NewId().bits(),
                          .arg_names = {clock >= 0 ? tracer.Intern("clock") : rpc::Tracer::Name{0}, 0},
                          .arg_values = {clock, 0}};
+  Future<T> op = start();  // its calls are sent here: after the span begins
   return Map<T>(op, [&tracer, span](const absl::StatusOr<T>& r) -> absl::StatusOr<T> {
     rpc::Tracer::Span ended = span;
     ended.end_us = rpc::Tracer::Now();
@@ -365,8 +367,9 @@ Future<Tensor> Client::Assemble(const Table& table, std::vector<Future<Tensor>> 
 // ---------------------------------------------------------------- dense
 
 Future<Tensor> Client::Pull(const std::string& name, int64_t clock) {
-  return Traced(agent_, "pull", name, clock,
-                OnLayout<Tensor>(name, [this, name, clock](const Table& t) { return PullOn(t, name, clock); }));
+  return Traced<Tensor>(agent_, "pull", name, clock, [&] {
+    return OnLayout<Tensor>(name, [this, name, clock](const Table& t) { return PullOn(t, name, clock); });
+  });
 }
 
 Future<Tensor> Client::PullOn(const Table& table, const std::string& name, int64_t clock) const {
@@ -388,10 +391,11 @@ Future<bool> Client::Push(const std::string& name, int64_t clock, const Tensor& 
     return MakeReadyFuture<bool>(agent_.executor(), table.status());
   }
   const Tensor flat = kernels::Reshape(kernels::Contiguous(grad), {grad.numel()});
-  return Traced(agent_, "push", name, clock,
-                CountPush(clock, OnLayout<bool>(name, [this, name, clock, flat](const Table& t) {
-                            return PushOn(t, name, clock, flat);
-                          })));
+  return Traced<bool>(agent_, "push", name, clock, [&] {
+    return CountPush(clock, OnLayout<bool>(name, [this, name, clock, flat](const Table& t) {
+                       return PushOn(t, name, clock, flat);
+                     }));
+  });
 }
 
 Future<bool> Client::PushOn(const Table& table, const std::string& name, int64_t clock, const Tensor& flat) const {
@@ -451,29 +455,28 @@ Future<std::vector<Tensor>> Client::PushPullMany(const std::vector<std::string>&
   policy.deadline = sync_timeout_;
   policy.retryable = [](const absl::Status& s) { return s.code() == absl::StatusCode::kAborted; };
   const std::string traced_as = absl::StrCat(names.size(), " tables");
-  return Traced(
-      agent_, "push-pull", traced_as, clock,
-      rpc::Retry<std::vector<Tensor>>(agent_.executor(), agent_.timers(), std::move(policy),
-                                      [this, names, clock, grads, flat](int attempt) -> Future<std::vector<Tensor>> {
-                                        std::vector<Table> tables;
-                                        for (const std::string& name : names) {
-                                          absl::StatusOr<Table> t = attempt == 0 ? Find(name) : Refreshed(name);
-                                          if (!t.ok())
-                                            return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), t.status());
-                                          tables.push_back(*std::move(t));
-                                        }
-                                        for (const Table& t : tables) {
-                                          if (t.servers != tables[0].servers || t.epoch != tables[0].epoch) {
-                                            std::vector<Future<Tensor>> each;
-                                            for (size_t i = 0; i < names.size(); ++i)
-                                              each.push_back(PushPull(names[i], clock, grads[i]));
-                                            return WhenAll(agent_.executor(), std::move(each));
-                                          }
-                                        }
-                                        // One push of every table (the one-by-one path above counts each table's
-                                        // push).
-                                        return CountPush(clock, PushPullManyOn(tables, names, clock, flat));
-                                      }));
+  return Traced<std::vector<Tensor>>(agent_, "push-pull", traced_as, clock, [&] {
+    return rpc::Retry<std::vector<Tensor>>(
+        agent_.executor(), agent_.timers(), std::move(policy),
+        [this, names, clock, grads, flat](int attempt) -> Future<std::vector<Tensor>> {
+          std::vector<Table> tables;
+          for (const std::string& name : names) {
+            absl::StatusOr<Table> t = attempt == 0 ? Find(name) : Refreshed(name);
+            if (!t.ok()) return MakeReadyFuture<std::vector<Tensor>>(agent_.executor(), t.status());
+            tables.push_back(*std::move(t));
+          }
+          for (const Table& t : tables) {
+            if (t.servers != tables[0].servers || t.epoch != tables[0].epoch) {
+              std::vector<Future<Tensor>> each;
+              for (size_t i = 0; i < names.size(); ++i) each.push_back(PushPull(names[i], clock, grads[i]));
+              return WhenAll(agent_.executor(), std::move(each));
+            }
+          }
+          // One push of every table (the one-by-one path above counts each table's
+          // push).
+          return CountPush(clock, PushPullManyOn(tables, names, clock, flat));
+        });
+  });
 }
 
 Future<std::vector<Tensor>> Client::PushPullManyOn(const std::vector<Table>& tables, const std::vector<std::string>& names,
@@ -550,9 +553,9 @@ Future<Tensor> Client::PullRows(const std::string& name, int64_t clock, const Te
     return MakeReadyFuture<Tensor>(agent_.executor(), table.status());
   }
   if (absl::Status s = CheckIds(name, ids); !s.ok()) return MakeReadyFuture<Tensor>(agent_.executor(), s);
-  return Traced(agent_, "pull rows", name, clock, OnLayout<Tensor>(name, [this, name, clock, ids](const Table& t) {
-                  return PullRowsOn(t, name, clock, ids);
-                }));
+  return Traced<Tensor>(agent_, "pull rows", name, clock, [&] {
+    return OnLayout<Tensor>(name, [this, name, clock, ids](const Table& t) { return PullRowsOn(t, name, clock, ids); });
+  });
 }
 
 Future<Tensor> Client::PullRowsOn(const Table& table, const std::string& name, int64_t clock, const Tensor& ids) const {
@@ -611,10 +614,11 @@ Future<bool> Client::PushRows(const std::string& name, int64_t clock, const Tens
                                                 grad.defined() ? ShapeToString(grad.sizes()) : "undefined")));
   }
   const Tensor g = kernels::Contiguous(grad);
-  return Traced(agent_, "push rows", name, clock,
-                CountPush(clock, OnLayout<bool>(name, [this, name, clock, ids, g](const Table& t) {
-                            return PushRowsOn(t, name, clock, ids, g);
-                          })));
+  return Traced<bool>(agent_, "push rows", name, clock, [&] {
+    return CountPush(clock, OnLayout<bool>(name, [this, name, clock, ids, g](const Table& t) {
+                       return PushRowsOn(t, name, clock, ids, g);
+                     }));
+  });
 }
 
 Future<bool> Client::PushRowsOn(const Table& table, const std::string& name, int64_t clock, const Tensor& ids,
@@ -823,7 +827,8 @@ Future<CheckpointInfo> Client::Checkpoint() {
       layouts.push_back(std::move(m));
     }
   }
-  return Traced(agent_, "checkpoint", "", -1, checkpointer_->Cut(servers, std::move(layouts)));
+  return Traced<CheckpointInfo>(agent_, "checkpoint", "", -1,
+                                [&] { return checkpointer_->Cut(servers, std::move(layouts)); });
 }
 
 Future<CheckpointInfo> Client::LastCheckpoint() const { return checkpointer_->Last(); }

@@ -216,6 +216,7 @@ absl::StatusOr<std::string> RenderTrace(const std::string& merged_text, const Re
     double ts, dur;
     int pid, tid;
     std::string name, cat;
+    int depth = 0;  // slices of its lane it lies within
   };
   std::vector<Slice> slices;
   std::map<std::pair<int, int>, std::string> thread_names;
@@ -225,7 +226,7 @@ absl::StatusOr<std::string> RenderTrace(const std::string& merged_text, const Re
   // Async spans ('b' ... 'e', begun and ended on any threads): a lane of their own per
   // worker and category, below the worker's threads.
   std::map<std::tuple<int, std::string, std::string>, double> async_begun;  // (pid, cat, id) -> ts
-  std::map<std::pair<int, std::string>, int> async_lanes;                   // (pid, cat) -> tid
+  std::vector<Slice> async_spans;
   double end = 0;
   for (const json& e : merged.at("traceEvents")) {
     const std::string ph = e.value("ph", "");
@@ -246,12 +247,7 @@ absl::StatusOr<std::string> RenderTrace(const std::string& merged_text, const Re
       auto begun = async_begun.find({pid, e.value("cat", ""), e.value("id", "")});
       if (begun == async_begun.end()) continue;
       const std::string cat = e.value("cat", "");
-      auto [lane_it, added] = async_lanes.try_emplace({pid, cat}, 0);
-      if (added) {
-        lane_it->second = 1'000'000 + static_cast<int>(async_lanes.size());  // after the threads
-        thread_names[{pid, lane_it->second}] = cat + " (async)";
-      }
-      slices.push_back({begun->second, ts - begun->second, pid, lane_it->second, e.value("name", ""), cat});
+      async_spans.push_back({begun->second, ts - begun->second, pid, 0, e.value("name", ""), cat});
       end = std::max(end, ts);
       async_begun.erase(begun);
     } else if (ph == "s" || ph == "f") {
@@ -259,6 +255,40 @@ absl::StatusOr<std::string> RenderTrace(const std::string& merged_text, const Re
       (ph == "s" ? lane_of_flow_start : lane_of_flow_end)[id] = {pid, tid};
       (ph == "s" ? flow_start_ts : flow_end_ts)[id] = ts;
     }
+  }
+  // Async spans may overlap: each goes to the first lane of its worker and category whose
+  // last span ended before it begins ("pipeline (async)", "pipeline (async 2)", ...).
+  std::sort(async_spans.begin(), async_spans.end(), [](const Slice& a, const Slice& b) { return a.ts < b.ts; });
+  std::map<std::pair<int, std::string>, std::vector<double>> async_lane_ends;  // (pid, cat) -> each lane's end
+  int next_async_tid = 1'000'000;                                              // after the threads
+  std::map<std::tuple<int, std::string, size_t>, int> async_tids;
+  for (Slice& s : async_spans) {
+    std::vector<double>& ends = async_lane_ends[{s.pid, s.cat}];
+    size_t k = 0;
+    while (k < ends.size() && ends[k] > s.ts) ++k;
+    if (k == ends.size()) ends.push_back(0);
+    ends[k] = s.ts + s.dur;
+    auto [it, added] = async_tids.try_emplace({s.pid, s.cat, k}, 0);
+    if (added) {
+      it->second = next_async_tid++;
+      thread_names[{s.pid, it->second}] = k == 0 ? s.cat + " (async)" : absl::StrCat(s.cat, " (async ", k + 1, ")");
+    }
+    s.tid = it->second;
+    slices.push_back(s);
+  }
+  // Slices of one thread nest: each is drawn inside those it lies within, thinner.
+  std::stable_sort(slices.begin(), slices.end(), [](const Slice& a, const Slice& b) {
+    if (std::tie(a.pid, a.tid, a.ts) != std::tie(b.pid, b.tid, b.ts)) {
+      return std::tie(a.pid, a.tid, a.ts) < std::tie(b.pid, b.tid, b.ts);
+    }
+    return a.dur > b.dur;  // the enclosing one first
+  });
+  std::vector<double> open_ends;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (i == 0 || slices[i].pid != slices[i - 1].pid || slices[i].tid != slices[i - 1].tid) open_ends.clear();
+    while (!open_ends.empty() && open_ends.back() <= slices[i].ts) open_ends.pop_back();
+    slices[i].depth = static_cast<int>(open_ends.size());
+    open_ends.push_back(slices[i].ts + slices[i].dur);
   }
   const double from = std::max(0.0, options.from_ms);
   const double to = options.to_ms < 0 ? end : options.to_ms;
@@ -299,21 +329,26 @@ absl::StatusOr<std::string> RenderTrace(const std::string& merged_text, const Re
     absl::StrAppendFormat(&svg, "<text x=\"6\" y=\"%d\">%s %s</text>\n", y + 15, Escape(process), Escape(thread));
   }
   std::set<std::string> categories;
+  std::string labels;  // drawn over every slice
   for (const Slice& s : slices) {
     if (s.ts + s.dur < from || s.ts > to) continue;
-    const int y = kTop + lane.at({s.pid, s.tid}) * kLaneHeight + 3;
+    // Nested slices are drawn thinner, inside their parents, and unlabelled.
+    const int inset = std::min(s.depth, 2) * 4;
+    const int y = kTop + lane.at({s.pid, s.tid}) * kLaneHeight + 3 + inset;
     const double x0 = std::max<double>(kLabel, x_of(s.ts)), x1 = std::min<double>(kLabel + plot, x_of(s.ts + s.dur));
     const double w = std::max(0.8, x1 - x0);
     categories.insert(s.cat);
     absl::StrAppendFormat(&svg,
-                          "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>%s (%s) %.3f ms"
+                          "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"%s><title>%s (%s) %.3f ms"
                           "</title></rect>\n",
-                          x0, y, w, kLaneHeight - 6, Colour(s.cat), Escape(s.name), Escape(s.cat), s.dur);
-    if (w > 6.5 * static_cast<double>(s.name.size()) + 4) {
-      absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%d\" fill=\"black\">%s</text>\n", x0 + 2, y + 12,
+                          x0, y, w, kLaneHeight - 6 - 2 * inset, Colour(s.cat), s.depth > 0 ? " stroke=\"white\"" : "",
+                          Escape(s.name), Escape(s.cat), s.dur);
+    if (s.depth == 0 && w > 6.5 * static_cast<double>(s.name.size()) + 4) {
+      absl::StrAppendFormat(&labels, "<text x=\"%.1f\" y=\"%d\" fill=\"black\">%s</text>\n", x0 + 2, y + 12,
                             Escape(s.name));
     }
   }
+  svg += labels;
   // Flows whose two ends are in the window, as arrows.
   svg +=
       "<defs><marker id=\"arrow\" markerWidth=\"6\" markerHeight=\"6\" refX=\"5\" refY=\"3\" orient=\"auto\">"

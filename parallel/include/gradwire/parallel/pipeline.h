@@ -93,6 +93,10 @@ struct PipelineOptions {
   bool ordered_backward = true;  // see the contract: false overlaps the stages' backward (GPipe)
   dist_autograd::BackwardOptions backward = {};
   rpc::CallOptions call = {};
+  // Where the driver records each micro-batch's forward (from its launch to the last
+  // stage's answer) and backward pass as spans, category "pipeline": its agent's tracer
+  // (&agent.tracer(), rpc/trace.h). Null: not recorded.
+  rpc::Tracer* tracer = nullptr;
 };
 
 using PipelineLoss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
@@ -122,6 +126,9 @@ class Pipeline {
   Future<Tensor> Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx,
                         std::vector<std::optional<Future<Tensor>>>& last) const;
   std::vector<std::pair<int64_t, int64_t>> Split(int64_t rows) const;
+  // ctx.Backward(losses), as a span of options_.tracer: micro-batch m's (m < 0: all of them).
+  absl::Status TracedBackward(dist_autograd::Context& ctx, const std::vector<Tensor>& losses, int m,
+                              const dist_autograd::BackwardOptions& backward) const;
   // Sends every stage its StageSync message (stage_messages.h) and waits for them all.
   absl::Status SyncStages(int64_t kind, rpc::GlobalId context, const std::vector<std::vector<int>>& stage_hosts) const;
 

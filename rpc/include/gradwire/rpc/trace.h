@@ -87,6 +87,8 @@ class Tracer {
   const std::string& path() const;
 
   static int64_t Now();  // microseconds since the Unix epoch, this host's clock
+  // An id for an async span, unique in this tracer's file.
+  uint64_t NewAsyncId() { return next_async_id_.fetch_add(1, std::memory_order_relaxed); }
 
   // The trace context current on the calling thread (0: none), as a layer above rpc
   // tells it: `source` is called on the recording thread. Set once, before calls are
@@ -143,6 +145,7 @@ class Tracer {
 
   std::atomic<bool> enabled_{false};
   std::atomic<ContextSource> context_source_{nullptr};
+  std::atomic<uint64_t> next_async_id_{1};
   int rank_ = -1;
   std::unique_ptr<Impl> impl_;
 };
