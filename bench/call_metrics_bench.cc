@@ -3,8 +3,9 @@
 // makes them (the client: its series found, two clock reads, the bytes, the result; the
 // server: the same for the request), in a loop on one thread, then on two threads at
 // once (a caller and an I/O thread of one process recording into the same series).
-// Then what a traced call adds (rpc/trace.h, GRADWIRE_TRACE): its three spans, recorded
-// as the agent records them, into a tracer writing a temporary directory.
+// Then what the waits' record of each running handler costs per request (the callee's
+// thread entering and leaving its slot, observe/handler_slots.h), and what a traced call adds (rpc/trace.h,
+// GRADWIRE_TRACE): its three spans, recorded as the agent records them, into a tracer writing a temporary directory.
 // Prints harness lines (bench/run): ns per call.
 #include <atomic>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "gradwire/rpc/frame.h"
 #include "gradwire/rpc/trace.h"
 #include "observe/call_metrics.h"
+#include "observe/handler_slots.h"
 
 namespace {
 
@@ -91,6 +93,14 @@ void TraceOneCall(gw::rpc::Tracer& tracer, uint64_t id, const std::string& funct
                  .arg_values = {1, 0}});
 }
 
+double HandlerSlotNsPerRequest(int64_t requests) {
+  gw::rpc::internal::HandlerSlots slots;
+  const std::string function = "train_step";
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < requests; ++i) gw::rpc::internal::HandlerSlots::Running running(slots, function, 1);
+  return std::chrono::duration<double, std::nano>(Clock::now() - start).count() / static_cast<double>(requests);
+}
+
 double TracedNsPerCall(int64_t calls) {
   char dir[] = "/tmp/gw-trace-bench-XXXXXX";
   if (::mkdtemp(dir) == nullptr) return 0;
@@ -114,6 +124,8 @@ int main(int argc, char** argv) {
               NsPerCall(1, calls));
   std::printf("workload=call_metrics impl=gradwire metric=records_ns_per_call_two_threads value=%.1f unit=ns\n",
               NsPerCall(2, calls));
+  std::printf("workload=call_metrics impl=gradwire metric=handler_slot_ns_per_request value=%.1f unit=ns\n",
+              HandlerSlotNsPerRequest(calls));
   std::printf("workload=call_metrics impl=gradwire metric=trace_ns_per_call value=%.1f unit=ns\n",
               TracedNsPerCall(calls / 4));
   return 0;

@@ -1,15 +1,13 @@
 #include "calls/dispatcher.h"
 
-#include <pthread.h>
-
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gradwire/rpc/errors.h"
 #include "gradwire/rpc/message.h"
-#include "observe/per_thread.h"
 
 namespace gw::rpc::internal {
 
@@ -86,8 +84,7 @@ Dispatcher::Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int
       peers_(std::move(peers)),
       max_calls_in_flight_(max_calls_in_flight),
       metrics_(metrics),
-      tracer_(tracer != nullptr && tracer->enabled() ? tracer : nullptr),
-      uid_(NextOwnerId()) {
+      tracer_(tracer != nullptr && tracer->enabled() ? tracer : nullptr) {
   if (tracer_ != nullptr) {
     category_ = tracer_->Intern("rpc.handler");
     peer_arg_ = tracer_->Intern("peer");
@@ -97,30 +94,8 @@ Dispatcher::Dispatcher(std::string self_name, ThreadPool& pool, Peers peers, int
 
 Dispatcher::~Dispatcher() = default;
 
-Dispatcher::HandlerSlot& Dispatcher::SlotOfThisThread() {
-  return *PerThread<HandlerSlot>(uid_, [this] {
-    auto slot = std::make_unique<HandlerSlot>();
-    char name[32] = {};
-    if (pthread_getname_np(pthread_self(), name, sizeof(name)) == 0) slot->thread = name;
-    absl::MutexLock lock(&slots_mu_);
-    if (slot->thread.empty()) slot->thread = absl::StrCat("thread ", slots_.size() + 1);
-    return slots_.emplace_back(std::move(slot)).get();
-  });
-}
-
 void Dispatcher::AppendWaits(std::vector<Wait>& out) const {
-  const auto now = std::chrono::steady_clock::now();
-  absl::MutexLock lock(&slots_mu_);
-  for (const auto& slot : slots_) {
-    absl::MutexLock slot_lock(&slot->mu);
-    if (slot->depth == 0) continue;
-    out.push_back({.layer = "handler",
-                   .state = "runs",
-                   .what = absl::StrCat("'", slot->function, "' for ",
-                                        slot->caller >= 0 ? peers_.name_of(slot->caller) : "itself"),
-                   .seconds = std::chrono::duration<double>(now - slot->since).count(),
-                   .note = absl::StrCat("thread ", slot->thread)});
-  }
+  slots_.AppendWaits(out, [this](int rank) { return peers_.name_of(rank); });
 }
 
 void Dispatcher::TraceHandler(const Request& r, int64_t begin_us, uint64_t in, bool replied, uint64_t context) {
@@ -307,15 +282,8 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBa
   };
   const int64_t begin_us = tracer_ != nullptr ? Tracer::Now() : 0;
   // What the thread runs, for the waits; not the queries of the waits themselves.
-  HandlerSlot* slot = absl::StartsWith(r.info.function, kObserveQueries) ? nullptr : &SlotOfThisThread();
-  if (slot != nullptr) {
-    absl::MutexLock lock(&slot->mu);
-    if (slot->depth++ == 0) {
-      slot->function = r.info.function;
-      slot->caller = r.info.caller_rank;
-      slot->since = std::chrono::steady_clock::now();
-    }
-  }
+  std::optional<HandlerSlots::Running> running;
+  if (!absl::StartsWith(r.info.function, kObserveQueries)) running.emplace(slots_, r.info.function, r.info.caller_rank);
   ++t_handler_depth;
   if (hooks_) {
     hooks_->RunInScope(r.scope, call);
@@ -323,10 +291,7 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBa
     call();
   }
   --t_handler_depth;
-  if (slot != nullptr) {
-    absl::MutexLock lock(&slot->mu);
-    --slot->depth;
-  }
+  running.reset();
   const bool ready = result.IsReady();
   if (tracer_ != nullptr) TraceHandler(r, begin_us, Tracer::CallFlow(r.info.caller_rank, r.id), ready, context);
   if (ready) {

@@ -53,6 +53,7 @@
 #include "gradwire/rpc/waits.h"
 #include "gradwire/rpc/worker.h"
 #include "observe/call_metrics.h"
+#include "observe/handler_slots.h"
 #include "wire/codec.h"
 
 namespace gw::rpc::internal {
@@ -154,16 +155,6 @@ class Dispatcher {
   Timing Arrived(int from, const std::string& function, bool registered, uint64_t bytes);
   // Counts a request of `from` as running; returns how many of its requests now are.
   int Started(int from);
-  // What one thread runs (AppendWaits): its outermost handler, written by that thread.
-  struct HandlerSlot {
-    std::string thread;
-    mutable absl::Mutex mu;
-    int depth ABSL_GUARDED_BY(mu) = 0;
-    std::string function ABSL_GUARDED_BY(mu);
-    int caller ABSL_GUARDED_BY(mu) = -1;
-    std::chrono::steady_clock::time_point since ABSL_GUARDED_BY(mu);
-  };
-  HandlerSlot& SlotOfThisThread();
   // The slice of a handler's run, or of a later reply (`in`: the request's flow, 0 for none).
   // `context`: the trace context the handler ran in.
   void TraceHandler(const Request& r, int64_t begin_us, uint64_t in, bool replied, uint64_t context);
@@ -180,9 +171,7 @@ class Dispatcher {
   CallMetrics* const metrics_;
   Tracer* const tracer_;
   Tracer::Name category_ = 0, peer_arg_ = 0, queued_arg_ = 0;
-  const uint64_t uid_;  // PerThread's owner id of the slots
-  mutable absl::Mutex slots_mu_;
-  std::vector<std::unique_ptr<HandlerSlot>> slots_ ABSL_GUARDED_BY(slots_mu_);
+  HandlerSlots slots_;  // what each thread runs (AppendWaits)
 
   // Three locks, so that looking up handlers (every request, on I/O threads), counting
   // running handlers (I/O and pool threads) and merging read batches do not contend.
