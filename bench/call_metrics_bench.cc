@@ -66,31 +66,20 @@ void TraceOneCall(gw::rpc::Tracer& tracer, uint64_t id, const std::string& funct
   using gw::rpc::Tracer;
   static const Tracer::Name send = tracer.Intern("rpc.send"), handler = tracer.Intern("rpc.handler"),
                             reply = tracer.Intern("rpc.reply"), peer = tracer.Intern("peer");
-  const int64_t sent = Tracer::Now();
-  tracer.Record({.category = send,
-                 .name = tracer.Intern(function),
-                 .begin_us = sent,
-                 .end_us = Tracer::Now(),
-                 .flow_out = Tracer::CallFlow(0, id),
-                 .arg_names = {peer, 0},
-                 .arg_values = {1, 0}});
-  const int64_t handled = Tracer::Now();
-  tracer.Record({.category = handler,
-                 .name = tracer.Intern(function),
-                 .begin_us = handled,
-                 .end_us = Tracer::Now(),
-                 .flow_in = Tracer::CallFlow(0, id),
-                 .flow_out = Tracer::ReplyFlow(0, id),
-                 .arg_names = {peer, 0},
-                 .arg_values = {0, 0}});
-  const int64_t completed = Tracer::Now();
-  tracer.Record({.category = reply,
-                 .name = tracer.Intern(function),
-                 .begin_us = completed,
-                 .end_us = Tracer::Now(),
-                 .flow_in = Tracer::ReplyFlow(0, id),
-                 .arg_names = {peer, 0},
-                 .arg_values = {1, 0}});
+  auto slice = [&](Tracer::Name category, uint64_t flow_in, uint64_t flow_out, int64_t peer_rank) {
+    const int64_t begin = Tracer::Now();
+    tracer.Record({.category = category,
+                   .name = tracer.Intern(function),
+                   .begin_us = begin,
+                   .end_us = Tracer::Now(),
+                   .flow_in = flow_in,
+                   .flow_out = flow_out,
+                   .arg_names = {peer, 0},
+                   .arg_values = {peer_rank, 0}});
+  };
+  slice(send, 0, Tracer::CallFlow(0, id), 1);
+  slice(handler, Tracer::CallFlow(0, id), Tracer::ReplyFlow(0, id), 0);
+  slice(reply, Tracer::ReplyFlow(0, id), 0, 1);
 }
 
 double HandlerSlotNsPerRequest(int64_t requests) {

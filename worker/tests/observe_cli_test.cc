@@ -82,6 +82,14 @@ rpc::AgentOptions Observed() {
   return o;
 }
 
+// `gradwire trace merge DIR -o DIR/merged.json`, parsed (discarded if it failed).
+nlohmann::json MergeTraces(const std::string& dir, std::string* merged_path) {
+  *merged_path = dir + "/merged.json";
+  CliRun merge = RunCli(absl::StrCat("trace merge '", dir, "' -o '", *merged_path, "'"));
+  EXPECT_EQ(merge.exit_code, 0) << merge.err;
+  return nlohmann::json::parse(ReadText(*merged_path), nullptr, false);
+}
+
 TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
   ScopedTempDir dir("gw-trace");
   rpc::AgentOptions o;
@@ -120,10 +128,8 @@ TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
   }
   ASSERT_TRUE(group->ShutdownAll().ok());
 
-  const std::string merged_path = dir.path() + "/merged.json";
-  CliRun merge = RunCli(absl::StrCat("trace merge '", dir.path(), "' -o '", merged_path, "'"));
-  ASSERT_EQ(merge.exit_code, 0) << merge.err;
-  nlohmann::json merged = nlohmann::json::parse(ReadText(merged_path), nullptr, false);
+  std::string merged_path;
+  const nlohmann::json merged = MergeTraces(dir.path(), &merged_path);
   ASSERT_FALSE(merged.is_discarded());
   ASSERT_EQ(merged.at("gradwire").at("merged").size(), 3u);
   // Every flow ends after it starts, on the one clock; each worker's part of the backward
@@ -255,10 +261,8 @@ TEST(TraceCliTest, ParameterServerPushesAndPullsAreSpans) {
     }
   }
   ASSERT_TRUE(group->ShutdownAll().ok());
-  const std::string merged_path = dir.path() + "/merged.json";
-  CliRun merge = RunCli(absl::StrCat("trace merge '", dir.path(), "' -o '", merged_path, "'"));
-  ASSERT_EQ(merge.exit_code, 0) << merge.err;
-  nlohmann::json merged = nlohmann::json::parse(ReadText(merged_path), nullptr, false);
+  std::string merged_path;
+  const nlohmann::json merged = MergeTraces(dir.path(), &merged_path);
   ASSERT_FALSE(merged.is_discarded());
   // Each trainer's pushes (clocks 0, 1, 2) and pulls (1, 2, 3) are async spans that end
   // after they begin; a pull of a synchronous table ends after the push of its step.
