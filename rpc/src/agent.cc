@@ -69,6 +69,10 @@ using internal::Kind;
 // With at least this many calls of this agent awaiting replies, new requests are sent
 // coalesced (Connection::SendCoalesced): throughput over the last microseconds of latency.
 constexpr size_t kPipelinedCalls = 4;
+// A message this large that arrives is a span of the trace ("rpc.receive": decoding it,
+// its tensors out of the frame); smaller ones are seen in their call's spans only, which
+// keeps tracing a flood of small calls cheap.
+constexpr uint64_t kTracedReceiveBytes = 64 << 10;
 // How long the shutdown leak check waits for late RRef deletes.
 constexpr absl::Duration kLeakGrace = absl::Milliseconds(500);
 
@@ -120,6 +124,8 @@ class Agent::Impl {
     ids_.emplace(options_.rank);
     tracer_ = Tracer::Open(options_.trace_dir, options_.name, options_.rank);
     send_category_ = tracer_->Intern("rpc.send");
+    receive_category_ = tracer_->Intern("rpc.receive");
+    reply_name_ = tracer_->Intern("(reply)");
     peer_arg_ = tracer_->Intern("peer");
     bytes_arg_ = tracer_->Intern("bytes");
     members_ = std::make_unique<internal::Members>(options_.world_size, options_.max_world_size);
@@ -730,10 +736,19 @@ class Agent::Impl {
     const int from = peers_->RankOf(conn.get());  // -1 before its hello
     const uint64_t bytes = internal::MessageBytes(m);
     const internal::Placement placement{from >= 0 ? MapToward(peers_->Name(from)) : nullptr, gpus_};
+    const int64_t traced_since = bytes >= kTracedReceiveBytes && tracer_->enabled() ? Tracer::Now() : 0;
     absl::StatusOr<Envelope> env = internal::DecodeEnvelope(std::move(m), placement);
     if (!env.ok()) {
       conn->Close(absl::DataLossError(absl::StrCat("bad envelope from ", conn->peer(), ": ", env.status().message())));
       return;
+    }
+    if (traced_since != 0) {
+      tracer_->Record({.category = receive_category_,
+                       .name = env->kind == Kind::kRequest ? tracer_->Intern(env->function) : reply_name_,
+                       .begin_us = traced_since,
+                       .end_us = Tracer::Now(),
+                       .arg_names = {peer_arg_, bytes_arg_},
+                       .arg_values = {from, static_cast<int64_t>(bytes)}});
     }
     if (from >= 0) heartbeats_->Heard(from);
     switch (env->kind) {
@@ -890,7 +905,7 @@ class Agent::Impl {
   Statistics statistics_;
   Waits waits_;
   std::unique_ptr<Tracer> tracer_ = std::make_unique<Tracer>();  // opened in Start, once the rank is known
-  Tracer::Name send_category_ = 0, peer_arg_ = 0, bytes_arg_ = 0;
+  Tracer::Name send_category_ = 0, receive_category_ = 0, reply_name_ = 0, peer_arg_ = 0, bytes_arg_ = 0;
   internal::CallMetrics call_metrics_;  // the calls and requests of the units below
   ThreadPool pool_;
   TimerQueue timers_;

@@ -4,6 +4,7 @@
 // waits on whom and the one a stalled worker logs by itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -39,6 +40,7 @@ nlohmann::json ReadJson(const std::string& path) {
 // worker0 calls "relay" on worker1, which calls "echo" on worker2 from its handler.
 void RegisterRelay(Agent& agent) {
   ASSERT_TRUE(agent.Register("echo", [](int64_t x) { return x; }).ok());
+  ASSERT_TRUE(agent.Register("mirror", [](Tensor t) { return t; }).ok());
   ASSERT_TRUE(agent
                   .Register("relay",
                             [&agent](int64_t x) -> absl::StatusOr<int64_t> {
@@ -60,6 +62,8 @@ TEST(TraceTest, EveryWorkerWritesValidJsonWhoseFlowsJoinAcrossWorkers) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(*r, i + 1);
   }
+  // A message of 128 KiB each way: its decoding is a span where it arrives.
+  ASSERT_TRUE((*group)[0].Sync<Tensor>("worker1", "mirror", Tensor::Ones({32768})).ok());
   ASSERT_TRUE(group->ShutdownAll().ok());
 
   // Every flow that starts ("s") ends ("f") exactly once, in any worker's file, at or
@@ -122,6 +126,19 @@ TEST(TraceTest, EveryWorkerWritesValidJsonWhoseFlowsJoinAcrossWorkers) {
     }
   }
   EXPECT_EQ(nested, kCalls);
+
+  // Only the large messages are "rpc.receive" slices: the request on worker1, the reply on
+  // worker0.
+  std::vector<std::string> received;
+  for (int rank = 0; rank < 3; ++rank) {
+    for (const nlohmann::json& e : slices[rank]) {
+      if (e.at("cat") != "rpc.receive") continue;
+      received.push_back(absl::StrCat(rank, " ", e.at("name").get<std::string>()));
+      EXPECT_GE(e.at("args").at("bytes"), 131072) << e.dump();
+    }
+  }
+  std::sort(received.begin(), received.end());
+  EXPECT_EQ(received, (std::vector<std::string>{"0 (reply)", "1 mirror"}));
 }
 
 TEST(TraceTest, AnUnwritableDirectoryIsReportedOnceAndTheJobGoesOn) {
