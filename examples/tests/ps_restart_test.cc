@@ -7,7 +7,9 @@
 //     and the job ends with the accuracy it needs;
 //   - the whole job killed mid-epoch and started again with the same command: it resumes
 //     the newest version at its step and ends with the model, bit for bit, of a run that
-//     was never interrupted; started once more, the finished job refuses to train on.
+//     was never interrupted; started once more, the finished job refuses to train on;
+//   - its parameter server frozen mid-run (SIGSTOP; heartbeats off, so that the trainers
+//     keep waiting): `gradwire debug` names it at the root of the trainers' waits.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -16,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -184,6 +187,44 @@ TEST(PsRestartTest, AJobKilledMidEpochResumesToTheModelOfAnUninterruptedRun) {
   EXPECT_NE(HostNetwork::WaitAll({again}, absl::Now() + kRun)[0], 0) << again->output();
   EXPECT_NE(again->output().find("already holds every step of --epochs=1"), std::string::npos) << again->output();
   EXPECT_NE(again->output().find("--fresh"), std::string::npos) << again->output();
+}
+
+TEST(PsRestartTest, GradwireDebugNamesAFrozenParameterServer) {
+  if (std::string why = HostNetwork::Unsupported(); !why.empty()) GTEST_SKIP() << why;
+  absl::StatusOr<std::unique_ptr<HostNetwork>> network = HostNetwork::Create(1);
+  ASSERT_TRUE(network.ok()) << network.status();
+  // worker0 serves the parameters, worker1 and worker2 train; worker k's metrics endpoint
+  // (and its waits) on port 9400 + k.
+  absl::StatusOr<HostProcess*> launcher = (*network)->Start(
+      0, {GRADWIRE_CLI, "launch", "-n", "3", "--metrics-port", "9400", PS_FASHION_MNIST, "--servers=1", "--epochs=1"},
+      {{"OMP_NUM_THREADS", "1"}, {"GRADWIRE_HEARTBEAT_INTERVAL", "0"}});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  ASSERT_TRUE((*launcher)->AwaitText("1 servers, 2 trainers", absl::Now() + absl::Seconds(120)))
+      << (*launcher)->output();
+  const pid_t server = FindWorker((*launcher)->pid(), "worker0");
+  ASSERT_NE(server, 0) << (*launcher)->output();
+  ASSERT_EQ(::kill(server, SIGSTOP), 0);
+  // The trainers' next push-pull waits on the frozen server: ask until both wait on it.
+  std::string report;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(30); absl::Now() < deadline;) {
+    absl::StatusOr<HostProcess*> debug = (*network)->Start(
+        0, {GRADWIRE_CLI, "debug", "--metrics-port", "9400", "-n", "3", "--timeout", "1", "--min-wait", "0"}, {});
+    ASSERT_TRUE(debug.ok()) << debug.status();
+    EXPECT_EQ(HostNetwork::WaitAll({*debug}, absl::Now() + absl::Seconds(10))[0], 0) << (*debug)->output();
+    report = (*debug)->output();
+    if (report.find("worker1 waits on worker0") != std::string::npos &&
+        report.find("worker2 waits on worker0") != std::string::npos) {
+      break;
+    }
+  }
+  ::kill(server, SIGCONT);
+  (*launcher)->Kill();
+  std::fputs(report.c_str(), stdout);
+  EXPECT_NE(report.find("At the root: worker0"), std::string::npos) << report;
+  EXPECT_NE(report.find("worker0 did not answer ("), std::string::npos) << report;
+  EXPECT_NE(report.find("it is frozen"), std::string::npos) << report;
+  EXPECT_NE(report.find("worker1 waits on worker0 for call '__ps."), std::string::npos) << report;
+  EXPECT_NE(report.find("worker2 waits on worker0 for call '__ps."), std::string::npos) << report;
 }
 
 }  // namespace
