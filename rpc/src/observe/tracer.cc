@@ -204,7 +204,7 @@ void Tracer::Impl::Drain() {
     }
   }
   if (dropped != 0) internal::AppendSpillDropped(text, dropped);
-  auto spill = [&](int tid, Chunk& c, uint32_t count) {
+  auto spill = [&](int tid, Chunk& c, uint32_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(file_mu) {
     if (count > c.spilled) {
       internal::AppendSpillSpans(text, tid, std::span<const Span>(c.spans + c.spilled, count - c.spilled));
       c.spilled = count;
