@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "gradwire/autograd/functions.h"
 #include "gradwire/rpc/trace.h"
+#include "gradwire/rpc/traced_future.h"
 #include "gradwire/tensor/error.h"
 
 namespace gw::parallel {
@@ -30,6 +31,21 @@ std::vector<std::pair<int64_t, int64_t>> Pipeline::Split(int64_t rows) const {
 
 Future<Tensor> Pipeline::Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx,
                                 std::vector<std::optional<Future<Tensor>>>& last) const {
+  rpc::Tracer* tracer = options_.tracer;
+  if (tracer == nullptr || !tracer->enabled()) return LaunchStages(micro, m, ctx, last);
+  // Its forward as a span, from here to the last stage's answer (which another thread
+  // receives).
+  return rpc::TracedUntilReady<Tensor>(*tracer,
+                                       {.category = tracer->Intern("pipeline"),
+                                        .name = tracer->Intern(absl::StrCat("micro-batch ", m, " forward")),
+                                        .arg_names = {tracer->Intern("micro_batch"), tracer->Intern("rows")},
+                                        .arg_values = {m, micro.dim() > 0 ? micro.size(0) : 0},
+                                        .context = ctx != nullptr ? ctx->id().bits() : 0},
+                                       [&] { return LaunchStages(micro, m, ctx, last); });
+}
+
+Future<Tensor> Pipeline::LaunchStages(const Tensor& micro, int m, const dist_autograd::Context* ctx,
+                                      std::vector<std::optional<Future<Tensor>>>& last) const {
   // Stage s's result, its error named after the stage; issued on the calling thread with
   // the step's context current.
   auto call = [this, m, ctx](size_t s, const Tensor& x) {
@@ -59,27 +75,7 @@ Future<Tensor> Pipeline::Launch(const Tensor& micro, int m, const dist_autograd:
     });
     last[s] = f;
   }
-  rpc::Tracer* tracer = options_.tracer;
-  if (tracer == nullptr || !tracer->enabled()) return f;
-  // Its forward, from here to the last stage's answer (which another thread receives).
-  const rpc::Tracer::Span forward{.category = tracer->Intern("pipeline"),
-                                  .name = tracer->Intern(absl::StrCat("micro-batch ", m, " forward")),
-                                  .begin_us = rpc::Tracer::Now(),
-                                  .async = true,
-                                  .async_id = tracer->NewAsyncId(),
-                                  .arg_names = {tracer->Intern("micro_batch"), tracer->Intern("rows")},
-                                  .arg_values = {m, micro.dim() > 0 ? micro.size(0) : 0},
-                                  .context = ctx != nullptr ? ctx->id().bits() : 0};
-  return Map<Tensor>(f, [tracer, forward](const absl::StatusOr<Tensor>& r) -> absl::StatusOr<Tensor> {
-    rpc::Tracer::Span done = forward;
-    done.end_us = rpc::Tracer::Now();
-    if (!r.ok()) {
-      const absl::string_view why = r.status().message();
-      done.note = tracer->Intern(std::string_view(why.data(), why.size()));
-    }
-    tracer->Record(done);
-    return r;
-  });
+  return f;
 }
 
 // A micro-batch's backward pass (or all of them: `m` < 0) as a span of the driver's trace.

@@ -15,6 +15,7 @@
 #include "gradwire/autograd/functions.h"
 #include "gradwire/rpc/retry.h"
 #include "gradwire/rpc/trace.h"
+#include "gradwire/rpc/traced_future.h"
 #include "gradwire/rpc/waits.h"
 #include "gradwire/tensor/kernels.h"
 #include "messages.h"
@@ -82,32 +83,19 @@ Client::~Client() = default;
 
 namespace {
 
-// A push, pull or checkpoint as a span of the trace (rpc/trace.h), from start() (which
-// sends its calls) to its result: an async span, as it ends on the thread that completes
-// it. `clock` is its argument; a failure is its note.
+// A push, pull or checkpoint as an async span of the trace, from start() (which sends its
+// calls) to its result; `clock` is its argument.
 template <typename T>
 Future<T> Traced(rpc::Agent& agent, const std::string& what, const std::string& table, int64_t clock,
                  const std::function<Future<T>()>& start) {
   rpc::Tracer& tracer = agent.tracer();
   if (!tracer.enabled()) return start();
-  rpc::Tracer::Span span{.category = tracer.Intern("param_server"),
-                         .name = tracer.Intern(table.empty() ? what : absl::StrCat(what, " ", table)),
-                         .begin_us = rpc::Tracer::Now(),
-                         .async = true,
-                         .async_id = agent.NewId().bits(),
-                         .arg_names = {clock >= 0 ? tracer.Intern("clock") : rpc::Tracer::Name{0}, 0},
-                         .arg_values = {clock, 0}};
-  Future<T> op = start();  // its calls are sent here: after the span begins
-  return Map<T>(op, [&tracer, span](const absl::StatusOr<T>& r) -> absl::StatusOr<T> {
-    rpc::Tracer::Span ended = span;
-    ended.end_us = rpc::Tracer::Now();
-    if (!r.ok()) {
-      const absl::string_view why = r.status().message();
-      ended.note = tracer.Intern(std::string_view(why.data(), why.size()));
-    }
-    tracer.Record(ended);
-    return r;
-  });
+  return rpc::TracedUntilReady<T>(tracer,
+                                  {.category = tracer.Intern("param_server"),
+                                   .name = tracer.Intern(table.empty() ? what : absl::StrCat(what, " ", table)),
+                                   .arg_names = {clock >= 0 ? tracer.Intern("clock") : rpc::Tracer::Name{0}, 0},
+                                   .arg_values = {clock, 0}},
+                                  start);
 }
 
 }  // namespace

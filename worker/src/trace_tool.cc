@@ -73,10 +73,15 @@ absl::StatusOr<WorkerTrace> ReadTrace(const std::string& path, std::vector<std::
   return t;
 }
 
+// Where the JSON of the spill DIR/<worker>.trace.spill goes: DIR/<worker>.trace.json.
+std::string JsonOfSpill(const std::string& spill) {
+  return spill.substr(0, spill.size() - kSpill.size()) + ".trace.json";
+}
+
 // The JSON of a worker's spill (its worker did not close its trace: it was killed), next
 // to it; the spill is kept.
 absl::StatusOr<std::string> ConvertSpill(const std::string& spill, std::vector<std::string>* notes) {
-  std::string json_path = spill.substr(0, spill.size() - std::string_view(kSpill).size()) + ".trace.json";
+  const std::string json_path = JsonOfSpill(spill);
   bool closed = false;
   if (absl::Status s = rpc::Tracer::ConvertSpill(spill, json_path, &closed); !s.ok()) return s;
   notes->push_back(
@@ -100,7 +105,7 @@ absl::StatusOr<std::string> MergeTraces(const std::vector<std::string>& paths, s
       }
       if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", p, ": ", ec.message()));
       for (const std::string& spill : spills) {
-        const std::string json_path = spill.substr(0, spill.size() - std::string_view(kSpill).size()) + ".trace.json";
+        const std::string json_path = JsonOfSpill(spill);
         // Converted already (its worker stopped between writing the JSON and removing the spill).
         if (found.contains(json_path)) continue;
         absl::StatusOr<std::string> converted = ConvertSpill(spill, notes);

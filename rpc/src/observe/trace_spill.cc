@@ -213,11 +213,14 @@ void AppendSpillThread(std::string& out, int tid, std::string_view name) {
   PutText(out, name);
 }
 
-void AppendSpillSpans(std::string& out, int tid, std::span<const Tracer::Span> spans) {
+void AppendSpillSpansHeader(std::string& out, int tid, size_t count) {
   out += kSpans;
   Put(out, static_cast<int32_t>(tid));
-  Put(out, static_cast<uint32_t>(spans.size()));
-  out.append(reinterpret_cast<const char*>(spans.data()), spans.size_bytes());
+  Put(out, static_cast<uint32_t>(count));
+}
+
+std::string_view SpillBytesOf(std::span<const Tracer::Span> spans) {
+  return std::string_view(reinterpret_cast<const char*>(spans.data()), spans.size_bytes());
 }
 
 void AppendSpillOffset(std::string& out, int rank, int64_t offset_us, int64_t rtt_us) {

@@ -36,7 +36,10 @@ namespace gw::rpc::internal {
 void AppendSpillHeader(std::string& out, std::string_view worker, int rank, int64_t origin_us);
 void AppendSpillName(std::string& out, Tracer::Name id, std::string_view text);
 void AppendSpillThread(std::string& out, int tid, std::string_view name);
-void AppendSpillSpans(std::string& out, int tid, std::span<const Tracer::Span> spans);
+// A batch of spans of one thread: this header, then the spans' bytes (SpillBytesOf),
+// written as they are (no copy into `out`).
+void AppendSpillSpansHeader(std::string& out, int tid, size_t count);
+std::string_view SpillBytesOf(std::span<const Tracer::Span> spans);
 void AppendSpillOffset(std::string& out, int rank, int64_t offset_us, int64_t rtt_us);
 void AppendSpillDropped(std::string& out, uint64_t dropped);
 // The last record of a closed tracer's spill.

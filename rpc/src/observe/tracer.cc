@@ -96,7 +96,7 @@ struct Tracer::Impl {
   void Recycle(const std::vector<Chunk*>& drained);
   void WriterLoop();
   void Drain();
-  void Write(const std::string& text) ABSL_EXCLUSIVE_LOCKS_REQUIRED(file_mu);
+  void Write(std::string_view bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(file_mu);
 };
 
 Tracer::Impl::ThreadBuffer* Tracer::Impl::BufferOfThisThread() {
@@ -113,9 +113,9 @@ Tracer::Impl::ThreadBuffer* Tracer::Impl::BufferOfThisThread() {
   });
 }
 
-void Tracer::Impl::Write(const std::string& text) {
-  if (file == nullptr || text.empty() || !write_error.ok()) return;
-  if (std::fwrite(text.data(), 1, text.size(), file) != text.size()) {
+void Tracer::Impl::Write(std::string_view bytes) {
+  if (file == nullptr || bytes.empty() || !write_error.ok()) return;
+  if (std::fwrite(bytes.data(), 1, bytes.size(), file) != bytes.size()) {
     write_error = absl::DataLossError(absl::StrCat("cannot write the trace ", spill_path, ": ", std::strerror(errno)));
     std::fprintf(stderr, "gradwire: %s: %s; the job goes on without its trace\n", worker.c_str(),
                  std::string(write_error.message()).c_str());
@@ -204,15 +204,14 @@ void Tracer::Impl::Drain() {
     }
   }
   if (dropped != 0) internal::AppendSpillDropped(text, dropped);
+  // The spans go from their chunk to the file, after their batch's header.
   auto spill = [&](int tid, Chunk& c, uint32_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(file_mu) {
-    if (count > c.spilled) {
-      internal::AppendSpillSpans(text, tid, std::span<const Span>(c.spans + c.spilled, count - c.spilled));
-      c.spilled = count;
-    }
-    if (text.size() > (1 << 20)) {
-      Write(text);
-      text.clear();
-    }
+    if (count <= c.spilled) return;
+    internal::AppendSpillSpansHeader(text, tid, count - c.spilled);
+    Write(text);
+    text.clear();
+    Write(internal::SpillBytesOf(std::span<const Span>(c.spans + c.spilled, count - c.spilled)));
+    c.spilled = count;
   };
   for (Taken& t : taken) {
     for (Chunk* c : t.full) spill(t.buffer->tid, *c, c->count.load(std::memory_order_acquire));

@@ -125,6 +125,9 @@ class Pipeline {
   // on every thread that issues a stage's call.
   Future<Tensor> Launch(const Tensor& micro, int m, const dist_autograd::Context* ctx,
                         std::vector<std::optional<Future<Tensor>>>& last) const;
+  // Launch without its span (options_.tracer).
+  Future<Tensor> LaunchStages(const Tensor& micro, int m, const dist_autograd::Context* ctx,
+                              std::vector<std::optional<Future<Tensor>>>& last) const;
   std::vector<std::pair<int64_t, int64_t>> Split(int64_t rows) const;
   // ctx.Backward(losses), as a span of options_.tracer: micro-batch m's (m < 0: all of them).
   absl::Status TracedBackward(dist_autograd::Context& ctx, const std::vector<Tensor>& losses, int m,
