@@ -59,7 +59,7 @@ struct StatisticsQuery {
 // Another worker's clock, for the trace's offsets (Tracer::SetClockOffset).
 struct ClockQuery {
   static constexpr char kFunction[] = "__observe.clock";
-  using Reply = int64_t;  // Tracer::Now() there
+  using Reply = int64_t;  // the tracer's clock (Tracer::Now) there
   static constexpr auto Fields() { return std::tuple<>(); }
 };
 
@@ -199,7 +199,7 @@ class Agent::Impl {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = agent.Handle<ClockQuery>([](const CallInfo&, ClockQuery) { return Tracer::Now(); },
+    if (absl::Status s = agent.Handle<ClockQuery>([this](const CallInfo&, ClockQuery) { return tracer_->Now(); },
                                                   RegisterOptions{HandlerMode::kInline});
         !s.ok()) {
       return s;
@@ -260,13 +260,13 @@ class Agent::Impl {
     const std::string zero = NameOf(0);
     for (int i = 0; i < 8; ++i) {
       Promise<int64_t> promise(pool_);
-      const int64_t sent = Tracer::Now();
+      const int64_t sent = tracer_->Now();
       Call(zero, ClockQuery::kFunction, ValueList{}, CallOptions{.timeout = absl::Seconds(1)},
            [promise](absl::StatusOr<Value> v) {
              promise.Set(internal::ConvertResult<int64_t>(std::move(v), "rank 0", ClockQuery::kFunction));
            });
       absl::StatusOr<int64_t> theirs = promise.future().Get(absl::Seconds(2));
-      const int64_t received = Tracer::Now();
+      const int64_t received = tracer_->Now();
       if (!theirs.ok()) return;  // no offset: merge says so
       tracer_->SetClockOffset(0, *theirs - (sent + received) / 2, received - sent);
     }
@@ -521,7 +521,11 @@ class Agent::Impl {
     }
     const absl::Duration timeout =
         call_options.timeout > absl::ZeroDuration() ? call_options.timeout : options_.default_timeout;
-    const int64_t traced_since = tracer_->enabled() ? Tracer::Now() : 0;
+    // A traced call's send span and its call-table entry share one start.
+    internal::CallTable::TracedStart traced;
+    if (tracer_->enabled()) {
+      traced = {.begin_us = tracer_->Now(), .name = tracer_->Intern(function), .context = tracer_->CurrentContext()};
+    }
     Envelope env;
     env.kind = Kind::kRequest;
     env.function = function;
@@ -529,7 +533,7 @@ class Agent::Impl {
     env.timeout_ms = absl::ToInt64Milliseconds(timeout);
     size_t in_flight = 0;
     internal::CallMetrics::Series& series = call_metrics_.For(internal::CallMetrics::Side::kClient, rank, function);
-    env.id = calls_->Add(rank, function, timeout, std::move(done), &in_flight, &series);
+    env.id = calls_->Add(rank, function, timeout, std::move(done), &in_flight, &series, traced);
     if (env.id == 0) return;  // the agent closed meanwhile: failed with its reason
     auto fail = [&](const absl::Status& s) {
       calls_->Complete(env.id, absl::Status(s.code(), absl::StrCat("call to ", to, ".", function, ": ", s.message())));
@@ -571,16 +575,17 @@ class Agent::Impl {
     } else {
       (*conn)->Send(std::move(*message), std::move(on_sent));
     }
-    if (traced_since != 0) {
+    if (traced.begin_us != 0) {
       // The request's slice on the calling thread (encoding and handing it to the
       // transport), where its flow arrow to the handler starts.
       tracer_->Record({.category = send_category_,
-                       .name = tracer_->Intern(function),
-                       .begin_us = traced_since,
-                       .end_us = Tracer::Now(),
+                       .name = traced.name,
+                       .begin_us = traced.begin_us,
+                       .end_us = tracer_->Now(),
                        .flow_out = Tracer::CallFlow(options_.rank, env.id),
                        .arg_names = {peer_arg_, bytes_arg_},
-                       .arg_values = {rank, static_cast<int64_t>(bytes)}});
+                       .arg_values = {rank, static_cast<int64_t>(bytes)},
+                       .context = traced.context});
     }
   }
 
@@ -736,7 +741,7 @@ class Agent::Impl {
     const int from = peers_->RankOf(conn.get());  // -1 before its hello
     const uint64_t bytes = internal::MessageBytes(m);
     const internal::Placement placement{from >= 0 ? MapToward(peers_->Name(from)) : nullptr, gpus_};
-    const int64_t traced_since = bytes >= kTracedReceiveBytes && tracer_->enabled() ? Tracer::Now() : 0;
+    const int64_t traced_since = bytes >= kTracedReceiveBytes && tracer_->enabled() ? tracer_->Now() : 0;
     absl::StatusOr<Envelope> env = internal::DecodeEnvelope(std::move(m), placement);
     if (!env.ok()) {
       conn->Close(absl::DataLossError(absl::StrCat("bad envelope from ", conn->peer(), ": ", env.status().message())));
@@ -746,7 +751,7 @@ class Agent::Impl {
       tracer_->Record({.category = receive_category_,
                        .name = env->kind == Kind::kRequest ? tracer_->Intern(env->function) : reply_name_,
                        .begin_us = traced_since,
-                       .end_us = Tracer::Now(),
+                       .end_us = tracer_->Now(),
                        .arg_names = {peer_arg_, bytes_arg_},
                        .arg_values = {from, static_cast<int64_t>(bytes)}});
     }

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -20,6 +22,7 @@
 #include "gradwire/rpc/trace.h"
 #include "gradwire/rpc/waits.h"
 #include "nlohmann/json.hpp"
+#include "observe/trace_clock.h"
 #include "samples.h"
 #include "scoped_temp_dir.h"
 #include "test_support.h"
@@ -188,6 +191,43 @@ TEST(TracerTest, KeepsSpansOfThreadsAndClosesIntoValidJson) {
   }
   EXPECT_EQ(spans, 3000);
   EXPECT_EQ(tids.size(), 3u);
+}
+
+// The tracer's clock reads the CPU's counter: it must stay on the real-time clock, which
+// the merge aligns workers by, and not go back on a thread (the trace format nests a
+// thread's slices by their times).
+TEST(TraceClockTest, FollowsTheRealTimeClockAndDoesNotGoBackOnAThread) {
+  internal::TraceClock clock;
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> reads{0}, backwards{0}, off{0}, worst_off_us{0};
+  std::thread reader([&] {
+    int64_t last = 0;
+    while (!done.load()) {
+      const int64_t before = internal::TraceClock::RealtimeNs() / 1000;
+      const int64_t now = clock.Now();
+      const int64_t after = internal::TraceClock::RealtimeNs() / 1000;
+      ++reads;
+      // Under a microsecond back where it starts reading the counter (the contract).
+      if (now < last - 1) ++backwards;
+      last = std::max(last, now);
+      // Within 200 us of the real-time clock: a preempted read widens the bracket.
+      const int64_t gap = now < before ? before - now : now > after ? now - after : 0;
+      if (gap > 200) ++off;
+      worst_off_us = std::max(worst_off_us.load(), gap);
+    }
+  });
+  for (int i = 0; i < 10; ++i) {
+    absl::SleepFor(absl::Milliseconds(40));
+    clock.Calibrate();
+  }
+  absl::SleepFor(absl::Milliseconds(40));
+  done = true;
+  reader.join();
+  EXPECT_GT(reads.load(), 1000);
+  EXPECT_EQ(backwards.load(), 0);
+  EXPECT_EQ(off.load(), 0) << "worst gap to the real-time clock: " << worst_off_us.load() << " us";
+  // Where the counter is invariant, the clock reads it after its first calibration.
+  EXPECT_EQ(clock.reads_counter(), internal::TraceClock::InvariantCounter());
 }
 
 // "block" notifies `started` (when given) as it runs, and answers once the test releases it.

@@ -26,36 +26,36 @@ void CallTable::Pending::Finish(CallTable& table, absl::StatusOr<Value> result, 
     series->Record(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), result.ok());
   }
   Tracer* tracer = table.tracer_;
-  if (tracer == nullptr || begin_us == 0 || !tracer->enabled()) {
+  if (tracer == nullptr || traced.begin_us == 0 || !tracer->enabled()) {
     done(std::move(result));
     return;
   }
   // The completion: a slice on the completing thread (running `done`), where the reply's
   // flow ends; the call's whole time, from Add, is its argument.
-  const int64_t completed = Tracer::Now();
+  const int64_t completed = tracer->Now();
   Tracer::Span reply{.category = table.reply_category_,
-                     .name = tracer->Intern(function),
+                     .name = traced.name,
                      .begin_us = completed,
                      .flow_in = received_bytes > 0 ? Tracer::ReplyFlow(table.self_rank_, id) : 0,
                      .arg_names = {table.peer_arg_, table.latency_arg_},
-                     .arg_values = {rank, completed - begin_us},
-                     .context = context};
+                     .arg_values = {rank, completed - traced.begin_us},
+                     .context = traced.context};
   if (!result.ok()) {
     const absl::string_view why = result.status().message();
     reply.note = tracer->Intern(std::string_view(why.data(), why.size()));
   }
   done(std::move(result));
-  reply.end_us = Tracer::Now();
+  reply.end_us = tracer->Now();
   tracer->Record(reply);
 }
 
 uint64_t CallTable::Add(int rank, std::string function, absl::Duration timeout, Done done, size_t* in_flight,
-                        CallMetrics::Series* series) {
+                        CallMetrics::Series* series, TracedStart traced) {
   const absl::Time when = absl::Now() + timeout;
   const auto start = std::chrono::steady_clock::now();
-  const bool traced = tracer_ != nullptr && tracer_->enabled();
-  const int64_t begin_us = traced ? Tracer::Now() : 0;
-  const uint64_t context = traced ? tracer_->CurrentContext() : 0;
+  if (traced.begin_us == 0 && tracer_ != nullptr && tracer_->enabled()) {
+    traced = {.begin_us = tracer_->Now(), .name = tracer_->Intern(function), .context = tracer_->CurrentContext()};
+  }
   absl::Status closed;
   {
     absl::MutexLock lock(&mu_);
@@ -63,7 +63,7 @@ uint64_t CallTable::Add(int rank, std::string function, absl::Duration timeout, 
     if (closed_.ok()) {
       const uint64_t id = next_id_++;
       pending_.emplace(
-          id, Pending{std::move(done), rank, std::move(function), timeout, series, start, id, begin_us, context});
+          id, Pending{std::move(done), rank, std::move(function), timeout, series, start, id, traced});
       if (when != absl::InfiniteFuture()) {
         deadlines_.push_back({when, id});
         std::push_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());

@@ -51,6 +51,14 @@
 
 namespace gw::rpc::internal {
 
+// A traced call's start, which the caller's send span shares: when it began, its
+// function's interned name, the trace context it was made in.
+struct TracedCallStart {
+  int64_t begin_us = 0;  // 0: not taken (CallTable::Add takes it when its tracer is enabled)
+  Tracer::Name name = 0;
+  uint64_t context = 0;
+};
+
 class CallTable {
  public:
   using Done = std::function<void(absl::StatusOr<Value>)>;
@@ -60,9 +68,10 @@ class CallTable {
             int self_rank = -1);
   ~CallTable();
 
+  using TracedStart = TracedCallStart;
   // *in_flight (optional): how many calls were pending before this one.
   uint64_t Add(int rank, std::string function, absl::Duration timeout, Done done, size_t* in_flight = nullptr,
-               CallMetrics::Series* series = nullptr);
+               CallMetrics::Series* series = nullptr, TracedStart traced = {});
   // `received_bytes`: the size of the reply's frame (0 when none arrived).
   bool Complete(uint64_t id, absl::StatusOr<Value> result, uint64_t received_bytes = 0);
   // The peer and function of a pending call.
@@ -86,8 +95,7 @@ class CallTable {
     CallMetrics::Series* series = nullptr;
     std::chrono::steady_clock::time_point start = {};
     uint64_t id = 0;
-    int64_t begin_us = 0;  // when traced
-    uint64_t context = 0;  // the trace context the call was made in
+    TracedStart traced;  // begin_us 0: not traced
     // Records the call's end in its series (if any) and its spans, then runs `done`.
     void Finish(CallTable& table, absl::StatusOr<Value> result, uint64_t received_bytes = 0);
   };

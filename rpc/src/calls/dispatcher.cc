@@ -98,21 +98,25 @@ void Dispatcher::AppendWaits(std::vector<Wait>& out) const {
   slots_.AppendWaits(out, [this](int rank) { return peers_.name_of(rank); });
 }
 
-void Dispatcher::TraceHandler(const Request& r, int64_t begin_us, uint64_t in, bool replied, uint64_t context) {
+void Dispatcher::TraceHandler(Tracer::Name name, int caller, uint64_t id, const Timing& timing, int64_t begin_us,
+                              uint64_t in, bool replied, uint64_t context) {
+  const int64_t end_us = tracer_->Now();
+  // How long the request waited for a thread: from its arrival (the metrics' clock) to
+  // the handler's start.
   const int64_t queued_us =
-      r.timing.series != nullptr
-          ? std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - r.timing.start)
+      timing.series != nullptr
+          ? std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - timing.start)
                     .count() -
-                (Tracer::Now() - begin_us)
+                (end_us - begin_us)
           : 0;
   tracer_->Record({.category = category_,
-                   .name = tracer_->Intern(r.info.function),
+                   .name = name,
                    .begin_us = begin_us,
-                   .end_us = Tracer::Now(),
+                   .end_us = end_us,
                    .flow_in = in,
-                   .flow_out = replied ? Tracer::ReplyFlow(r.info.caller_rank, r.id) : 0,
+                   .flow_out = replied ? Tracer::ReplyFlow(caller, id) : 0,
                    .arg_names = {peer_arg_, in != 0 ? queued_arg_ : Tracer::Name{0}},
-                   .arg_values = {r.info.caller_rank, std::max<int64_t>(0, queued_us)},
+                   .arg_values = {caller, std::max<int64_t>(0, queued_us)},
                    .context = context});
 }
 
@@ -126,7 +130,9 @@ Dispatcher::Timing Dispatcher::Arrived(int from, const std::string& function, bo
 
 absl::Status Dispatcher::Register(const std::string& name, RawHandler handler, RegisterOptions options) {
   absl::MutexLock lock(&mu_);
-  if (!handlers_.emplace(name, std::make_shared<Handler>(Handler{std::move(handler), options.mode})).second) {
+  const Tracer::Name traced_name = tracer_ != nullptr ? tracer_->Intern(name) : 0;
+  if (!handlers_.emplace(name, std::make_shared<Handler>(Handler{std::move(handler), options.mode, traced_name}))
+           .second) {
     return absl::AlreadyExistsError(absl::StrCat(self_name_, ": function '", name, "' is already registered"));
   }
   return absl::OkStatus();
@@ -280,7 +286,7 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBa
     if (tracer_ != nullptr) context = tracer_->CurrentContext();
     result = Invoke(r.handler->fn, r.info, std::move(r.args), pool_);
   };
-  const int64_t begin_us = tracer_ != nullptr ? Tracer::Now() : 0;
+  const int64_t begin_us = tracer_ != nullptr ? tracer_->Now() : 0;
   // What the thread runs, for the waits; not the queries of the waits themselves.
   std::optional<HandlerSlots::Running> running;
   if (!absl::StartsWith(r.info.function, kObserveQueries)) running.emplace(slots_, r.info.function, r.info.caller_rank);
@@ -293,23 +299,21 @@ void Dispatcher::Run(const std::shared_ptr<Connection>& conn, Request r, ReplyBa
   --t_handler_depth;
   running.reset();
   const bool ready = result.IsReady();
-  if (tracer_ != nullptr) TraceHandler(r, begin_us, Tracer::CallFlow(r.info.caller_rank, r.id), ready, context);
+  const Tracer::Name traced_name = r.handler->traced_name;
+  if (tracer_ != nullptr) {
+    TraceHandler(traced_name, r.info.caller_rank, r.id, r.timing, begin_us, Tracer::CallFlow(r.info.caller_rank, r.id),
+                 ready, context);
+  }
   if (ready) {
     // Answered synchronously: no hop.
     Reply(conn, r.info.caller_rank, r.id, result.Get(absl::ZeroDuration()), replies, r.scope, r.timing);
   } else {
     // Sent by the thread that completes the handler's future: no pool hop.
     result.Subscribe([this, conn, to = r.info.caller_rank, id = r.id, scope = r.scope, timing = r.timing, context,
-                      function = tracer_ != nullptr ? r.info.function : std::string()](const absl::StatusOr<Value>& v) {
-      const int64_t begin_us = tracer_ != nullptr ? Tracer::Now() : 0;
+                      traced_name](const absl::StatusOr<Value>& v) {
+      const int64_t begin_us = tracer_ != nullptr ? tracer_->Now() : 0;
       Reply(conn, to, id, v, nullptr, scope, timing);
-      if (tracer_ != nullptr) {
-        Request reply;
-        reply.info.function = function;
-        reply.info.caller_rank = to;
-        reply.id = id;
-        TraceHandler(reply, begin_us, 0, /*replied=*/true, context);
-      }
+      if (tracer_ != nullptr) TraceHandler(traced_name, to, id, {}, begin_us, 0, /*replied=*/true, context);
     });
   }
 }

@@ -117,6 +117,7 @@ class Dispatcher {
   struct Handler {
     RawHandler fn;
     HandlerMode mode;
+    Tracer::Name traced_name = 0;  // its name, interned when traced
   };
   struct Request {
     std::shared_ptr<Handler> handler;
@@ -155,9 +156,10 @@ class Dispatcher {
   Timing Arrived(int from, const std::string& function, bool registered, uint64_t bytes);
   // Counts a request of `from` as running; returns how many of its requests now are.
   int Started(int from);
-  // The slice of a handler's run, or of a later reply (`in`: the request's flow, 0 for none).
-  // `context`: the trace context the handler ran in.
-  void TraceHandler(const Request& r, int64_t begin_us, uint64_t in, bool replied, uint64_t context);
+  // The slice of a handler's run, or of a later reply (`in`: the request's flow, 0 for
+  // none), for request `id` of `caller`. `context`: the trace context the handler ran in.
+  void TraceHandler(Tracer::Name name, int caller, uint64_t id, const Timing& timing, int64_t begin_us, uint64_t in,
+                    bool replied, uint64_t context);
 
   // The read batch of the inline handler running on this I/O thread (see Defer).
   static thread_local ReadBatch* t_read_batch;

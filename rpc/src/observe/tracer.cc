@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gradwire/rpc/trace.h"
 #include "observe/per_thread.h"
+#include "observe/trace_clock.h"
 #include "observe/trace_spill.h"
 
 namespace gw::rpc {
@@ -27,7 +28,7 @@ namespace {
 // (64k spans) that the writer has not drained.
 constexpr uint32_t kChunkSpans = 1024;
 constexpr int kMostChunks = 64;
-constexpr absl::Duration kDrainEvery = absl::Milliseconds(100);
+constexpr absl::Duration kDrainEvery = absl::Nanoseconds(internal::TraceClock::kSteerOverNs);
 // A spill this large tells its user, when its worker closes the trace, that turning it
 // into JSON takes a while.
 constexpr uintmax_t kSayConvertingFrom = uintmax_t{64} << 20;
@@ -59,6 +60,7 @@ struct Tracer::Impl {
   std::string worker;
   int rank = -1;
   int64_t origin_us = 0;  // the file's times are relative to this (us since the epoch)
+  internal::TraceClock clock;  // Now's, calibrated by the writer
 
   absl::Mutex names_mu;
   std::deque<std::string> names ABSL_GUARDED_BY(names_mu);  // by Name; 0 is ""
@@ -225,10 +227,14 @@ void Tracer::Impl::Drain() {
 void Tracer::Impl::WriterLoop() {
   pthread_setname_np(pthread_self(), "gw-trace");
   absl::MutexLock lock(&stop_mu);
+  // The clock is calibrated first after 10 ms (its shortest baseline), then with each drain.
+  absl::Duration wait = absl::Milliseconds(10);
   while (!stopping) {
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu) { return stopping; };
-    stop_mu.AwaitWithTimeout(absl::Condition(&stop), kDrainEvery);
+    stop_mu.AwaitWithTimeout(absl::Condition(&stop), wait);
+    wait = kDrainEvery;
     stop_mu.Unlock();
+    clock.Calibrate();
     Drain();
     stop_mu.Lock();
   }
@@ -253,7 +259,7 @@ std::unique_ptr<Tracer> Tracer::Open(const std::string& dir, const std::string& 
                  worker.c_str(), dir.c_str(), why.c_str());
     return tracer;
   }
-  impl->origin_us = Now();
+  impl->origin_us = impl->clock.Now();
   {
     absl::MutexLock lock(&impl->names_mu);
     impl->names.emplace_back();
@@ -282,11 +288,7 @@ const std::string& Tracer::path() const {
   return impl_ ? impl_->path : *kNone;
 }
 
-int64_t Tracer::Now() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return int64_t{ts.tv_sec} * 1000000 + ts.tv_nsec / 1000;
-}
+int64_t Tracer::Now() const { return impl_ ? impl_->clock.Now() : internal::TraceClock::RealtimeNs() / 1000; }
 
 Tracer::Name Tracer::Intern(std::string_view text) {
   if (!enabled() || text.empty()) return 0;
@@ -346,12 +348,12 @@ Tracer::Scope::Scope(Tracer& tracer, Name category, Name name) : tracer_(tracer.
   if (tracer_ == nullptr) return;
   span_.category = category;
   span_.name = name;
-  span_.begin_us = Now();
+  span_.begin_us = tracer_->Now();
 }
 
 Tracer::Scope::~Scope() {
   if (tracer_ == nullptr) return;
-  span_.end_us = Now();
+  span_.end_us = tracer_->Now();
   tracer_->Record(span_);
 }
 

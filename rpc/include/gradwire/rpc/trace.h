@@ -21,7 +21,7 @@
 //     the agent's call spans on the caller take it where the call was made, and the
 //     callee's handler span where its handler ran.
 //   - Spans of one thread must nest (as the trace format asks): record a slice when it
-//     ends, its begin taken when it began (Tracer::Now, or a Scope).
+//     ends, its begin taken when it began (Now, or a Scope).
 //   - Recording appends to a buffer of the calling thread (no lock shared with other
 //     threads); a writer thread moves the buffers into a spill file,
 //     DIR/<worker>.trace.spill, every 100 ms (and at Flush): the spans' own bytes, not
@@ -36,8 +36,9 @@
 //     is announced on stderr. The destructor closes. Thread-safe.
 //   - The spill of a worker that never closed its trace (killed) is read up to its last
 //     whole record by ConvertSpill, as `gradwire trace merge` does.
-//   - Times are microseconds of this host's real-time clock (Now); `gradwire trace merge`
-//     aligns the workers with the offsets measured over the job's own connections.
+//   - Times are microseconds of this host's real-time clock (Now, read from the CPU's
+//     counter where it can be); `gradwire trace merge` aligns the workers with the
+//     offsets measured over the job's own connections.
 #ifndef GRADWIRE_RPC_TRACE_H_
 #define GRADWIRE_RPC_TRACE_H_
 
@@ -86,7 +87,10 @@ class Tracer {
   // The file written ("" when disabled).
   const std::string& path() const;
 
-  static int64_t Now();  // microseconds since the Unix epoch, this host's clock
+  // Microseconds since the Unix epoch on this host's real-time clock, read from the CPU's
+  // time-stamp counter where it is invariant (twice as fast), steered onto the real-time
+  // clock by the writer every 100 ms. Where a thread's reads may not go up, they stay.
+  int64_t Now() const;
   // An id for an async span, unique in this tracer's file.
   uint64_t NewAsyncId() { return next_async_id_.fetch_add(1, std::memory_order_relaxed); }
 

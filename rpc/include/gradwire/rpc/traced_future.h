@@ -23,12 +23,12 @@ namespace gw::rpc {
 template <typename T>
 Future<T> TracedUntilReady(Tracer& tracer, Tracer::Span span, const std::function<Future<T>()>& start) {
   if (!tracer.enabled()) return start();
-  span.begin_us = Tracer::Now();
+  span.begin_us = tracer.Now();
   span.async = true;
   span.async_id = tracer.NewAsyncId();
   return Map<T>(start(), [&tracer, span](const absl::StatusOr<T>& r) -> absl::StatusOr<T> {
     Tracer::Span ended = span;
-    ended.end_us = Tracer::Now();
+    ended.end_us = tracer.Now();
     if (!r.ok()) {
       const absl::string_view why = r.status().message();
       ended.note = tracer.Intern(std::string_view(why.data(), why.size()));
