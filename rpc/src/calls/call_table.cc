@@ -62,8 +62,7 @@ uint64_t CallTable::Add(int rank, std::string function, absl::Duration timeout, 
     if (in_flight != nullptr) *in_flight = pending_.size();
     if (closed_.ok()) {
       const uint64_t id = next_id_++;
-      pending_.emplace(
-          id, Pending{std::move(done), rank, std::move(function), timeout, series, start, id, traced});
+      pending_.emplace(id, Pending{std::move(done), rank, std::move(function), timeout, series, start, id, traced});
       if (when != absl::InfiniteFuture()) {
         deadlines_.push_back({when, id});
         std::push_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
