@@ -1,12 +1,15 @@
 #include <pthread.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <new>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -18,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gradwire/rpc/trace.h"
 #include "observe/per_thread.h"
+#include "observe/slab.h"
 #include "observe/trace_clock.h"
 #include "observe/trace_spill.h"
 
@@ -28,6 +32,8 @@ namespace {
 // (64k spans) that the writer has not drained.
 constexpr uint32_t kChunkSpans = 1024;
 constexpr int kMostChunks = 64;
+constexpr size_t kSpareChunks = 8;
+constexpr size_t kFewChunks = kSpareChunks / 2;  // a thread taking one of the last wakes the writer
 constexpr absl::Duration kDrainEvery = absl::Nanoseconds(internal::TraceClock::kSteerOverNs);
 // A spill this large tells its user, when its worker closes the trace, that turning it
 // into JSON takes a while.
@@ -39,7 +45,7 @@ struct Tracer::Impl {
   // Spans a thread recorded. Its thread fills [0, count) and publishes count; the
   // writer spills [spilled, count) while the thread goes on, and recycles the chunk once
   // the thread has handed it over full.
-  struct Chunk {
+  struct alignas(64) Chunk {
     std::atomic<uint32_t> count{0};
     uint32_t spilled = 0;  // the writer's (Drain, under file_mu)
     Span spans[kChunkSpans];
@@ -72,7 +78,10 @@ struct Tracer::Impl {
   std::vector<std::unique_ptr<ThreadBuffer>> buffers ABSL_GUARDED_BY(buffers_mu);
 
   absl::Mutex chunks_mu;
-  std::vector<std::unique_ptr<Chunk>> chunks ABSL_GUARDED_BY(chunks_mu);  // every chunk made
+  // Chunks are made by the writer in slabs (Stock), or one by one by a thread that found
+  // none free.
+  std::vector<std::unique_ptr<internal::Slab>> slabs ABSL_GUARDED_BY(chunks_mu);
+  std::vector<std::unique_ptr<Chunk>> chunks ABSL_GUARDED_BY(chunks_mu);
   std::vector<Chunk*> free_chunks ABSL_GUARDED_BY(chunks_mu);
 
   absl::Mutex offsets_mu;
@@ -87,8 +96,10 @@ struct Tracer::Impl {
   size_t threads_written ABSL_GUARDED_BY(file_mu) = 0;
   std::string text_buffer ABSL_GUARDED_BY(file_mu);
 
+  // The writer's: woken to stop, or to make chunks when few are free.
   absl::Mutex stop_mu;
   bool stopping ABSL_GUARDED_BY(stop_mu) = false;
+  bool low_on_chunks ABSL_GUARDED_BY(stop_mu) = false;
   std::thread writer;
 
   ThreadBuffer* BufferOfThisThread();
@@ -96,8 +107,13 @@ struct Tracer::Impl {
   // kMostChunks already (the writer is behind).
   Chunk* NextChunk(ThreadBuffer& b);
   void Recycle(const std::vector<Chunk*>& drained);
+  // Makes free chunks, off the recording threads, until `wanted` are free: a thread that
+  // finds none makes one, whose first touch of its 24 pages costs it 0.4 ms where page
+  // faults are slow (observe/slab.h).
+  void Stock(size_t wanted);
   void WriterLoop();
-  void Drain();
+  // Spills what the threads recorded; returns how many full chunks they had handed over.
+  size_t Drain();
   void Write(std::string_view bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(file_mu);
 };
 
@@ -133,6 +149,7 @@ Tracer::Impl::Chunk* Tracer::Impl::NextChunk(ThreadBuffer& b) {
     if (full != nullptr) b.full.push_back(full);
   }
   Chunk* fresh = nullptr;
+  bool few;
   {
     absl::MutexLock lock(&chunks_mu);
     if (free_chunks.empty()) {
@@ -141,6 +158,11 @@ Tracer::Impl::Chunk* Tracer::Impl::NextChunk(ThreadBuffer& b) {
       fresh = free_chunks.back();
       free_chunks.pop_back();
     }
+    few = free_chunks.size() < kFewChunks;
+  }
+  if (few) {
+    absl::MutexLock lock(&stop_mu);
+    low_on_chunks = true;
   }
   b.current.store(fresh, std::memory_order_release);
   return fresh;
@@ -156,7 +178,28 @@ void Tracer::Impl::Recycle(const std::vector<Chunk*>& drained) {
   }
 }
 
-void Tracer::Impl::Drain() {
+void Tracer::Impl::Stock(size_t wanted) {
+  constexpr size_t kChunksPerSlab = internal::Slab::kBytes / sizeof(Chunk);
+  size_t free_now;
+  {
+    absl::MutexLock lock(&chunks_mu);
+    free_now = free_chunks.size();
+  }
+  std::vector<std::unique_ptr<internal::Slab>> made;
+  std::vector<Chunk*> fresh;
+  while (free_now + fresh.size() < wanted) {
+    std::unique_ptr<internal::Slab> slab = internal::Slab::Make();
+    if (slab == nullptr) break;  // no memory: the threads make their own or drop spans
+    for (size_t i = 0; i < kChunksPerSlab; ++i) fresh.push_back(new (slab->data() + i * sizeof(Chunk)) Chunk());
+    made.push_back(std::move(slab));
+  }
+  if (made.empty()) return;
+  absl::MutexLock lock(&chunks_mu);
+  for (auto& slab : made) slabs.push_back(std::move(slab));
+  free_chunks.insert(free_chunks.begin(), fresh.begin(), fresh.end());  // recycled ones first: still in cache
+}
+
+size_t Tracer::Impl::Drain() {
   std::vector<ThreadBuffer*> all;
   {
     absl::MutexLock lock(&buffers_mu);
@@ -221,21 +264,40 @@ void Tracer::Impl::Drain() {
   }
   Write(text);
   if (file != nullptr) std::fflush(file);
-  for (const Taken& t : taken) Recycle(t.full);
+  size_t handed_over = 0;
+  for (const Taken& t : taken) {
+    Recycle(t.full);
+    handed_over += t.full.size();
+  }
+  return handed_over;
 }
 
 void Tracer::Impl::WriterLoop() {
   pthread_setname_np(pthread_self(), "gw-trace");
+  Stock(kSpareChunks);
   absl::MutexLock lock(&stop_mu);
   // The clock is calibrated first after 10 ms (its shortest baseline), then with each drain.
-  absl::Duration wait = absl::Milliseconds(10);
+  absl::Time last = absl::Now();
+  absl::Time next_drain = last + absl::Milliseconds(10);
   while (!stopping) {
-    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu) { return stopping; };
-    stop_mu.AwaitWithTimeout(absl::Condition(&stop), wait);
-    wait = kDrainEvery;
+    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu) { return stopping || low_on_chunks; };
+    stop_mu.AwaitWithDeadline(absl::Condition(&woken), next_drain);
+    if (std::exchange(low_on_chunks, false) && !stopping && absl::Now() < next_drain) {
+      stop_mu.Unlock();
+      Stock(2 * kSpareChunks);
+      stop_mu.Lock();
+      continue;
+    }
     stop_mu.Unlock();
     clock.Calibrate();
-    Drain();
+    const size_t handed_over = Drain();
+    // Free chunks for the next kDrainEvery at the rate the threads filled them since the
+    // last drain, and some to spare.
+    const absl::Time now = absl::Now();
+    const double periods = absl::FDivDuration(kDrainEvery, std::max(now - last, absl::Milliseconds(1)));
+    Stock(kSpareChunks + static_cast<size_t>(std::ceil(static_cast<double>(handed_over) * periods)));
+    last = now;
+    next_drain = now + kDrainEvery;
     stop_mu.Lock();
   }
 }
