@@ -4,10 +4,12 @@
 #ifndef GRADWIRE_BENCH_BENCH_UTIL_H_
 #define GRADWIRE_BENCH_BENCH_UTIL_H_
 
+#include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -83,6 +85,21 @@ inline pid_t SpawnSelf(const std::vector<std::pair<std::string, std::string>>& e
     ::_exit(127);
   }
   return pid;
+}
+
+// Runs this process's threads, and those it makes from now on, on CPU `cpu` alone (a
+// two-process benchmark with its processes on a core each reads the same figure run
+// after run, where the scheduler's placement otherwise moves it by a fifth). False, with
+// the reason on stderr, where the machine has no such CPU.
+inline bool PinToCpu(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
+    std::fprintf(stderr, "cannot run on CPU %d alone: %s\n", cpu, std::strerror(errno));
+    return false;
+  }
+  return true;
 }
 
 }  // namespace gw::bench

@@ -292,15 +292,19 @@ int main(int argc, char** argv) {
         !absl::SimpleAtoi(std::getenv("GW_BENCH_RAW_PORT"), &raw)) {
       return 2;
     }
+    if (std::getenv("GW_BENCH_PIN") != nullptr && !gw::bench::PinToCpu(1)) return 1;
     return Server(port, raw);
   }
   bool quick = false;
   int churn = 0;  // --churn N: a longer churn loop than the workload's 5000 (a steadier figure)
   int calls = 0;  // --calls N: more pipelined calls than async_pipelined's 20000 (a steadier figure)
+  bool pin = false;  // --pin: this process on CPU 0, the server on CPU 1 (a steadier figure still)
   std::string workload;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--pin") == 0) {
+      pin = true;
     } else if (std::strcmp(argv[i], "--churn") == 0 && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &churn)) {
       ++i;
     } else if (std::strcmp(argv[i], "--calls") == 0 && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &calls)) {
@@ -310,8 +314,9 @@ int main(int argc, char** argv) {
     }
   }
   if (workload != "rpc_latency" && workload != "tensor_echo" && workload != "async_pipelined" && workload != "rref") {
-    std::fprintf(stderr,
-                 "usage: rpc_bench [--quick] [--churn N] [--calls N] rpc_latency|tensor_echo|async_pipelined|rref\n");
+    std::fprintf(
+        stderr,
+        "usage: rpc_bench [--quick] [--pin] [--churn N] [--calls N] rpc_latency|tensor_echo|async_pipelined|rref\n");
     return 2;
   }
   absl::StatusOr<int> port = gw::worker::PickFreePort("127.0.0.1");
@@ -321,9 +326,15 @@ int main(int argc, char** argv) {
                  std::string((port.ok() ? raw_port.status() : port.status()).message()).c_str());
     return 1;
   }
-  const pid_t child = gw::bench::SpawnSelf({{"GW_BENCH_ROLE", "server"},
-                                            {"GW_BENCH_PORT", std::to_string(*port)},
-                                            {"GW_BENCH_RAW_PORT", std::to_string(*raw_port)}});
+  std::vector<std::pair<std::string, std::string>> server_env = {{"GW_BENCH_ROLE", "server"},
+                                                                 {"GW_BENCH_PORT", std::to_string(*port)},
+                                                                 {"GW_BENCH_RAW_PORT", std::to_string(*raw_port)}};
+  if (pin) server_env.emplace_back("GW_BENCH_PIN", "1");
+  const pid_t child = gw::bench::SpawnSelf(server_env);
+  if (pin && !gw::bench::PinToCpu(0)) {
+    ::kill(child, SIGKILL);
+    return 1;
+  }
   auto agent = Agent::Start(Options(0, *port));
   if (!agent.ok()) {
     std::fprintf(stderr, "rpc_bench: %s\n", std::string(agent.status().message()).c_str());

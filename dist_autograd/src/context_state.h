@@ -22,6 +22,7 @@
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/rpc/future.h"
 #include "gradwire/rpc/global_id.h"
+#include "gradwire/rpc/trace.h"
 #include "gradwire/rpc/value.h"
 #include "gradwire/tensor/kernels.h"
 
@@ -30,13 +31,34 @@ namespace gw::dist_autograd {
 using rpc::GlobalId;
 class ContextState;
 
+// Where the send and recv functions record their runs: a slice each in the worker's trace
+// (rpc/trace.h), in the context, naming the peer and how many tensors. The agent, whose
+// tracer it is, outlives its contexts' functions.
+struct FunctionTrace {
+  rpc::Tracer* tracer = nullptr;  // null: not traced
+  rpc::Tracer::Name category = 0, send = 0, recv = 0, peer = 0, tensors = 0;
+
+  void Record(rpc::Tracer::Name name, int64_t begin_us, GlobalId context, int peer_rank, size_t count) const {
+    tracer->Record({.category = category,
+                    .name = name,
+                    .begin_us = begin_us,
+                    .end_us = tracer->Now(),
+                    .arg_names = {peer, tensors},
+                    .arg_values = {peer_rank, static_cast<int64_t>(count)},
+                    .context = context.bits()});
+  }
+  bool on() const { return tracer != nullptr && tracer->enabled(); }
+};
+
 // On the sender of a message: its inputs are the message's tensors that require grad; it
 // receives their gradients from the peer and passes each on to that tensor's own
 // gradient edge (PyTorch's SendRpcBackward). A gradient arrives where the peer's device
 // map put it (on the CPU without one): it moves to the device its tensor was sent from.
 class SendFunction final : public autograd::Node {
  public:
-  explicit SendFunction(const std::vector<Tensor>& sent) {
+  // `to`: the message's receiver, which sends the gradients back.
+  SendFunction(const std::vector<Tensor>& sent, GlobalId context, int to, const FunctionTrace& trace)
+      : context_(context), to_(to), trace_(trace) {
     for (const Tensor& t : sent) {
       AddInputMeta(t);
       add_next_edge(autograd::GradientEdge(t));
@@ -45,14 +67,19 @@ class SendFunction final : public autograd::Node {
   }
   std::string name() const override { return "SendFunction"; }
   std::vector<Tensor> Apply(std::vector<Tensor>&& grads) override {
+    const int64_t begin_us = trace_.on() ? trace_.tracer->Now() : 0;
     for (size_t i = 0; i < grads.size() && i < devices_.size(); ++i) {
       if (grads[i].defined() && grads[i].device() != devices_[i]) grads[i] = kernels::ToDevice(grads[i], devices_[i]);
     }
+    if (begin_us != 0) trace_.Record(trace_.send, begin_us, context_, to_, grads.size());
     return std::move(grads);
   }
 
  private:
   std::vector<Device> devices_;
+  const GlobalId context_;
+  const int to_;
+  const FunctionTrace trace_;
 };
 
 // On the receiver: its outputs are the message's tensors that require grad (declared by
@@ -61,8 +88,8 @@ class SendFunction final : public autograd::Node {
 // sends zeros, as PyTorch does; in SMART mode, none.
 class RecvFunction final : public autograd::Node {
  public:
-  RecvFunction(std::weak_ptr<ContextState> ctx, int sender, GlobalId key)
-      : ctx_(std::move(ctx)), sender_(sender), key_(key) {}
+  RecvFunction(std::weak_ptr<ContextState> ctx, int sender, GlobalId key, const FunctionTrace& trace)
+      : ctx_(std::move(ctx)), sender_(sender), key_(key), trace_(trace) {}
   std::string name() const override { return "RecvFunction"; }
   std::vector<Tensor> Apply(std::vector<Tensor>&& grads) override;
   bool RunsWithoutGradient() const override { return true; }
@@ -73,6 +100,7 @@ class RecvFunction final : public autograd::Node {
   std::weak_ptr<ContextState> ctx_;
   const int sender_;
   const GlobalId key_;
+  const FunctionTrace trace_;
 };
 
 // Leaf gradients of a context on this worker, summed over passes.

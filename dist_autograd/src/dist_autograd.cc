@@ -92,6 +92,7 @@ std::vector<Tensor> RecvFunction::Apply(std::vector<Tensor>&& grads) ABSL_NO_THR
   // Runs inside GraphTask::Run, which the engine calls with the context's mutex held.
   auto ctx = ctx_.lock();
   if (!ctx) return {};
+  const int64_t begin_us = trace_.on() ? trace_.tracer->Now() : 0;
   OutgoingGradients out{sender_, key_, {}};
   for (uint32_t i = 0; i < grads.size(); ++i) {
     if (grads[i].defined()) {
@@ -102,7 +103,9 @@ std::vector<Tensor> RecvFunction::Apply(std::vector<Tensor>&& grads) ABSL_NO_THR
       out.grads.emplace_back(std::nullopt);
     }
   }
-  ctx->outbox.push_back(std::move(out));
+  const size_t count = out.grads.size();
+  ctx->outbox.push_back(std::move(out));  // sent by the pass's Flush
+  if (begin_us != 0) trace_.Record(trace_.recv, begin_us, ctx->id, sender_, count);
   return {};
 }
 
@@ -135,7 +138,17 @@ Tensor GradientStore::Of(const Tensor& leaf) const {
 
 class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_shared_from_this<DistAutograd::Impl> {
  public:
-  explicit Impl(rpc::Agent& agent) : agent_(agent), self_(agent.self().rank) {}
+  explicit Impl(rpc::Agent& agent) : agent_(agent), self_(agent.self().rank) {
+    rpc::Tracer& tracer = agent.tracer();
+    if (tracer.enabled()) {
+      trace_ = {.tracer = &tracer,
+                .category = tracer.Intern("dist_autograd"),
+                .send = tracer.Intern("SendFunction"),
+                .recv = tracer.Intern("RecvFunction"),
+                .peer = tracer.Intern("peer"),
+                .tensors = tracer.Intern("tensors")};
+    }
+  }
 
   absl::Status RegisterFunctions() {
     auto self = this;  // the agent keeps the hooks (and so this engine) alive
@@ -469,7 +482,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
     std::shared_ptr<SendFunction> send;
     if (!with_grad.empty()) {
       m.send = agent_.NewId();
-      send = std::make_shared<SendFunction>(with_grad);
+      send = std::make_shared<SendFunction>(with_grad, ctx->id, to, trace_);
     }
     {
       absl::MutexLock lock(&ctx->mu);
@@ -508,7 +521,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
       ctx->peers.insert(from);
     }
     if (m->send.valid()) {
-      auto recv = std::make_shared<RecvFunction>(ctx, from, m->send);
+      auto recv = std::make_shared<RecvFunction>(ctx, from, m->send, trace_);
       for (int64_t p : m->with_grad) autograd::SetHistory(*tensors[static_cast<size_t>(p)], recv);
     }
     return ctx;
@@ -730,6 +743,7 @@ class DistAutograd::Impl final : public rpc::CallHooks, public std::enable_share
 
   rpc::Agent& agent_;
   const int self_;
+  FunctionTrace trace_;  // set at construction
   mutable absl::Mutex mu_;
   absl::flat_hash_map<GlobalId, std::shared_ptr<ContextState>> contexts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, int64_t> contexts_of_peer_ ABSL_GUARDED_BY(mu_);  // contexts_ by creator rank

@@ -139,6 +139,7 @@ TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
   std::map<std::string, double> starts, ends;
   double pass_begin = -1, pass_end = -1;
   std::map<int, std::pair<double, double>> grads;  // rank -> a "__dist.grad" handler
+  std::set<std::string> functions;                 // "<pid> <send or recv function> <peer>"
   // The context's spans: "<pid> <category> <name>".
   std::set<std::string> in_context;
   for (const nlohmann::json& e : merged.at("traceEvents")) {
@@ -156,6 +157,11 @@ TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
       pass_end = ts + dur;
     }
     if (e.at("name") == "__dist.grad" && e.at("cat") == "rpc.handler") grads[e.at("pid")] = {ts, ts + dur};
+    if (e.at("cat") == "dist_autograd" && absl::EndsWith(e.at("name").get<std::string>(), "Function")) {
+      functions.insert(absl::StrCat(e.at("pid").get<int>(), " ", e.at("name").get<std::string>(), " ",
+                                    e.at("args").at("peer").get<int>()));
+      EXPECT_EQ(e.at("args").at("tensors"), 1) << e.dump();
+    }
   }
   ASSERT_FALSE(starts.empty());
   for (const auto& [id, ts] : starts) {
@@ -176,9 +182,18 @@ TEST(TraceCliTest, MergedBackwardPassIsInCausalOrderAndRenders) {
        {"0 rpc.send stage_then", "1 rpc.handler stage_then", "1 rpc.send stage", "2 rpc.handler stage",
         "0 rpc.reply stage_then", "0 dist_autograd backward pass", "1 rpc.handler __dist.grad",
         "1 dist_autograd backward", "2 rpc.handler __dist.grad", "2 dist_autograd backward",
+
         "0 rpc.send __dist.opt_step", "0 dist_autograd optimizer step"}) {
     EXPECT_TRUE(in_context.contains(want)) << want << " is not in context " << context;
   }
+
+  // Each message of the forward, and each reply, has its send function where it left and
+  // its recv function where it arrived; the backward pass ran every one of them: the
+  // gradients went from worker0's recv (of worker1's reply) to worker1's send, and so on
+  // down to worker2 and back to worker0's send (of its request).
+  EXPECT_EQ(functions,
+            (std::set<std::string>{"0 RecvFunction 1", "1 SendFunction 0", "1 RecvFunction 2", "2 SendFunction 1",
+                                   "2 RecvFunction 1", "1 SendFunction 2", "1 RecvFunction 0", "0 SendFunction 1"}));
 
   CliRun render = RunCli(absl::StrCat("trace render '", merged_path, "' -o '", dir.path(), "/m.svg' --width 1000"));
   ASSERT_EQ(render.exit_code, 0) << render.err;
