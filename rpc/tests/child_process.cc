@@ -9,12 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 
 namespace gw::rpc::testing {
 
@@ -55,6 +57,26 @@ bool ChildProcess::Exited() {
   if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
   pid_ = -1;
   return true;
+}
+
+bool AwaitStopped(pid_t pid, absl::Duration within) {
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  for (const absl::Time deadline = absl::Now() + within;; absl::SleepFor(absl::Milliseconds(1))) {
+    bool all = true, any = false;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream in(task.path() / "stat");
+      std::string line;
+      std::getline(in, line);
+      // "<tid> (<comm>) <state> ...": the state follows the last ')'.
+      const size_t close = line.rfind(')');
+      const char state = close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '?';
+      any = true;
+      if (state != 'T' && state != 't') all = false;
+    }
+    if (any && all) return true;
+    if (absl::Now() >= deadline) return false;
+  }
 }
 
 std::string FileTail(const std::string& path) {

@@ -6,6 +6,9 @@
 //     (PR_SET_PDEATHSIG), so no test leaves one behind. Kill() sends SIGKILL and reaps it
 //     (idempotent); the destructor kills. Exited() reaps it if it has exited.
 //   - FileTail(path) is the last 2000 bytes of a file (a server's log, for errors).
+//   - AwaitStopped(pid, within): whether every thread of process `pid` is stopped (by
+//     SIGSTOP, which kill() only sends: a thread running on another core may still answer
+//     a message before it stops), polled until `within` has passed.
 //   - HttpGet(port, target, headers, method) sends one HTTP/1.0 request to 127.0.0.1:port
 //     and reads the response until the server closes (5 s without data fails it):
 //     UNAVAILABLE when nothing answers.
@@ -20,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace gw::rpc::testing {
 
@@ -40,6 +44,7 @@ class ChildProcess {
 };
 
 std::string FileTail(const std::string& path);
+bool AwaitStopped(pid_t pid, absl::Duration within);
 
 struct HttpResponse {
   int status = 0;

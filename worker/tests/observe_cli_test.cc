@@ -453,6 +453,8 @@ TEST(DebugCliTest, NamesAFrozenWorkerAndAnswersWithinItsTimeout) {
   ASSERT_TRUE(frozen.ok());
   ASSERT_TRUE((*agent)->Sync<int64_t>("worker1", "noop").ok());  // connected before it freezes
   ASSERT_EQ(::kill(static_cast<pid_t>(frozen->pid), SIGSTOP), 0);
+  // Stopped before the call is sent: else it may still answer it.
+  ASSERT_TRUE(rpc::testing::AwaitStopped(static_cast<pid_t>(frozen->pid), absl::Seconds(10)));
   Future<int64_t> pending = (*agent)->Async<int64_t>("worker1", "noop");
   const std::string job = absl::StrCat("--master-addr 127.0.0.1 --master-port ", (*store)->port());
   const absl::Time start = absl::Now();
