@@ -12,6 +12,7 @@
 #include <new>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -180,6 +181,7 @@ void Tracer::Impl::Recycle(const std::vector<Chunk*>& drained) {
 
 void Tracer::Impl::Stock(size_t wanted) {
   constexpr size_t kChunksPerSlab = internal::Slab::kBytes / sizeof(Chunk);
+  static_assert(std::is_trivially_destructible_v<Chunk>, "a slab's chunks go with their slab, not destroyed");
   size_t free_now;
   {
     absl::MutexLock lock(&chunks_mu);

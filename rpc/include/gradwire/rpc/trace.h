@@ -88,8 +88,9 @@ class Tracer {
   const std::string& path() const;
 
   // Microseconds since the Unix epoch on this host's real-time clock, read from the CPU's
-  // time-stamp counter where it is invariant (twice as fast), steered onto the real-time
-  // clock by the writer every 100 ms. Where a thread's reads may not go up, they stay.
+  // time-stamp counter where it is invariant (twice as fast as clock_gettime), steered
+  // onto the real-time clock by the writer every 100 ms. A thread's successive reads do
+  // not go back (rpc/src/observe/trace_clock.h names the two exceptions).
   int64_t Now() const;
   // An id for an async span, unique in this tracer's file.
   uint64_t NewAsyncId() { return next_async_id_.fetch_add(1, std::memory_order_relaxed); }
