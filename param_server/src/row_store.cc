@@ -1,37 +1,16 @@
 #include "gradwire/param_server/row_store.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <cstdlib>
-#include <new>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 
 #include "gradwire/param_server/sharding.h"
 #include "gradwire/tensor/error.h"
 #include "gradwire/tensor/generator.h"
 
 namespace gw::param_server {
-
-namespace internal {
-
-void* AllocateLarge(size_t bytes) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  if (bytes < kHuge) {
-    void* p = std::malloc(std::max<size_t>(bytes, 1));
-    if (p == nullptr) throw std::bad_alloc();
-    return p;
-  }
-  void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
-  if (p == nullptr) throw std::bad_alloc();
-  (void)::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: fine to fail
-  return p;
-}
-
-void FreeLarge(void* p) { std::free(p); }
-
-}  // namespace internal
 
 namespace {
 
@@ -158,7 +137,7 @@ void RowStore::EraseIndex(int64_t bucket) {
 }
 
 void RowStore::Grow() {
-  std::vector<uint32_t, internal::LargeAllocator<uint32_t>> old(index_.size() * 2, kEmptyEntry);
+  std::vector<uint32_t, LargeAllocator<uint32_t>> old(index_.size() * 2, kEmptyEntry);
   old.swap(index_);
   for (uint32_t e : old) {
     if (e != kEmptyEntry) InsertIndex(IdOf(e & kSlotMask), e & kSlotMask);
@@ -191,7 +170,7 @@ uint32_t RowStore::NewSlot(uint64_t id) {
     slot = static_cast<uint32_t>(size_++);
     if ((slot >> chunk_shift_) == static_cast<int64_t>(chunks_.size())) {
       Chunk c;
-      c.floats.reset(static_cast<float*>(internal::AllocateLarge(static_cast<size_t>(chunk_rows_ * stride_) * sizeof(float))));
+      c.floats.reset(static_cast<float*>(AllocateLarge(static_cast<size_t>(chunk_rows_ * stride_) * sizeof(float))));
       if (capacity_ > 0) {
         c.prev = std::make_unique<uint32_t[]>(static_cast<size_t>(chunk_rows_));
         c.next = std::make_unique<uint32_t[]>(static_cast<size_t>(chunk_rows_));

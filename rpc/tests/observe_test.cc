@@ -24,7 +24,6 @@
 #include "gradwire/rpc/trace.h"
 #include "gradwire/rpc/waits.h"
 #include "nlohmann/json.hpp"
-#include "observe/slab.h"
 #include "observe/trace_clock.h"
 #include "samples.h"
 #include "scoped_temp_dir.h"
@@ -232,19 +231,6 @@ TEST(TraceClockTest, FollowsTheRealTimeClockAndDoesNotGoBackOnAThread) {
   EXPECT_EQ(off.load(), 0) << "worst gap to the real-time clock: " << worst_off_us.load() << " us";
   // Where the counter is invariant, the clock reads it after its first calibration.
   EXPECT_EQ(clock.reads_counter(), internal::TraceClock::InvariantCounter());
-}
-
-// The tracer's chunks come from slabs: 2 MiB, aligned so that one huge page can back them.
-TEST(SlabTest, IsTwoMebibytesAlignedAndWritable) {
-  std::unique_ptr<internal::Slab> a = internal::Slab::Make(), b = internal::Slab::Make();
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
-  for (const auto* slab : {a.get(), b.get()}) {
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(slab->data()) % internal::Slab::kBytes, 0u);
-    std::memset(slab->data(), 0x5a, internal::Slab::kBytes);
-  }
-  EXPECT_EQ(a->data()[internal::Slab::kBytes - 1], 0x5a);
-  EXPECT_NE(a->data(), b->data());
 }
 
 // "block" notifies `started` (when given) as it runs, and answers once the test releases it.

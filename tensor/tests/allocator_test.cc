@@ -1,10 +1,12 @@
 // Unit: CachingCpuAllocator — recycling, size classes, the cache bound.
 #include "gradwire/tensor/allocator.h"
+#include "gradwire/tensor/large_memory.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "gradwire/tensor/tensor.h"
 
@@ -59,4 +61,19 @@ TEST(CachingCpuAllocatorTest, StorageReturnsMemoryToItsAllocator) {
 }
 
 }  // namespace
+// Large blocks (the row store's chunks, the tracer's span chunks) are 2 MiB aligned, so
+// that one huge page can back them; small ones are plain malloc memory.
+TEST(LargeMemoryTest, LargeBlocksAreHugePageAlignedAndWritable) {
+  std::unique_ptr<char[], FreeLargeDeleter> a(static_cast<char*>(AllocateLarge(kHugePageBytes)));
+  std::unique_ptr<char[], FreeLargeDeleter> b(static_cast<char*>(AllocateLarge(3 * kHugePageBytes + 1)));
+  std::unique_ptr<char[], FreeLargeDeleter> small(static_cast<char*>(AllocateLarge(100)));
+  for (char* block : {a.get(), b.get()}) EXPECT_EQ(reinterpret_cast<uintptr_t>(block) % kHugePageBytes, 0u);
+  std::memset(a.get(), 0x5a, kHugePageBytes);
+  std::memset(b.get(), 0x5a, 3 * kHugePageBytes + 1);
+  std::memset(small.get(), 0x5a, 100);
+  EXPECT_EQ(a.get()[kHugePageBytes - 1], 0x5a);
+  EXPECT_EQ(b.get()[3 * kHugePageBytes], 0x5a);
+  EXPECT_NE(a.get(), b.get());
+}
+
 }  // namespace gw

@@ -21,8 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gradwire/rpc/trace.h"
+#include "gradwire/tensor/large_memory.h"
 #include "observe/per_thread.h"
-#include "observe/slab.h"
 #include "observe/trace_clock.h"
 #include "observe/trace_spill.h"
 
@@ -79,9 +79,9 @@ struct Tracer::Impl {
   std::vector<std::unique_ptr<ThreadBuffer>> buffers ABSL_GUARDED_BY(buffers_mu);
 
   absl::Mutex chunks_mu;
-  // Chunks are made by the writer in slabs (Stock), or one by one by a thread that found
-  // none free.
-  std::vector<std::unique_ptr<internal::Slab>> slabs ABSL_GUARDED_BY(chunks_mu);
+  // Chunks are made by the writer in slabs of a huge page (Stock), or one by one by a
+  // thread that found none free.
+  std::vector<std::unique_ptr<char[], FreeLargeDeleter>> slabs ABSL_GUARDED_BY(chunks_mu);
   std::vector<std::unique_ptr<Chunk>> chunks ABSL_GUARDED_BY(chunks_mu);
   std::vector<Chunk*> free_chunks ABSL_GUARDED_BY(chunks_mu);
 
@@ -110,7 +110,7 @@ struct Tracer::Impl {
   void Recycle(const std::vector<Chunk*>& drained);
   // Makes free chunks, off the recording threads, until `wanted` are free: a thread that
   // finds none makes one, whose first touch of its 24 pages costs it 0.4 ms where page
-  // faults are slow (observe/slab.h).
+  // faults are slow (gradwire/tensor/large_memory.h).
   void Stock(size_t wanted);
   void WriterLoop();
   // Spills what the threads recorded; returns how many full chunks they had handed over.
@@ -180,20 +180,22 @@ void Tracer::Impl::Recycle(const std::vector<Chunk*>& drained) {
 }
 
 void Tracer::Impl::Stock(size_t wanted) {
-  constexpr size_t kChunksPerSlab = internal::Slab::kBytes / sizeof(Chunk);
+  constexpr size_t kChunksPerSlab = kHugePageBytes / sizeof(Chunk);
   static_assert(std::is_trivially_destructible_v<Chunk>, "a slab's chunks go with their slab, not destroyed");
   size_t free_now;
   {
     absl::MutexLock lock(&chunks_mu);
     free_now = free_chunks.size();
   }
-  std::vector<std::unique_ptr<internal::Slab>> made;
+  std::vector<std::unique_ptr<char[], FreeLargeDeleter>> made;
   std::vector<Chunk*> fresh;
   while (free_now + fresh.size() < wanted) {
-    std::unique_ptr<internal::Slab> slab = internal::Slab::Make();
-    if (slab == nullptr) break;  // no memory: the threads make their own or drop spans
-    for (size_t i = 0; i < kChunksPerSlab; ++i) fresh.push_back(new (slab->data() + i * sizeof(Chunk)) Chunk());
-    made.push_back(std::move(slab));
+    try {
+      made.emplace_back(static_cast<char*>(AllocateLarge(kHugePageBytes)));
+    } catch (const std::bad_alloc&) {
+      break;  // no memory: the threads make their own or drop spans
+    }
+    for (size_t i = 0; i < kChunksPerSlab; ++i) fresh.push_back(new (made.back().get() + i * sizeof(Chunk)) Chunk());
   }
   if (made.empty()) return;
   absl::MutexLock lock(&chunks_mu);

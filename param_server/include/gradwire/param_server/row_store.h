@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "gradwire/tensor/large_memory.h"
+
 namespace gw::param_server {
 
 struct RowInit {
@@ -41,29 +43,6 @@ struct RowInit {
 
 // Writes the initial values of row `id` (dim floats) to `out`.
 void InitRow(const RowInit& init, uint64_t id, int64_t dim, float* out);
-
-namespace internal {
-
-// Memory for large random-access arrays: blocks of 2 MiB or more are 2 MiB aligned and
-// advised to use transparent huge pages (madvise), so random rows do not each cost a
-// TLB miss. Smaller blocks come from malloc.
-void* AllocateLarge(size_t bytes);
-void FreeLarge(void* p);
-struct FreeLargeDeleter {
-  void operator()(void* p) const { FreeLarge(p); }
-};
-template <typename T>
-struct LargeAllocator {
-  using value_type = T;
-  LargeAllocator() = default;
-  template <typename U>
-  LargeAllocator(const LargeAllocator<U>&) {}  // NOLINT
-  T* allocate(size_t n) { return static_cast<T*>(AllocateLarge(n * sizeof(T))); }
-  void deallocate(T* p, size_t) { FreeLarge(p); }
-  friend bool operator==(const LargeAllocator&, const LargeAllocator&) { return true; }
-};
-
-}  // namespace internal
 
 class RowStore {
  public:
@@ -119,7 +98,7 @@ class RowStore {
   struct Chunk {
     // chunk_rows_ slots of stride_ floats: id (u64), step (i64), values, state (padded to
     // an even count so every slot's header is 8-byte aligned).
-    std::unique_ptr<float[], internal::FreeLargeDeleter> floats;
+    std::unique_ptr<float[], FreeLargeDeleter> floats;
     std::unique_ptr<uint32_t[]> prev, next;  // LRU links (bounded stores only)
   };
   static constexpr int64_t kHeaderFloats = 4;  // the id and the step, inline: one fewer cache miss
@@ -149,7 +128,7 @@ class RowStore {
   const int64_t chunk_rows_;
   std::vector<Chunk> chunks_;
   uint32_t head_ = kEmpty, tail_ = kEmpty;  // most / least recently touched
-  std::vector<uint32_t, internal::LargeAllocator<uint32_t>> index_;  // power-of-two open addressing: tag | slot
+  std::vector<uint32_t, LargeAllocator<uint32_t>> index_;  // power-of-two open addressing: tag | slot
   int64_t size_ = 0;
   int64_t evictions_ = 0;
 };
