@@ -219,6 +219,9 @@ TEST(TraceClockTest, FollowsTheRealTimeClockAndDoesNotGoBackOnAThread) {
       worst_off_us = std::max(worst_off_us.load(), gap);
     }
   });
+  // Time passing is what is tested here (the writer calibrates every 100 ms; a
+  // calibration needs 10 ms of baseline): the sleeps space the calibrations, they wait
+  // for no event.
   for (int i = 0; i < 10; ++i) {
     absl::SleepFor(absl::Milliseconds(40));
     clock.Calibrate();
